@@ -1,0 +1,357 @@
+"""Finding, verifying and retiring checkpoints under a root directory.
+
+Layout of a root::
+
+    root/
+      step-0000000120/          published checkpoints (one atomic rename each)
+        manifest.json           written last; lists every file with size and digest
+        .metadata __0_0.distcp  DCP model + optimizer state (plain ``dcp.load`` reads it)
+        rng/rank-00000.json     per-rank RNG
+        trainer/*.pt            scheduler, grad scaler, user-registered objects
+      step-0000000120-1/        the same step saved again (names are never reused)
+      .tmp-step-0000000130-ab12/  a save in flight (or a dead writer's leftovers)
+      .deleting-step-...        a removal in progress
+
+Verification levels: ``fast`` checks the manifest, the path of every entry (no escape, no
+symlink) and every size; ``full`` also recomputes every checksum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal
+
+from supervisor.checkpoint.checksum import hash_file
+from supervisor.checkpoint.errors import (
+    CheckpointError,
+    ManifestError,
+    NoCheckpointError,
+    UnsafePathError,
+    VerificationError,
+)
+from supervisor.checkpoint.fsutil import remove_tree
+from supervisor.checkpoint.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse
+
+Level = Literal["fast", "full"]
+LEVELS: tuple[Level, ...] = ("fast", "full")
+TMP_PREFIX = ".tmp-"
+OWNER_NAME = "OWNER.json"
+_NAME = re.compile(r"^step-(\d{10,})(?:-(\d+))?$")
+_TMP_NAME = re.compile(r"^\.tmp-step-(\d{10,})-[0-9a-f]+$")
+
+
+def checkpoint_name(step: int, generation: int = 0) -> str:
+    return f"step-{step:010d}" if generation == 0 else f"step-{step:010d}-{generation}"
+
+
+def parse_name(name: str) -> tuple[int, int] | None:
+    """``step-0000000120-2`` -> ``(120, 2)``; ``None`` for anything else."""
+    m = _NAME.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A published directory under a root, before verification."""
+
+    path: Path
+    step: int
+    generation: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Verified:
+    path: Path
+    manifest: Manifest
+    level: Level
+
+    @property
+    def step(self) -> int:
+        return self.manifest.global_step
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The answer of :func:`latest_complete`: the pick and why each newer one was passed over."""
+
+    checkpoint: Verified | None
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def explain(self) -> str:
+        lines = [f"skipped {s.name}: {s.reason}" for s in self.skipped]
+        lines.append(
+            f"picked {self.checkpoint.name} (step {self.checkpoint.step}, {self.checkpoint.level} verification)"
+            if self.checkpoint
+            else "no checkpoint verifies"
+        )
+        return "\n".join(lines)
+
+
+def candidates(root: str | os.PathLike) -> list[Candidate]:
+    """Published checkpoint directories, newest first (by step, then generation)."""
+    root = Path(root)
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        raise CheckpointError("checkpoint root is not a directory", path=str(root)) from None
+    found = []
+    for entry in entries:
+        parsed = parse_name(entry.name)
+        if parsed is not None:
+            found.append(Candidate(Path(entry.path), *parsed))
+    found.sort(key=lambda c: (c.step, c.generation), reverse=True)
+    return found
+
+
+def in_flight(root: str | os.PathLike) -> list[Path]:
+    root = Path(root)
+    try:
+        return sorted(Path(e.path) for e in os.scandir(root) if _TMP_NAME.match(e.name))
+    except FileNotFoundError:
+        return []
+
+
+def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
+    """Read and validate ``manifest.json``; a missing or bad one is a :class:`ManifestError`."""
+    ckpt_dir = Path(ckpt_dir)
+    path = ckpt_dir / MANIFEST_NAME
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise ManifestError("no manifest (incomplete save?)", path=str(ckpt_dir)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ManifestError("manifest is not a regular file", path=str(ckpt_dir))
+    if st.st_size > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"manifest is {st.st_size} bytes, over the {MAX_MANIFEST_BYTES} byte limit",
+            path=str(ckpt_dir),
+        )
+    with open(path, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    try:
+        return parse(data)
+    except ManifestError as exc:
+        raise type(exc)(exc.reason, path=str(ckpt_dir)) from None
+
+
+def resolve_entry(ckpt_dir: Path, relpath: str) -> Path:
+    """The real path of a manifest entry, refusing symlinks anywhere below ``ckpt_dir``."""
+    current = ckpt_dir
+    for part in relpath.split("/"):
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            raise VerificationError(f"{relpath} is missing", path=str(ckpt_dir)) from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"{relpath} goes through a symlink", path=str(ckpt_dir))
+    if not stat.S_ISREG(st.st_mode):
+        raise VerificationError(f"{relpath} is not a regular file", path=str(ckpt_dir))
+    return current
+
+
+def verify(
+    ckpt_dir: str | os.PathLike,
+    level: Level = "fast",
+    *,
+    only: Iterable[str] | None = None,
+    manifest: Manifest | None = None,
+) -> Manifest:
+    """Verify one checkpoint directory; raise a :class:`CheckpointError` with the reason.
+
+    ``only`` restricts the checksum pass to some files (ranks share the full pass of a
+    distributed restore); the fast checks always cover every file.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"verification level must be one of {LEVELS}, got {level!r}")
+    ckpt_dir = Path(ckpt_dir)
+    if ckpt_dir.is_symlink():
+        raise UnsafePathError("checkpoint directory is a symlink", path=str(ckpt_dir))
+    m = manifest if manifest is not None else read_manifest(ckpt_dir)
+    parsed = parse_name(ckpt_dir.name)
+    if parsed is not None and parsed[0] != m.global_step:
+        raise VerificationError(
+            f"directory name says step {parsed[0]} but the manifest says {m.global_step}",
+            path=str(ckpt_dir),
+        )
+    if ".metadata" not in m.files:
+        raise VerificationError("manifest lists no DCP .metadata", path=str(ckpt_dir))
+    real: dict[str, Path] = {}
+    for rel, entry in m.files.items():
+        p = resolve_entry(ckpt_dir, rel)
+        size = p.stat().st_size
+        if size != entry.size:
+            raise VerificationError(
+                f"{rel} is {size} bytes, the manifest says {entry.size} (truncated?)",
+                path=str(ckpt_dir),
+            )
+        real[rel] = p
+    if level == "full":
+        names = m.files.keys() if only is None else only
+        for rel in names:
+            entry = m.files[rel]
+            size, digest = hash_file(real[rel], m.checksum_algorithm)
+            if size != entry.size:
+                raise VerificationError(f"{rel} changed size while verified", path=str(ckpt_dir))
+            if digest != entry.digest:
+                raise VerificationError(
+                    f"{rel} fails its {m.checksum_algorithm} checksum (corrupt)", path=str(ckpt_dir)
+                )
+    return m
+
+
+def latest_complete(
+    root: str | os.PathLike,
+    level: Level = "fast",
+    *,
+    exclude: Iterable[str] = (),
+    max_step: int | None = None,
+) -> Discovery:
+    """The newest checkpoint under ``root`` that verifies at ``level``, with skip reasons.
+
+    Every published directory is tried newest first until one verifies, so a good checkpoint
+    is never missed because newer ones are bad, and an unverified one is never returned.
+    ``exclude`` names directories to pass over (e.g. ones marked suspect by the supervisor).
+    """
+    skipped: list[Skipped] = []
+    excluded = set(exclude)
+    for cand in candidates(root):
+        if cand.name in excluded:
+            skipped.append(Skipped(cand.name, "excluded by the caller (marked suspect)"))
+            continue
+        if max_step is not None and cand.step > max_step:
+            skipped.append(Skipped(cand.name, f"newer than the requested step {max_step}"))
+            continue
+        try:
+            manifest = verify(cand.path, level)
+        except CheckpointError as exc:
+            skipped.append(Skipped(cand.name, exc.reason))
+            continue
+        except OSError as exc:
+            skipped.append(Skipped(cand.name, f"unreadable: {exc}"))
+            continue
+        return Discovery(Verified(cand.path, manifest, level), skipped)
+    return Discovery(None, skipped)
+
+
+def require_latest(root: str | os.PathLike, level: Level = "fast", **kw) -> Verified:
+    found = latest_complete(root, level, **kw)
+    if found.checkpoint is None:
+        raise NoCheckpointError(
+            "no checkpoint verifies" + (f" ({len(found.skipped)} skipped)" if found.skipped else ""),
+            path=str(root),
+            skipped=found.skipped,
+        )
+    return found.checkpoint
+
+
+@dataclass
+class PruneResult:
+    kept: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    removed_partial: list[str] = field(default_factory=list)
+
+
+def prune(
+    root: str | os.PathLike,
+    keep: int,
+    *,
+    dry_run: bool = False,
+    remove_partial: bool = False,
+    partial_grace_s: float = 3600.0,
+    protect: Iterable[str] = (),
+    now: float | None = None,
+) -> PruneResult:
+    """Keep the newest ``keep`` (>= 2) complete checkpoints and delete older complete ones.
+
+    Never deleted: the newest checkpoint that verifies (even if ``keep`` newer ones exist
+    that do not), directories that fail verification (evidence; they are never picked
+    anyway), anything in ``protect`` and saves in flight. With ``remove_partial``, partial
+    saves are removed only when their writer is provably gone (same host, dead pid) or they
+    are older than ``partial_grace_s``.
+    """
+    if keep < 2:
+        raise ValueError("keep must be at least 2: the newest checkpoint may still be unproven")
+    result = PruneResult()
+    protected = set(protect)
+    complete_seen = 0
+    # Candidates come newest first, so the first one that verifies (the newest verified one)
+    # is always within the first ``keep`` and is never removed.
+    for cand in candidates(root):
+        try:
+            verify(cand.path, "fast")
+        except (CheckpointError, OSError):
+            result.kept.append(cand.name)  # bad ones stay as evidence and are never picked
+            continue
+        complete_seen += 1
+        if complete_seen <= keep or cand.name in protected:
+            result.kept.append(cand.name)
+            continue
+        if not dry_run:
+            remove_tree(cand.path)
+        result.removed.append(cand.name)
+    if remove_partial:
+        now = time.time() if now is None else now
+        for tmp in in_flight(root):
+            if _partial_is_stale(tmp, now, partial_grace_s):
+                if not dry_run:
+                    remove_tree(tmp, trash_prefix=".deleting")
+                result.removed_partial.append(tmp.name)
+    return result
+
+
+def write_owner(tmp_dir: Path, attempt: int) -> None:
+    (tmp_dir / OWNER_NAME).write_text(
+        json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "attempt": attempt, "created_unix": time.time()}
+        )
+    )
+
+
+def _partial_is_stale(tmp: Path, now: float, grace_s: float) -> bool:
+    try:
+        owner = json.loads((tmp / OWNER_NAME).read_text())
+        host, pid, created = owner["host"], int(owner["pid"]), float(owner["created_unix"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return now - tmp.stat().st_mtime > grace_s
+        except OSError:
+            return False
+    if host == socket.gethostname() and not _pid_alive(pid):
+        return True
+    return now - created > grace_s
+
+
+def _pid_alive(pid: int) -> bool:
+    # A zombie passes kill -0; read its state instead (this machine's PID 1 reaps slowly).
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -1,0 +1,217 @@
+"""The ``supervisor`` command.
+
+Each subcommand parses its arguments here, at the edge, and calls the library; exit codes:
+0 success, 1 a checkpoint problem (the reason is printed), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from supervisor import __version__
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _human_age(seconds: float) -> str:
+    if seconds < 0:
+        return "in the future"
+    for unit, width in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= width:
+            return f"{seconds / width:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_checkpoints_list(args: argparse.Namespace) -> int:
+    from supervisor.checkpoint import CheckpointError, candidates, in_flight, verify
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        print(f"error: {root} is not a directory", file=sys.stderr)
+        return EXIT_FAILED
+    rows, records = [], []
+    now = time.time()
+    level = "full" if args.full else "fast"
+    for cand in candidates(root):
+        try:
+            m = verify(cand.path, level)
+            rec = {
+                "name": cand.name, "step": m.global_step, "status": "complete",
+                "writer_world_size": m.writer_world_size, "bytes": m.total_bytes,
+                "age_s": round(now - m.created_unix, 1), "verification": f"ok ({level})",
+            }
+        except (CheckpointError, OSError) as exc:
+            rec = {
+                "name": cand.name, "step": cand.step, "status": "invalid", "writer_world_size": None,
+                "bytes": None, "age_s": None,
+                "verification": f"FAILED: {getattr(exc, 'reason', exc)}",
+            }
+        records.append(rec)
+    for tmp in in_flight(root):
+        records.append({
+            "name": tmp.name, "step": None, "status": "in-flight/partial", "writer_world_size": None,
+            "bytes": None, "age_s": round(now - tmp.stat().st_mtime, 1), "verification": "not published",
+        })
+    if args.json:
+        print(json.dumps(records, indent=1))
+        return EXIT_OK
+    if not records:
+        print(f"no checkpoints under {root}")
+        return EXIT_OK
+    for r in records:
+        rows.append([
+            r["name"], "-" if r["step"] is None else str(r["step"]), r["status"],
+            "-" if r["writer_world_size"] is None else str(r["writer_world_size"]),
+            "-" if r["bytes"] is None else _human_bytes(r["bytes"]),
+            "-" if r["age_s"] is None else _human_age(r["age_s"]), r["verification"],
+        ])
+    print(_table(rows, ["NAME", "STEP", "STATUS", "WORLD", "SIZE", "AGE", "VERIFICATION"]))
+    return EXIT_OK
+
+
+def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
+    from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
+
+    root = Path(args.dir)
+    level = "full" if args.full else "fast"
+    if not root.is_dir():
+        print(f"error: {root} is not a directory", file=sys.stderr)
+        return EXIT_FAILED
+    if args.step is None and candidates(root) == [] and (root / "manifest.json").exists():
+        targets = [root]  # DIR is itself one checkpoint
+    elif args.step is None:
+        found = latest_complete(root, level)
+        for s in found.skipped:
+            print(f"FAILED {s.name}: {s.reason}")
+        if found.checkpoint is None:
+            print(f"error: no checkpoint under {root} verifies ({level})", file=sys.stderr)
+            return EXIT_FAILED
+        c = found.checkpoint
+        print(f"OK {c.name}: step {c.step}, {len(c.manifest.files)} files, "
+              f"{_human_bytes(c.manifest.total_bytes)} verified ({level})")
+        return EXIT_FAILED if found.skipped and args.strict else EXIT_OK
+    else:
+        targets = [c.path for c in candidates(root) if c.step == args.step]
+        if not targets:
+            print(f"error: no checkpoint for step {args.step} under {root}", file=sys.stderr)
+            return EXIT_FAILED
+    status = EXIT_OK
+    for path in targets:
+        try:
+            m = verify(path, level)
+            print(f"OK {path.name}: step {m.global_step}, {len(m.files)} files, "
+                  f"{_human_bytes(m.total_bytes)} verified ({level})")
+        except (CheckpointError, OSError) as exc:
+            print(f"FAILED {path.name}: {getattr(exc, 'reason', exc)}")
+            status = EXIT_FAILED
+    return status
+
+
+def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
+    from supervisor.checkpoint import prune
+
+    root = Path(args.dir)
+    if not root.is_dir():
+        print(f"error: {root} is not a directory", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        result = prune(root, args.keep, dry_run=args.dry_run, remove_partial=args.remove_partial,
+                       partial_grace_s=args.partial_grace)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    verb = "would remove" if args.dry_run else "removed"
+    for name in result.removed + result.removed_partial:
+        print(f"{verb} {name}")
+    print(f"kept {len(result.kept)}, {verb} {len(result.removed)} complete and "
+          f"{len(result.removed_partial)} partial")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="supervisor",
+        description="elastic-supervisor: keeps distributed PyTorch training jobs alive.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    ck = sub.add_parser(
+        "checkpoints", help="inspect, verify and prune checkpoints",
+        description="Inspect, verify and prune the checkpoints under a checkpoint root. "
+        "'fast' verification checks the manifest, paths and sizes; '--full' also recomputes "
+        "every checksum.",
+    )
+    ck_sub = ck.add_subparsers(dest="ck_command", metavar="ACTION")
+    p = ck_sub.add_parser("list", help="one line per checkpoint: step, status, world size, size, age, verification")
+    p.add_argument("dir", metavar="DIR", help="checkpoint root")
+    p.add_argument("--full", action="store_true", help="verify checksums too (reads every byte)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_checkpoints_list)
+
+    p = ck_sub.add_parser(
+        "verify", help="verify the newest checkpoint (or --step N); exit 1 with the reason if it fails",
+        description="Without --step: report the newest checkpoint that verifies and why newer ones "
+        "were skipped (exit 1 if none verifies). With --step N: verify that step's checkpoints. "
+        "DIR may also be one checkpoint directory.",
+    )
+    p.add_argument("dir", metavar="DIR", help="checkpoint root, or one checkpoint directory")
+    p.add_argument("--step", type=int, help="verify the checkpoint(s) of this global step")
+    p.add_argument("--full", action="store_true", help="recompute every checksum (reads every byte)")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any newer checkpoint was skipped")
+    p.set_defaults(func=cmd_checkpoints_verify)
+
+    p = ck_sub.add_parser(
+        "prune", help="keep the newest K complete checkpoints, delete older ones",
+        description="Delete complete checkpoints beyond the newest K (K >= 2). Never deletes the "
+        "newest one that verifies, one that fails verification (kept as evidence), or a save in "
+        "flight.",
+    )
+    p.add_argument("dir", metavar="DIR", help="checkpoint root")
+    p.add_argument("--keep", type=int, required=True, metavar="K", help="complete checkpoints to keep (>= 2)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    p.add_argument("--remove-partial", action="store_true",
+                   help="also remove partial saves whose writer is dead (same host) or older than --partial-grace")
+    p.add_argument("--partial-grace", type=float, default=3600.0, metavar="SECONDS",
+                   help="age after which a partial save counts as abandoned (default 3600)")
+    p.set_defaults(func=cmd_checkpoints_prune)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    return func(args)
