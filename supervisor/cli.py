@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "'fast' verification checks the manifest, paths and sizes; '--full' also recomputes "
         "every checksum.",
     )
+    ck.set_defaults(func=lambda _args: (ck.print_help(), EXIT_USAGE)[1])
     ck_sub = ck.add_subparsers(dest="ck_command", metavar="ACTION")
     p = ck_sub.add_parser("list", help="one line per checkpoint: step, status, world size, size, age, verification")
     p.add_argument("dir", metavar="DIR", help="checkpoint root")

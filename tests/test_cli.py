@@ -1,0 +1,98 @@
+"""`supervisor checkpoints list|verify|prune` on real checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import make_checkpoints
+from supervisor.checkpoint.discovery import candidates
+from supervisor.cli import main
+
+
+@pytest.fixture
+def root(tmp_path):
+    make_checkpoints(tmp_path / "ckpt", steps=(1, 2, 3), keep=10)
+    return tmp_path / "ckpt"
+
+
+def corrupt(ckpt):
+    shard = max(ckpt.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+
+
+def test_list_shows_every_column(root, capsys):
+    (root / ".tmp-step-0000000004-abc123").mkdir()
+    (root / "step-0000000002" / "manifest.json").write_text("{")
+    assert main(["checkpoints", "list", str(root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["NAME", "STEP", "STATUS", "WORLD", "SIZE", "AGE", "VERIFICATION"]
+    rows = {line.split()[0]: line for line in out[1:]}
+    assert "complete" in rows["step-0000000003"] and "ok (fast)" in rows["step-0000000003"]
+    assert "KiB" in rows["step-0000000003"]
+    assert "invalid" in rows["step-0000000002"] and "not valid JSON" in rows["step-0000000002"]
+    assert "in-flight/partial" in rows[".tmp-step-0000000004-abc123"]
+
+
+def test_list_json(root, capsys):
+    corrupt(root / "step-0000000003")
+    assert main(["checkpoints", "list", str(root), "--full", "--json"]) == 0
+    recs = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert recs["step-0000000003"]["status"] == "invalid"
+    assert recs["step-0000000002"]["status"] == "complete" and recs["step-0000000002"]["writer_world_size"] == 1
+
+
+def test_verify_ok_and_full(root, capsys):
+    assert main(["checkpoints", "verify", str(root), "--full"]) == 0
+    assert "OK step-0000000003" in capsys.readouterr().out
+
+
+def test_verify_step_fails_with_reason(root, capsys):
+    corrupt(root / "step-0000000003")
+    assert main(["checkpoints", "verify", str(root), "--step", "3"]) == 0  # sizes are fine
+    assert main(["checkpoints", "verify", str(root), "--step", "3", "--full"]) == 1
+    assert "FAILED step-0000000003" in capsys.readouterr().out
+    assert main(["checkpoints", "verify", str(root), "--full"]) == 0  # falls back to step 2
+    out = capsys.readouterr().out
+    assert "FAILED step-0000000003" in out and "checksum" in out and "OK step-0000000002" in out
+    assert main(["checkpoints", "verify", str(root), "--full", "--strict"]) == 1
+
+
+def test_verify_one_checkpoint_directory(root, capsys):
+    assert main(["checkpoints", "verify", str(root / "step-0000000001"), "--full"]) == 0
+    (root / "step-0000000001" / "manifest.json").write_text('{"format_version": 9}')
+    assert main(["checkpoints", "verify", str(root / "step-0000000001")]) == 1
+    assert "unknown manifest format_version 9" in capsys.readouterr().out
+
+
+def test_verify_nothing_good(tmp_path, root, capsys):
+    for c in candidates(root):
+        shutil.rmtree(c.path / "rng")
+    assert main(["checkpoints", "verify", str(root)]) == 1
+    assert "no checkpoint" in capsys.readouterr().err
+    assert main(["checkpoints", "verify", str(tmp_path / "missing")]) == 1
+    assert main(["checkpoints", "verify", str(root), "--step", "77"]) == 1
+
+
+def test_prune(root, capsys):
+    assert main(["checkpoints", "prune", str(root), "--keep", "2", "--dry-run"]) == 0
+    assert "would remove step-0000000001" in capsys.readouterr().out
+    assert len(candidates(root)) == 3
+    assert main(["checkpoints", "prune", str(root), "--keep", "2"]) == 0
+    assert [c.step for c in candidates(root)] == [3, 2]
+    assert main(["checkpoints", "prune", str(root), "--keep", "1"]) == 2
+    assert "at least 2" in capsys.readouterr().err
+
+
+def test_console_script_help():
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "checkpoints", "verify", "--help"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "--full" in proc.stdout and "--step" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "checkpoints"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "list" in proc.stdout
