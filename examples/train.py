@@ -32,8 +32,15 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from supervisor.checkpoint import CheckpointManager, DataCursor
-from supervisor.worker.faults import CRASH_EXIT_CODE, FaultSpecError, parse_faults
-from supervisor.worker.sampler import ResumableSampler
+from supervisor.worker import (
+    EXIT_NONFINITE,
+    EXIT_PREEMPTED,
+    FaultSpecError,
+    NonFiniteLoss,
+    ResumableSampler,
+    SessionError,
+    Worker,
+)
 
 
 class Block(nn.Module):
@@ -83,10 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=100, help="total optimizer steps")
     p.add_argument("--checkpoint-dir", type=Path, help="checkpoint root (none: no checkpoints)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="save every N steps (0: never)")
+    p.add_argument("--checkpoint-every-seconds", type=float, default=0.0, help="also save every T seconds (0: off)")
     p.add_argument("--async-save", action="store_true", help="save in the background")
     p.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-dir", type=Path, help="per-rank JSON-lines timing log")
+    p.add_argument("--log-dir", type=Path, help="per-rank timing log, heartbeats, stack dumps (default $SUPERVISOR_LOG_DIR)")
     p.add_argument("--global-batch", type=int, default=16, help="samples per step, all ranks together")
     p.add_argument("--dataset-size", type=int, default=4096)
     p.add_argument("--dim", type=int, default=64)
@@ -106,22 +114,20 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        faults = parse_faults(os.environ.get("SUPERVISOR_FAULT"))
-    except FaultSpecError as exc:
-        print(f"error: SUPERVISOR_FAULT: {exc}", file=sys.stderr)
+        worker = Worker.from_env(log_dir=args.log_dir)  # session, SUPERVISOR_FAULT, watchdog config
+    except (FaultSpecError, SessionError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) >= 1 and "MASTER_ADDR" in os.environ
+    session = worker.session
+    distributed = "MASTER_ADDR" in os.environ and session.world_size >= 1 and "RANK" in os.environ
     use_cuda = torch.cuda.is_available()
     if distributed:
         if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(session.local_rank)
         dist.init_process_group("nccl" if use_cuda else "gloo")
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = 0, 1
-    attempt = int(os.environ.get("SUPERVISOR_ATTEMPT", os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
-    faults = [f for f in faults if f.applies(rank=rank, attempt=attempt)]
+    rank, world = session.rank, session.world_size
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    worker.start()
 
     torch.manual_seed(args.seed)  # same initial weights on every rank
     model = DeepMLP(args.dim, args.layers).to(device)
@@ -133,14 +139,16 @@ def main(argv=None) -> int:
         fully_shard(model)
     elif distributed:
         model = nn.parallel.DistributedDataParallel(model)
+    if distributed:
+        worker.instrument(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(args.steps, max(1, args.steps // 10)))
     scaler = torch.amp.GradScaler("cuda") if use_cuda else None
     cursor = DataCursor(seed=args.seed)
     sampler = ResumableSampler(cursor, args.dataset_size, args.global_batch, rank, world)
 
-    def after_file(save_step: int, rel: str) -> None:
-        for f in faults:
+    def after_file(save_step: int, rel: str) -> None:  # the crash-in-save drill
+        for f in worker.faults:
             if f.kind == "crash-in-save" and f.fires_at(save_step) and rel.endswith(".distcp"):
                 os.kill(os.getpid(), signal.SIGKILL)
 
@@ -150,91 +158,62 @@ def main(argv=None) -> int:
         ckpt = CheckpointManager(
             args.checkpoint_dir, model=model, optimizer=opt, scheduler=sched, grad_scaler=scaler,
             cursor=cursor, seed=args.seed, config=vars(args) | {"world_size": world}, keep=args.keep,
-            attempt=attempt, after_file=after_file,
+            attempt=session.attempt, after_file=after_file,
         )
-        restored = ckpt.restore()
+        worker.checkpoint_schedule(every_steps=args.checkpoint_every, every_seconds=args.checkpoint_every_seconds,
+                                   async_save=args.async_save)
+        restored = worker.restore(ckpt)
         if restored is not None:
             step = restored.step
-    log_file = None
-    if args.log_dir:
-        args.log_dir.mkdir(parents=True, exist_ok=True)
-        log_file = open(args.log_dir / f"rank-{rank}.jsonl", "a", buffering=1)
 
     model.train()
-    while step < args.steps:
-        t0 = time.perf_counter()
-        indices = sampler.next_indices()
-        x, y = make_batch(indices, args.seed, args.dim)
-        x, y = x.to(device), y.to(device)
-        t_data = time.perf_counter()
-        next_step = step + 1
-        firing = [f for f in faults if f.fires_at(next_step)]
-        for f in firing:
-            if f.kind == "crash":
-                sys.exit(CRASH_EXIT_CODE)
-            if f.kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            if f.kind == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            if f.kind == "hang":
-                while True:
-                    time.sleep(3600)
-            if f.kind == "slow":
-                time.sleep(f.ms / 1000)
-        skip_allreduce = any(f.kind == "skip-collective" for f in firing) and isinstance(model, nn.parallel.DistributedDataParallel)
-        with torch.autocast(device.type, enabled=use_cuda):
-            if skip_allreduce:
-                with model.no_sync():  # this rank never enters the step's all-reduce
-                    loss = nn.functional.mse_loss(model(x), y)
-                    loss.backward()
-            else:
-                loss = nn.functional.mse_loss(model(x), y)
-                if any(f.kind == "nan" for f in firing):
-                    loss = loss * float("nan")
-                (scaler.scale(loss) if scaler else loss).backward()
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        t_compute = time.perf_counter()
-        mean_loss = loss.detach().clone()
-        if distributed:
-            dist.all_reduce(mean_loss)
-            mean_loss /= world
-        step = next_step
-        t_end = time.perf_counter()
-        if log_file:
-            rec = {
-                "step": step, "loss": float(mean_loss), "loss_hex": float(mean_loss).hex(),
-                "world_size": world, "attempt": attempt, "rank": rank, "pid": os.getpid(),
-                "data_s": round(t_data - t0, 6), "compute_s": round(t_compute - t_data, 6),
-                "collective_s": round(t_end - t_compute, 6), "lr": sched.get_last_lr()[0],
-                "time": time.time(),
-            }
-            if args.log_samples:
-                rec["samples"] = indices
-            log_file.write(json.dumps(rec) + "\n")
-        if ckpt and args.checkpoint_every and step % args.checkpoint_every == 0:
-            ckpt.save(step, blocking=not args.async_save)
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
+    exit_code = 0
+    try:
+        while step < args.steps:
+            with worker.step(step + 1) as rec:
+                with worker.phase("data"):
+                    indices = sampler.next_indices()
+                    x, y = make_batch(indices, args.seed, args.dim)
+                    x, y = x.to(device), y.to(device)
+                with worker.phase("compute"), worker.skip_collective_if_drilled(model):
+                    worker.fault_point()
+                    with torch.autocast(device.type, enabled=use_cuda):
+                        loss = nn.functional.mse_loss(model(x), y)
+                    (scaler.scale(loss) if scaler else loss).backward()
+                verdict = worker.agree(loss)  # before the optimizer: a NaN anywhere stops every rank
+                with worker.phase("compute"):
+                    if scaler:
+                        scaler.step(opt)
+                        scaler.update()
+                    else:
+                        opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    sched.step()
+                rec.loss = verdict.loss
+                rec.log(lr=sched.get_last_lr()[0], **({"samples": indices} if args.log_samples else {}))
+            step += 1
+            if not worker.after_step(ckpt, step, verdict):
+                exit_code = EXIT_PREEMPTED  # emergency checkpoint written; the scheduler may requeue
+                break
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+    except NonFiniteLoss as exc:
+        logging.getLogger("train").error("stopping: %s (no optimizer step was taken)", exc)
+        exit_code = EXIT_NONFINITE
     if ckpt:
         ckpt.close()
-    if args.final_state:
+    if args.final_state and exit_code == 0:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
             torch.save(full, args.final_state)
-    if log_file:
-        log_file.close()
+    worker.close()
     if distributed:
-        dist.barrier()
+        if exit_code == 0:
+            dist.barrier()
         dist.destroy_process_group()
-    return 0
+    return exit_code
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,17 +22,22 @@ def torchrun_cmd(nproc: int) -> list[str]:
     return [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
 
 
-def run_job(tmp: Path, nproc: int, args: list[str], *, fault: str | None = None, expect_ok: bool = True,
-            timeout: float = 240, script: Path = TRAIN) -> subprocess.CompletedProcess:
-    """Run ``script`` under a real torchrun agent (gloo, CPU) with its own TMPDIR."""
-    env = dict(os.environ)
-    env.pop("SUPERVISOR_FAULT", None)
+def job_env(tmp: Path, fault: str | None = None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUPERVISOR_")}
     if fault:
         env["SUPERVISOR_FAULT"] = fault
     tmpdir = tmp / "tmpdir"
     tmpdir.mkdir(parents=True, exist_ok=True)
     env.update(TMPDIR=str(tmpdir), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+    env.update(extra or {})
+    return env
+
+
+def run_job(tmp: Path, nproc: int, args: list[str], *, fault: str | None = None, expect_ok: bool = True,
+            timeout: float = 240, script: Path = TRAIN, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``script`` under a real torchrun agent (gloo, CPU) with its own TMPDIR."""
+    env = job_env(tmp, fault, env)
     cmd = torchrun_cmd(nproc) + [str(script), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
     if expect_ok and proc.returncode != 0:
@@ -38,6 +45,53 @@ def run_job(tmp: Path, nproc: int, args: list[str], *, fault: str | None = None,
     if not expect_ok and proc.returncode == 0:
         raise AssertionError(f"job was expected to fail but succeeded\n{proc.stderr[-3000:]}")
     return proc
+
+
+class BackgroundJob:
+    """A torchrun job in its own session, killed (whole process group) when the test ends."""
+
+    def __init__(self, tmp: Path, nproc: int, args: list[str], *, fault: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.out = open(tmp / "job-output.txt", "w")
+        self.proc = subprocess.Popen(torchrun_cmd(nproc) + [str(TRAIN), *args], env=job_env(tmp, fault, env),
+                                     stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.output_path = tmp / "job-output.txt"
+
+    def wait_for(self, predicate, timeout: float = 60.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.proc.poll() is not None and not predicate():
+                raise AssertionError(f"job exited rc={self.proc.returncode} before {what}:\n{self.output()[-4000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
+
+    def output(self) -> str:
+        self.out.flush()
+        return self.output_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        # stopped children must be continued to die
+        try:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        self.out.close()
+
+
+def read_heartbeat(log_dir: Path, rank: int) -> dict | None:
+    try:
+        return json.loads((Path(log_dir) / f"heartbeat-rank-{rank}.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def read_log(log_dir: Path, rank: int = 0) -> list[dict]:
@@ -65,5 +119,14 @@ def copy_root_upto(src: Path, dst: Path, max_step: int) -> Path:
 
 
 @pytest.fixture
-def job_tmp(tmp_path: Path) -> Path:
-    return tmp_path
+def background_job(tmp_path: Path):
+    jobs: list[BackgroundJob] = []
+
+    def start(nproc: int, args: list[str], **kw) -> BackgroundJob:
+        job = BackgroundJob(tmp_path, nproc, args, **kw)
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:
+        job.kill()

@@ -482,18 +482,19 @@ class CheckpointManager:
         self._wait_previous()
         skipped: list[Skipped] = []
         excluded = set(exclude)
-        explicit = Path(path) if path is not None else None
+        explicit = Path(path) if path is not None and self.rank == 0 else None
         while True:
-            choice: tuple[str, dict] | None | str = None
+            choice: tuple[str, dict, bool] | None | str = None
             if self.rank == 0:
                 choice = self._pick(explicit, excluded, skipped)
-            choice = self._broadcast(choice)
+            choice = self._broadcast(choice)  # rank 0's view: other ranks' arguments are ignored
             if isinstance(choice, str):
-                raise CheckpointLoadError(choice, path=str(explicit or self.root))
+                raise CheckpointLoadError(choice, path=str(path or self.root))
             if choice is None:
-                if skipped:
+                if skipped and self.rank == 0:
                     log.warning("event=no_verified_checkpoint root=%s skipped=%d", self.root, len(skipped))
                 return None
+            is_explicit = choice[2]
             ckpt_path, manifest = Path(choice[0]), Manifest.from_dict(choice[1])
             if self.verify_on_restore == "full":
                 mine = sorted(manifest.files)[self.rank :: self.world_size]
@@ -506,7 +507,7 @@ class CheckpointManager:
                 if errors:
                     skipped.append(Skipped(ckpt_path.name, errors[0]))
                     log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, errors[0])
-                    if explicit is not None:
+                    if is_explicit:
                         raise CheckpointLoadError(errors[0], path=str(ckpt_path))
                     excluded.add(ckpt_path.name)
                     continue
@@ -527,12 +528,12 @@ class CheckpointManager:
                 m = verify(explicit, "fast")
             except (CheckpointError, OSError) as exc:
                 return getattr(exc, "reason", str(exc))
-            return (str(explicit), m.to_dict())
+            return (str(explicit), m.to_dict(), True)
         found = latest_complete(self.root, "fast", exclude=excluded)
         skipped.extend(s for s in found.skipped if s.name not in {x.name for x in skipped})
         if found.checkpoint is None:
             return None
-        return (str(found.checkpoint.path), found.checkpoint.manifest.to_dict())
+        return (str(found.checkpoint.path), found.checkpoint.manifest.to_dict(), False)
 
     def _load(self, ckpt_path: Path, manifest: Manifest) -> str:
         error: str | None = None

@@ -1,5 +1,19 @@
-"""What a training script imports: the resumable sampler and fault injection for drills.
+"""What a training script imports (the worker SDK).
 
-(The heartbeat sender, phase timers and collective watchdog join this package with the
-worker SDK issue.)
+* :class:`~supervisor.worker.runtime.Worker`: session from the environment, heartbeats,
+  phase timers, the collective watchdog, restore/save helpers, the timing log, drills.
+* :class:`~supervisor.worker.sampler.ResumableSampler`: world-size-independent data order.
+* :mod:`~supervisor.worker.faults`: the ``SUPERVISOR_FAULT`` drill syntax.
+
+The SDK talks to the controller only over the wire (:mod:`supervisor.protocol`).
 """
+
+from supervisor.worker.faults import Fault, FaultSpecError, parse_faults
+from supervisor.worker.runtime import EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss, Verdict, Worker
+from supervisor.worker.sampler import ResumableSampler
+from supervisor.worker.session import Session, SessionError
+
+__all__ = [
+    "EXIT_NONFINITE", "EXIT_PREEMPTED", "Fault", "FaultSpecError", "NonFiniteLoss", "ResumableSampler",
+    "Session", "SessionError", "Verdict", "Worker", "parse_faults",
+]

@@ -1,0 +1,187 @@
+"""The wire between ranks and the controller: authenticated heartbeat and control datagrams.
+
+Transport: UDP. A heartbeat is small, periodic and only its latest value matters: a lost one
+is replaced by the next, so there is nothing to retransmit, no connection to keep per rank
+and nothing to buffer when the controller is away. One core parses and authenticates well
+over 16,384 of them per second (``benchmarks/heartbeat_intake.py``); an HTTP request per
+heartbeat costs roughly ten times more.
+
+Frame (version 1)::
+
+    b"SV1" | HMAC-SHA256(token, payload)[:16] | payload (UTF-8 JSON object)
+
+The token is the job's secret (``SUPERVISOR_TOKEN`` or ``SUPERVISOR_TOKEN_FILE``). A frame
+over :data:`MAX_DATAGRAM` bytes, with a bad MAC, not JSON, or with fields of the wrong type
+or range is rejected with a reason (counted by the controller, never acted upon). Both
+directions use the same frame: heartbeats (``type: hb``) go up, control messages (``type:
+ack`` / ``abort``) come back to the heartbeat's source address. The controller fences every
+message by ``attempt``; a worker obeys an abort only for its own attempt and rank.
+
+Neither ``supervisor.worker`` nor the controller imports the other; both import this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MAGIC = b"SV1"
+MAC_BYTES = 16
+MAX_DATAGRAM = 4096
+MAX_RANK = 1 << 20
+PHASES = ("init", "restore", "data", "compute", "collective", "checkpoint", "idle", "done")
+
+REJECT_MALFORMED = "malformed"
+REJECT_OVERSIZED = "oversized"
+REJECT_UNAUTHENTICATED = "unauthenticated"
+REJECT_SCHEMA = "schema"
+REJECT_STALE_ATTEMPT = "stale_attempt"
+REJECT_REASONS = (REJECT_MALFORMED, REJECT_OVERSIZED, REJECT_UNAUTHENTICATED, REJECT_SCHEMA, REJECT_STALE_ATTEMPT)
+
+
+class ProtocolError(ValueError):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+def _mac(token: bytes, payload: bytes) -> bytes:
+    return hmac.new(token, payload, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def encode(payload: dict[str, Any], token: bytes) -> bytes:
+    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    frame = MAGIC + _mac(token, body) + body
+    if len(frame) > MAX_DATAGRAM:
+        raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes > {MAX_DATAGRAM}")
+    return frame
+
+
+def decode_frame(frame: bytes, token: bytes) -> dict[str, Any]:
+    """Authenticate and parse one frame into a JSON object (no schema check)."""
+    if len(frame) > MAX_DATAGRAM:
+        raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes")
+    if len(frame) < len(MAGIC) + MAC_BYTES + 2 or not frame.startswith(MAGIC):
+        raise ProtocolError(REJECT_MALFORMED, "not an SV1 frame")
+    mac, body = frame[3 : 3 + MAC_BYTES], frame[3 + MAC_BYTES :]
+    if not hmac.compare_digest(mac, _mac(token, body)):
+        raise ProtocolError(REJECT_UNAUTHENTICATED, "bad MAC (wrong token?)")
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ProtocolError(REJECT_MALFORMED, "payload is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(REJECT_SCHEMA, "payload is not an object")
+    return obj
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """What a rank says about itself, once per interval.
+
+    ``coll_seq`` counts collectives this rank has *entered*; ``coll_inside`` says whether the
+    latest one is still running. Peers blocked in collective N while one rank sits at N-1
+    outside any collective name that rank as the culprit.
+    """
+
+    job: str
+    attempt: int
+    rank: int
+    world_size: int
+    seq: int
+    step: int
+    phase: str
+    phase_s: float
+    node: str = ""
+    pid: int = 0
+    coll_seq: int = 0
+    coll_op: str = ""
+    coll_inside: bool = False
+    coll_s: float = 0.0
+    last_data_s: float = 0.0
+    last_compute_s: float = 0.0
+    last_collective_s: float = 0.0
+    last_step_s: float = 0.0
+    ckpt_step: int = -1
+    ckpt_state: str = "idle"
+    loss_ok: bool = True
+    watchdog: str = ""
+    stack_file: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_payload(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in _FIELDS}
+        d["type"] = "hb"
+        return d
+
+    @classmethod
+    def from_payload(cls, obj: dict[str, Any]) -> "Heartbeat":
+        if obj.get("type") != "hb":
+            raise ProtocolError(REJECT_SCHEMA, "not a heartbeat")
+        values: dict[str, Any] = {}
+        for name, (kind, lo, hi) in _FIELDS.items():
+            if name not in obj:
+                if name in _REQUIRED:
+                    raise ProtocolError(REJECT_SCHEMA, f"missing {name}")
+                continue
+            v = obj[name]
+            if kind is int:
+                ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+            elif kind is float:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi
+                v = float(v) if ok else v
+            elif kind is bool:
+                ok = isinstance(v, bool)
+            else:
+                ok = isinstance(v, str) and len(v) <= hi
+            if not ok:
+                raise ProtocolError(REJECT_SCHEMA, f"bad {name}: {v!r}"[:120])
+            values[name] = v
+        if values["rank"] >= values["world_size"]:
+            raise ProtocolError(REJECT_SCHEMA, "rank >= world_size")
+        if values["phase"] not in PHASES:
+            raise ProtocolError(REJECT_SCHEMA, f"unknown phase {values['phase']!r}"[:120])
+        return cls(**values)
+
+
+_BIG = 1 << 62
+_FIELDS: dict[str, tuple[type, float, float]] = {
+    "job": (str, 0, 128),
+    "attempt": (int, 0, 1 << 31),
+    "rank": (int, 0, MAX_RANK),
+    "world_size": (int, 1, MAX_RANK),
+    "seq": (int, 0, _BIG),
+    "step": (int, -1, _BIG),
+    "phase": (str, 0, 32),
+    "phase_s": (float, 0, 1e9),
+    "node": (str, 0, 256),
+    "pid": (int, 0, 1 << 31),
+    "coll_seq": (int, 0, _BIG),
+    "coll_op": (str, 0, 64),
+    "coll_inside": (bool, 0, 0),
+    "coll_s": (float, 0, 1e9),
+    "last_data_s": (float, 0, 1e9),
+    "last_compute_s": (float, 0, 1e9),
+    "last_collective_s": (float, 0, 1e9),
+    "last_step_s": (float, 0, 1e9),
+    "ckpt_step": (int, -1, _BIG),
+    "ckpt_state": (str, 0, 32),
+    "loss_ok": (bool, 0, 0),
+    "watchdog": (str, 0, 512),
+    "stack_file": (str, 0, 1024),
+}
+_REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s"}
+
+
+def decode_heartbeat(frame: bytes, token: bytes) -> Heartbeat:
+    return Heartbeat.from_payload(decode_frame(frame, token))
+
+
+def control_message(kind: str, *, attempt: int, rank: int, reason: str = "") -> dict[str, Any]:
+    if kind not in ("ack", "abort"):
+        raise ValueError(f"unknown control message {kind!r}")
+    return {"type": kind, "attempt": attempt, "rank": rank, "reason": reason[:400]}

@@ -1,0 +1,359 @@
+"""The worker SDK's face: one object a training script creates per rank.
+
+::
+
+    w = Worker.from_env(log_dir=args.log_dir)     # session, faults, heartbeats, watchdog
+    w.start()
+    w.instrument(model)                           # count DDP / FSDP2 collectives
+    restored = w.restore(ckpt)                    # the supervisor's pick, or the newest verified
+    step = restored.step if restored else 0
+    while step < total:
+        with w.step(step + 1) as s:
+            with w.phase("data"):
+                batch = ...
+            with w.phase("compute"), w.skip_collective_if_drilled(model):
+                w.fault_point()                   # drills: crash, kill, stop, hang, slow
+                loss = ...; loss.backward()
+            verdict = w.agree(loss)               # one all-reduce: mean loss, non-finite, stop, save due
+            ...optimizer step...
+            s.loss = verdict.loss
+        step += 1
+        if not w.after_step(ckpt, step, verdict): # periodic save; emergency save on SIGTERM
+            break
+    w.close()
+
+Every rank takes the same decisions at the same step because they are all-reduced: a
+non-finite loss anywhere stops every rank *before* the optimizer step; a SIGTERM on any rank
+(Slurm ``--signal``, a pod's termination grace period) makes every rank save at the same
+step boundary; a time-based save is due on all ranks or none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from supervisor.checkpoint import CheckpointManager, RestoreResult
+from supervisor.checkpoint.discovery import parse_name
+from supervisor.worker import collectives
+from supervisor.worker.faults import CRASH_EXIT_CODE, Fault, parse_faults
+from supervisor.worker.heartbeat import HeartbeatSender
+from supervisor.worker.session import Session
+from supervisor.worker.telemetry import RankState
+from supervisor.worker.watchdog import Watchdog, dump_stacks
+
+log = logging.getLogger("supervisor.worker")
+
+EXIT_NONFINITE = 18
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: the scheduler sees "terminated", not "completed"
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss was NaN or infinite on at least one rank; no optimizer step was taken."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    loss: float
+    nonfinite: bool
+    stop: bool
+    save_due: bool
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def log(self, **kw: Any) -> None:
+        self.extra.update(kw)
+
+
+class Worker:
+    def __init__(self, session: Session, faults: list[Fault] | None = None) -> None:
+        self.session = session
+        self.state = RankState()
+        self.faults = [f for f in (faults or []) if f.applies(rank=session.rank, attempt=session.attempt)]
+        self.stop_requested = False
+        self.checkpoint_every_steps = 0
+        self.checkpoint_every_s = 0.0
+        self.async_save = False
+        self._last_save_time = time.monotonic()
+        self._phase_totals: dict[str, float] = {}
+        self._timing = None
+        self._aborting = threading.Event()
+        log_dir = session.log_dir
+        stack_path = log_dir / f"stacks-rank-{session.rank}.txt" if log_dir else None
+        self.stack_path = stack_path
+        self.heartbeat = HeartbeatSender(session, self.state, on_abort=self.abort)
+        self.watchdog = Watchdog(self.state, session.timeouts, stack_path, on_fire=lambda _e: self.heartbeat.beat_now())
+
+    @classmethod
+    def from_env(cls, *, log_dir: str | os.PathLike | None = None) -> "Worker":
+        """Parse the session and ``SUPERVISOR_FAULT``; bad values raise at start-up."""
+        return cls(Session.from_env(log_dir=log_dir), parse_faults(os.environ.get("SUPERVISOR_FAULT")))
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> "Worker":
+        if self.session.log_dir:
+            self.session.log_dir.mkdir(parents=True, exist_ok=True)
+            self._timing = open(self.session.log_dir / f"rank-{self.session.rank}.jsonl", "a", buffering=1)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.heartbeat.start()
+        self.watchdog.start()
+        log.info(
+            "event=worker_started rank=%d world_size=%d attempt=%d supervised=%s faults=%s",
+            self.session.rank, self.session.world_size, self.session.attempt, self.session.supervised,
+            [f.kind for f in self.faults],
+        )
+        return self
+
+    def close(self) -> None:
+        self.state.set_phase("done")
+        self.heartbeat.beat_now()
+        self.watchdog.stop()
+        self.heartbeat.stop()
+        if self._timing:
+            self._timing.close()
+            self._timing = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if not self.stop_requested:
+            log.warning("event=sigterm_received rank=%d action=checkpoint_at_next_step_boundary", self.session.rank)
+        self.stop_requested = True
+
+    def abort(self, reason: str) -> None:
+        """The supervisor's abort order: keep the evidence, then SIGKILL this process."""
+        if self._aborting.is_set():
+            return
+        self._aborting.set()
+        where = dump_stacks(self.stack_path, f"abort ordered by the supervisor: {reason}")
+        log.error("event=abort_ordered rank=%d reason=%s stacks=%s", self.session.rank, reason, where)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # ---------------------------------------------------------------- instrumentation
+    def instrument(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Count the model's collectives (DDP gradient buckets or FSDP2 all-gather/reduce-scatter)."""
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model.register_comm_hook(None, collectives.ddp_comm_hook(self.state))
+        else:
+            collectives.instrument_fsdp(model, self.state)
+        return model
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with self.state.phase_scope(name):
+            try:
+                yield
+            finally:
+                self._phase_totals[name] = self._phase_totals.get(name, 0.0) + time.perf_counter() - t0
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
+        op = dist.ReduceOp.SUM if op is None else op
+        collectives.traced(self.state, "allreduce", dist.all_reduce, tensor, op=op, group=group)
+
+    def barrier(self, group: Any = None) -> None:
+        collectives.traced(self.state, "barrier", dist.barrier, group=group)
+
+    # ---------------------------------------------------------------- steps
+    @contextmanager
+    def step(self, step: int) -> Iterator[StepRecord]:
+        """Time one step (``step`` = the number it will have when done) and log it."""
+        self.state.step = step
+        self._phase_totals = {}
+        self.state.take_collective_busy()
+        record = StepRecord(step)
+        t0 = time.perf_counter()
+        yield record
+        total = time.perf_counter() - t0
+        busy = self.state.take_collective_busy()
+        coll = sum(busy.values())
+        data = self._phase_totals.get("data", 0.0)
+        # exposed compute: time in the compute phase not spent waiting on a collective
+        compute = max(0.0, self._phase_totals.get("compute", 0.0) - busy.get("compute", 0.0))
+        self.state.last = (data, compute, coll, total)
+        if self._timing:
+            rec = {
+                "step": step, "loss": record.loss,
+                "loss_hex": float(record.loss).hex() if record.loss is not None else None,
+                "world_size": self.session.world_size, "attempt": self.session.attempt,
+                "rank": self.session.rank, "node": self.session.node, "pid": os.getpid(),
+                "data_s": round(data, 6), "compute_s": round(compute, 6), "collective_s": round(coll, 6),
+                "step_s": round(total, 6), "time": time.time(), **record.extra,
+            }
+            self._timing.write(json.dumps(rec) + "\n")
+
+    def fault_point(self) -> None:
+        """Where drills fire: call inside the compute phase of every step."""
+        for f in self.faults:
+            if not f.fires_at(self.state.step):
+                continue
+            if f.kind == "slow":
+                time.sleep(f.ms / 1000)
+            elif f.kind in ("crash", "kill", "stop", "hang"):
+                log.warning("event=fault_injected kind=%s rank=%d step=%d", f.kind, self.session.rank, self.state.step)
+                if f.kind == "crash":
+                    logging.shutdown()
+                    sys.exit(CRASH_EXIT_CODE)
+                if f.kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if f.kind == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                if f.kind == "hang":
+                    while True:  # stuck in compute; the heartbeat thread keeps reporting it
+                        time.sleep(3600)
+
+    def _fires(self, kind: str) -> bool:
+        return any(f.kind == kind and f.fires_at(self.state.step) for f in self.faults)
+
+    def skip_collective_if_drilled(self, model: torch.nn.Module):
+        """``skip-collective`` drill: DDP's ``no_sync`` for this step on this rank."""
+        if self._fires("skip-collective") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return nullcontext()
+
+    def agree(self, loss: torch.Tensor) -> Verdict:
+        """One small all-reduce: the mean loss and every rank-local condition, agreed.
+
+        Call after backward and *before* the optimizer step. Raises :class:`NonFiniteLoss`
+        (on every rank) when any rank's loss is not finite, so no rank corrupts its state.
+        """
+        local = loss.detach().float().reshape(()).cpu()
+        if self._fires("nan"):
+            log.warning("event=fault_injected kind=nan rank=%d step=%d", self.session.rank, self.state.step)
+            local = local * float("nan")
+        if self._fires("skip-collective"):
+            # The drilled rank skipped the gradient all-reduce; like a rank that ran out of
+            # batches it now idles in its data phase while its peers wait inside the collective.
+            log.warning("event=fault_injected kind=skip-collective rank=%d step=%d", self.session.rank, self.state.step)
+            self.state.set_phase("data")
+            while True:
+                time.sleep(3600)
+        finite = bool(torch.isfinite(local))
+        due = bool(
+            self.checkpoint_every_s and time.monotonic() - self._last_save_time >= self.checkpoint_every_s
+        )
+        vec = torch.tensor(
+            [local.item() if finite else 0.0, 0.0 if finite else 1.0, float(self.stop_requested), float(due)],
+            dtype=torch.float64,
+        )
+        world = self.session.world_size
+        if dist.is_available() and dist.is_initialized():
+            self.all_reduce(vec)
+        verdict = Verdict(loss=float(vec[0] / world), nonfinite=vec[1] > 0, stop=vec[2] > 0, save_due=vec[3] > 0)
+        if verdict.nonfinite:
+            self.state.loss_ok = False
+            self.heartbeat.beat_now()
+            log.error(
+                "event=nonfinite_loss step=%d ranks_affected=%d local_finite=%s action=stop_before_optimizer_step",
+                self.state.step, int(vec[1]), finite,
+            )
+            raise NonFiniteLoss(f"non-finite loss at step {self.state.step} on {int(vec[1])} rank(s)")
+        return verdict
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint_schedule(self, *, every_steps: int = 0, every_seconds: float = 0.0, async_save: bool = False) -> None:
+        if every_steps < 0 or every_seconds < 0:
+            raise ValueError("checkpoint intervals must be >= 0")
+        self.checkpoint_every_steps = every_steps
+        self.checkpoint_every_s = every_seconds
+        self.async_save = async_save
+
+    def after_step(self, ckpt: CheckpointManager | None, step: int, verdict: Verdict) -> bool:
+        """Save when due; on a stop request save synchronously and return False."""
+        if ckpt is None:
+            return not verdict.stop
+        if verdict.stop:
+            with self.phase("checkpoint"):
+                self.state.ckpt_state = "writing"
+                result = ckpt.save(step)
+                self.state.ckpt_state, self.state.ckpt_step = "idle", step
+            log.warning("event=emergency_checkpoint step=%d path=%s", step, result.path)
+            return False
+        due = verdict.save_due or (self.checkpoint_every_steps and step % self.checkpoint_every_steps == 0)
+        if due:
+            self._save(ckpt, step)
+        return True
+
+    def _save(self, ckpt: CheckpointManager, step: int) -> None:
+        with self.phase("checkpoint"):
+            self.state.ckpt_state = "staging" if self.async_save else "writing"
+            result = ckpt.save(step, blocking=not self.async_save)
+        self._last_save_time = time.monotonic()
+        if self.async_save:
+            self.state.ckpt_state = "writing"
+
+            def done(fut: Any) -> None:
+                ok = fut.exception() is None
+                self.state.ckpt_state = "idle" if ok else "failed"
+                if ok:
+                    self.state.ckpt_step = step
+
+            result.add_done_callback(done)
+        else:
+            self.state.ckpt_state, self.state.ckpt_step = "idle", step
+
+    def restore(self, ckpt: CheckpointManager) -> RestoreResult | None:
+        """Resume from the supervisor's pick (or the newest verified checkpoint without one)."""
+        with self.phase("restore"):
+            hint = self.restore_point() if self.session.rank == 0 else None
+            exclude = hint.get("exclude", []) if hint else []
+            name = hint.get("checkpoint") if hint else None
+            if name:
+                log.info("event=restore_point_from_supervisor checkpoint=%s exclude=%s", name, exclude)
+            result = ckpt.restore(exclude=exclude, path=(ckpt.root / name) if name else None)
+            if result is not None:
+                self.state.ckpt_step = result.step
+            return result
+
+    def restore_point(self) -> dict[str, Any] | None:
+        """Ask the controller which checkpoint to resume from; None without one or on failure."""
+        if not self.session.api:
+            return None
+        url = f"{self.session.api.rstrip('/')}/v1/restore-point?attempt={self.session.attempt}"
+        try:
+            raw = _get_json(url, self.session.token or b"")
+        except (OSError, ValueError, urllib.error.URLError) as exc:
+            log.warning("event=restore_point_unavailable url=%s error=%s action=scan_checkpoint_dir", url, exc)
+            return None
+        name = raw.get("checkpoint")
+        exclude = raw.get("exclude", [])
+        if name is not None and (not isinstance(name, str) or parse_name(name) is None):
+            log.warning("event=restore_point_rejected reason=bad_name value=%r", name)
+            return None
+        if not isinstance(exclude, list) or not all(isinstance(e, str) and parse_name(e) for e in exclude):
+            log.warning("event=restore_point_rejected reason=bad_exclude")
+            return None
+        return {"checkpoint": name, "exclude": exclude}
+
+
+@retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)), stop=stop_after_attempt(3),
+       wait=wait_exponential(multiplier=0.2, max=2), reraise=True)
+def _get_json(url: str, token: bytes) -> dict[str, Any]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token.decode()}"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        body = resp.read(1 << 20)
+    obj = json.loads(body)
+    if not isinstance(obj, dict):
+        raise ValueError("restore point is not a JSON object")
+    return obj
+

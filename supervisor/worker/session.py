@@ -1,0 +1,134 @@
+"""A rank's identity and its supervisor's coordinates, parsed once from the environment.
+
+torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (and ``TORCHELASTIC_RESTART_COUNT``);
+the supervisor adds the variables below. Without them the SDK still works (plain torchrun or
+one process): heartbeats are written to the rank's log directory instead of being sent.
+
+========================================  ===================================================
+``SUPERVISOR_ATTEMPT``                    the supervisor's attempt number (fences messages)
+``SUPERVISOR_JOB``                        job name (default ``local``)
+``SUPERVISOR_NODE``                       node name (default: host name)
+``SUPERVISOR_HEARTBEAT_ADDR``             ``host:port`` of the controller's UDP intake
+``SUPERVISOR_API``                        ``http://host:port`` of the controller's HTTP API
+``SUPERVISOR_TOKEN`` / ``..._TOKEN_FILE`` the job's secret (required with an address)
+``SUPERVISOR_LOG_DIR``                    per-rank logs: timing, heartbeats, stack dumps
+``SUPERVISOR_HEARTBEAT_INTERVAL``         seconds between heartbeats (default 1)
+``SUPERVISOR_WATCHDOG``                   phase timeouts, e.g. ``compute=120,collective=60``
+========================================  ===================================================
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+# Rank watchdog timeouts (seconds). They must stay below the supervisor's hang timeouts so
+# that stacks are dumped before anything is killed: rank watchdog < supervisor < budget.
+DEFAULT_TIMEOUTS: dict[str, float] = {
+    "init": 600.0,
+    "restore": 600.0,
+    "data": 60.0,
+    "compute": 120.0,
+    "collective": 120.0,
+    "checkpoint": 900.0,
+}
+
+
+class SessionError(ValueError):
+    """The environment describes an impossible session; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Session:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    attempt: int = 0
+    job: str = "local"
+    node: str = field(default_factory=socket.gethostname)
+    heartbeat_addr: tuple[str, int] | None = None
+    api: str | None = None
+    token: bytes | None = None
+    log_dir: Path | None = None
+    heartbeat_interval: float = 1.0
+    timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
+
+    @property
+    def supervised(self) -> bool:
+        return self.heartbeat_addr is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, log_dir: str | os.PathLike | None = None) -> "Session":
+        env = os.environ if env is None else env
+        world = _int(env, "WORLD_SIZE", 1, minimum=1)
+        rank = _int(env, "RANK", 0, minimum=0)
+        if rank >= world:
+            raise SessionError(f"RANK={rank} is not below WORLD_SIZE={world}")
+        attempt = _int(env, "SUPERVISOR_ATTEMPT", _int(env, "TORCHELASTIC_RESTART_COUNT", 0, minimum=0), minimum=0)
+        addr = None
+        if env.get("SUPERVISOR_HEARTBEAT_ADDR"):
+            host, sep, port = env["SUPERVISOR_HEARTBEAT_ADDR"].rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise SessionError(f"SUPERVISOR_HEARTBEAT_ADDR={env['SUPERVISOR_HEARTBEAT_ADDR']!r} is not host:port")
+            addr = (host.strip("[]"), int(port))
+        token = None
+        if env.get("SUPERVISOR_TOKEN_FILE"):
+            try:
+                token = Path(env["SUPERVISOR_TOKEN_FILE"]).read_bytes().strip()
+            except OSError as exc:
+                raise SessionError(f"SUPERVISOR_TOKEN_FILE: {exc}") from None
+        elif env.get("SUPERVISOR_TOKEN"):
+            token = env["SUPERVISOR_TOKEN"].encode()
+        if (addr or env.get("SUPERVISOR_API")) and not token:
+            raise SessionError("a supervisor address is set but no SUPERVISOR_TOKEN(_FILE): refusing to talk unauthenticated")
+        interval = _float(env, "SUPERVISOR_HEARTBEAT_INTERVAL", 1.0)
+        if not 0.05 <= interval <= 60:
+            raise SessionError(f"SUPERVISOR_HEARTBEAT_INTERVAL={interval} is outside [0.05, 60] seconds")
+        timeouts = dict(DEFAULT_TIMEOUTS)
+        spec = env.get("SUPERVISOR_WATCHDOG", "").strip()
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            name, sep, value = item.partition("=")
+            if not sep or name not in DEFAULT_TIMEOUTS:
+                raise SessionError(f"SUPERVISOR_WATCHDOG: {item!r} is not PHASE=SECONDS (phases: {', '.join(DEFAULT_TIMEOUTS)})")
+            try:
+                timeouts[name] = float(value)
+            except ValueError:
+                raise SessionError(f"SUPERVISOR_WATCHDOG: {value!r} is not a number") from None
+            if timeouts[name] <= 0:
+                raise SessionError(f"SUPERVISOR_WATCHDOG: {name} must be > 0")
+        ld = log_dir if log_dir is not None else env.get("SUPERVISOR_LOG_DIR") or None
+        job = env.get("SUPERVISOR_JOB", "local")
+        if len(job) > 128:
+            raise SessionError("SUPERVISOR_JOB is longer than 128 characters")
+        return cls(
+            rank=rank, local_rank=_int(env, "LOCAL_RANK", 0, minimum=0), world_size=world, attempt=attempt,
+            job=job, node=env.get("SUPERVISOR_NODE") or socket.gethostname(), heartbeat_addr=addr,
+            api=env.get("SUPERVISOR_API") or None, token=token, log_dir=Path(ld) if ld else None,
+            heartbeat_interval=interval, timeouts=timeouts,
+        )
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SessionError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise SessionError(f"{name}={value} is below {minimum}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SessionError(f"{name}={raw!r} is not a number") from None

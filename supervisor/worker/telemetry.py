@@ -1,0 +1,122 @@
+"""What a rank is doing right now: step, phase, collectives in flight, last step's timings.
+
+Written by the training thread (and by collective completion callbacks, under a lock), read
+by the heartbeat and watchdog threads. Reads take a consistent snapshot under the same lock;
+writes are a few attribute stores, so the training loop pays microseconds per phase change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    step: int
+    phase: str
+    phase_s: float
+    coll_seq: int
+    coll_op: str
+    coll_inside: bool
+    coll_s: float
+    last_data_s: float
+    last_compute_s: float
+    last_collective_s: float
+    last_step_s: float
+    ckpt_step: int
+    ckpt_state: str
+    loss_ok: bool
+    watchdog: str
+    stack_file: str
+
+
+class RankState:
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.step = 0
+        self.phase = "init"
+        self.phase_since = clock()
+        self.coll_seq = 0
+        self.coll_op = ""
+        self._coll_in_flight = 0
+        self._coll_since = 0.0
+        self._coll_busy: dict[str, float] = {}  # per phase: time with >= 1 collective in flight
+        self._coll_busy_phase = ""
+        self.last = (0.0, 0.0, 0.0, 0.0)  # data, compute, collective, step seconds
+        self.ckpt_step = -1
+        self.ckpt_state = "idle"
+        self.loss_ok = True
+        self.watchdog = ""
+        self.stack_file = ""
+
+    # ---------------------------------------------------------------- phases
+    def set_phase(self, name: str) -> None:
+        with self._lock:
+            self.phase = name
+            self.phase_since = self._clock()
+
+    @contextmanager
+    def phase_scope(self, name: str) -> Iterator[None]:
+        previous = self.phase
+        self.set_phase(name)
+        try:
+            yield
+        finally:
+            self.set_phase(previous if previous != name else "idle")
+
+    # ---------------------------------------------------------------- collectives
+    def coll_enter(self, op: str) -> int:
+        """Mark entry into a collective; returns its sequence number for :meth:`coll_exit`."""
+        with self._lock:
+            self.coll_seq += 1
+            if self._coll_in_flight == 0:
+                self._coll_since = self._clock()
+                self._coll_busy_phase = self.phase
+            self._coll_in_flight += 1
+            self.coll_op = op
+            return self.coll_seq
+
+    def coll_exit(self, seq: int) -> None:
+        with self._lock:
+            if self._coll_in_flight == 0:
+                return
+            self._coll_in_flight -= 1
+            if self._coll_in_flight == 0:
+                phase = self._coll_busy_phase
+                self._coll_busy[phase] = self._coll_busy.get(phase, 0.0) + self._clock() - self._coll_since
+
+    def take_collective_busy(self) -> dict[str, float]:
+        """Time with at least one collective in flight since the last call, by the phase in
+        which it began (overlapping collectives count once: this is wall time, not a sum)."""
+        with self._lock:
+            busy, self._coll_busy = self._coll_busy, {}
+            return busy
+
+    # ---------------------------------------------------------------- reads
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            now = self._clock()
+            inside = self._coll_in_flight > 0
+            return Snapshot(
+                step=self.step,
+                phase="collective" if inside and self.phase in ("compute", "collective", "idle") else self.phase,
+                phase_s=now - (self._coll_since if inside and self.phase in ("compute", "collective", "idle") else self.phase_since),
+                coll_seq=self.coll_seq,
+                coll_op=self.coll_op,
+                coll_inside=inside,
+                coll_s=now - self._coll_since if inside else 0.0,
+                last_data_s=self.last[0],
+                last_compute_s=self.last[1],
+                last_collective_s=self.last[2],
+                last_step_s=self.last[3],
+                ckpt_step=self.ckpt_step,
+                ckpt_state=self.ckpt_state,
+                loss_ok=self.loss_ok,
+                watchdog=self.watchdog,
+                stack_file=self.stack_file,
+            )

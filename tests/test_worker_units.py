@@ -1,0 +1,272 @@
+"""Worker SDK pieces in one process: session, fault spec, wire protocol, heartbeats, watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from supervisor.protocol import (
+    MAX_DATAGRAM,
+    Heartbeat,
+    ProtocolError,
+    control_message,
+    decode_frame,
+    decode_heartbeat,
+    encode,
+)
+from supervisor.worker.faults import Fault, FaultSpecError, parse_faults
+from supervisor.worker.heartbeat import HeartbeatSender
+from supervisor.worker.session import Session, SessionError
+from supervisor.worker.telemetry import RankState
+from supervisor.worker.watchdog import Watchdog
+
+TOKEN = b"s3cret-token"
+
+
+# ----------------------------------------------------------------- session
+
+def test_session_defaults_without_supervisor():
+    s = Session.from_env({})
+    assert (s.rank, s.world_size, s.attempt, s.supervised) == (0, 1, 0, False)
+
+
+def test_session_from_torchrun_and_supervisor_env(tmp_path):
+    (tmp_path / "tok").write_text("abc\n")
+    s = Session.from_env({
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2",
+        "SUPERVISOR_ATTEMPT": "5", "SUPERVISOR_HEARTBEAT_ADDR": "127.0.0.1:9999",
+        "SUPERVISOR_TOKEN_FILE": str(tmp_path / "tok"), "SUPERVISOR_WATCHDOG": "compute=7, collective=3",
+        "SUPERVISOR_JOB": "llm", "SUPERVISOR_NODE": "n2",
+    })
+    assert (s.rank, s.local_rank, s.world_size, s.attempt) == (3, 1, 4, 5)
+    assert s.heartbeat_addr == ("127.0.0.1", 9999) and s.token == b"abc" and s.supervised
+    assert s.timeouts["compute"] == 7 and s.timeouts["collective"] == 3 and s.timeouts["data"] == 60
+    assert Session.from_env({"TORCHELASTIC_RESTART_COUNT": "2"}).attempt == 2
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below"),
+    ({"WORLD_SIZE": "x"}, "not an integer"),
+    ({"WORLD_SIZE": "0"}, "below 1"),
+    ({"SUPERVISOR_HEARTBEAT_ADDR": "nohost"}, "host:port"),
+    ({"SUPERVISOR_HEARTBEAT_ADDR": "h:70000", "SUPERVISOR_TOKEN": "t"}, "host:port"),
+    ({"SUPERVISOR_HEARTBEAT_ADDR": "h:1"}, "no SUPERVISOR_TOKEN"),
+    ({"SUPERVISOR_HEARTBEAT_INTERVAL": "0"}, "outside"),
+    ({"SUPERVISOR_WATCHDOG": "compute"}, "PHASE=SECONDS"),
+    ({"SUPERVISOR_WATCHDOG": "lunch=5"}, "PHASE=SECONDS"),
+    ({"SUPERVISOR_WATCHDOG": "compute=-1"}, "> 0"),
+    ({"SUPERVISOR_TOKEN_FILE": "/nonexistent/tok"}, "SUPERVISOR_TOKEN_FILE"),
+])
+def test_session_errors_name_the_variable(env, match):
+    with pytest.raises(SessionError, match=match):
+        Session.from_env(env)
+
+
+# ----------------------------------------------------------------- fault spec
+
+def test_fault_spec_parses_several_faults():
+    faults = parse_faults("kind=hang,rank=1,step=30; kind=slow,ms=50,step=2 ;kind=crash,attempt=0")
+    assert faults == [Fault("hang", rank=1, step=30), Fault("slow", step=2, ms=50), Fault("crash", attempt=0)]
+    assert faults[0].applies(rank=1, attempt=3) and not faults[0].applies(rank=0, attempt=3)
+    assert faults[2].applies(rank=7, attempt=0) and not faults[2].applies(rank=7, attempt=1)
+    assert faults[1].fires_at(2) and faults[1].fires_at(9) and not faults[1].fires_at(1)
+    assert faults[0].fires_at(30) and not faults[0].fires_at(31)
+    assert parse_faults("") == [] and parse_faults(None) == []
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("kind=explode", "kind must be one of"),
+    ("rank=1", "kind must be one of"),
+    ("kind=hang,rank=one", "rank must be an integer"),
+    ("kind=hang,step=0", "out of range"),
+    ("kind=hang,rank=-1", "out of range"),
+    ("kind=hang,when=3", "unknown key 'when'"),
+    ("kind=hang,rank", "not key=value"),
+    ("kind=hang,rank=1,rank=2", "given twice"),
+])
+def test_malformed_fault_spec_is_an_error(spec, match):
+    with pytest.raises(FaultSpecError, match=match):
+        parse_faults(spec)
+
+
+# ----------------------------------------------------------------- protocol
+
+def hb(**kw) -> Heartbeat:
+    base = dict(job="j", attempt=1, rank=0, world_size=2, seq=1, step=5, phase="compute", phase_s=0.5)
+    return Heartbeat(**(base | kw))
+
+
+def test_heartbeat_roundtrip():
+    h = hb(coll_seq=9, coll_inside=True, watchdog="compute running 3.0s")
+    assert decode_heartbeat(encode(h.to_payload(), TOKEN), TOKEN) == h
+
+
+@pytest.mark.parametrize("frame, reason", [
+    (b"garbage", "malformed"),
+    (b"SV1" + b"\0" * 16 + b"{}", "unauthenticated"),
+    (b"x" * (MAX_DATAGRAM + 1), "oversized"),
+])
+def test_bad_frames(frame, reason):
+    with pytest.raises(ProtocolError) as exc:
+        decode_heartbeat(frame, TOKEN)
+    assert exc.value.reason == reason
+
+
+def test_wrong_token_and_tampering_are_unauthenticated():
+    frame = encode(hb().to_payload(), TOKEN)
+    with pytest.raises(ProtocolError, match="unauthenticated"):
+        decode_heartbeat(frame, b"other")
+    tampered = frame[:-3] + b"9}" + frame[-1:]
+    with pytest.raises(ProtocolError, match="unauthenticated"):
+        decode_heartbeat(tampered, TOKEN)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d.update(rank=2),  # >= world_size
+    lambda d: d.update(rank=-1),
+    lambda d: d.update(phase="lunch"),
+    lambda d: d.update(phase_s=float("inf")) or d,
+    lambda d: d.update(step="5"),
+    lambda d: d.update(coll_inside=1),
+    lambda d: d.pop("attempt"),
+    lambda d: d.update(type="other"),
+    lambda d: d.update(job="x" * 500),
+])
+def test_schema_violations(mutate):
+    d = hb().to_payload()
+    mutate(d)
+    import hashlib
+    import hmac
+
+    body = json.dumps(d).encode()
+    frame = b"SV1" + hmac.new(TOKEN, body, hashlib.sha256).digest()[:16] + body
+    with pytest.raises(ProtocolError) as exc:
+        decode_heartbeat(frame, TOKEN)
+    assert exc.value.reason in ("schema", "malformed")
+
+
+def test_control_messages():
+    msg = decode_frame(encode(control_message("abort", attempt=2, rank=1, reason="hang"), TOKEN), TOKEN)
+    assert msg == {"type": "abort", "attempt": 2, "rank": 1, "reason": "hang"}
+    with pytest.raises(ValueError):
+        control_message("reboot", attempt=0, rank=0)
+
+
+# ----------------------------------------------------------------- heartbeat sender
+
+def udp_server():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.settimeout(5)
+    return srv
+
+
+def test_heartbeats_flow_and_abort_is_obeyed_only_when_addressed():
+    srv = udp_server()
+    session = Session(rank=1, world_size=2, attempt=3, heartbeat_addr=srv.getsockname(), token=TOKEN,
+                      heartbeat_interval=0.05, job="j")
+    state = RankState()
+    aborts: list[str] = []
+    sender = HeartbeatSender(session, state, on_abort=aborts.append)
+    sender.start()
+    try:
+        state.step = 4
+        state.set_phase("compute")
+        frames = []
+        while len(frames) < 3:
+            frame, addr = srv.recvfrom(8192)
+            frames.append(decode_heartbeat(frame, TOKEN))
+        assert [f.seq for f in frames] == sorted(f.seq for f in frames)
+        assert frames[-1].step == 4 and frames[-1].phase == "compute" and frames[-1].attempt == 3
+        # not for us: wrong attempt, wrong rank, wrong token
+        srv.sendto(encode(control_message("abort", attempt=2, rank=1), TOKEN), addr)
+        srv.sendto(encode(control_message("abort", attempt=3, rank=0), TOKEN), addr)
+        srv.sendto(encode(control_message("abort", attempt=3, rank=1), b"forged"), addr)
+        time.sleep(0.3)
+        assert aborts == []
+        srv.sendto(encode(control_message("abort", attempt=3, rank=1, reason="hung in allreduce"), TOKEN), addr)
+        deadline = time.monotonic() + 5
+        while not aborts and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert aborts == ["hung in allreduce"]
+    finally:
+        sender.stop()
+        srv.close()
+
+
+def test_unreachable_controller_backs_off_and_buffers_nothing():
+    # A name that cannot resolve: every send fails. The sender must keep going, back off,
+    # and never queue (there is no queue: only the latest snapshot is ever sent).
+    session = Session(heartbeat_addr=("no-such-host.invalid", 9), token=TOKEN, heartbeat_interval=0.05)
+    sender = HeartbeatSender(session, RankState(), on_abort=lambda r: None)
+    sender.start()
+    time.sleep(1.0)
+    sender.stop()
+    assert sender.sent == 0
+    assert 1 <= sender.send_errors <= 6, sender.send_errors  # 20 intervals, but backed off
+
+
+def test_local_heartbeat_file_without_supervisor(tmp_path):
+    session = Session(rank=0, log_dir=tmp_path, heartbeat_interval=0.05)
+    state = RankState()
+    sender = HeartbeatSender(session, state, on_abort=lambda r: None)
+    sender.start()
+    state.step = 11
+    time.sleep(0.3)
+    sender.stop()
+    rec = json.loads((tmp_path / "heartbeat-rank-0.json").read_text())
+    assert rec["step"] == 11 and rec["seq"] >= 2 and abs(rec["time"] - time.time()) < 5
+
+
+# ----------------------------------------------------------------- watchdog and telemetry
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_watchdog_fires_once_per_episode_and_dumps_stacks(tmp_path):
+    clock = FakeClock()
+    state = RankState(clock=clock)
+    fired = []
+    wd = Watchdog(state, {"compute": 10.0, "collective": 5.0}, tmp_path / "stacks.txt", on_fire=fired.append)
+    state.set_phase("compute")
+    clock.t += 9
+    assert wd.check() is None
+    clock.t += 2
+    event = wd.check()
+    assert event and "compute running 11.0s > 10s" in event
+    assert wd.check() is None  # same episode: one dump
+    text = (tmp_path / "stacks.txt").read_text()
+    assert "watchdog: compute running" in text and "test_watchdog_fires_once" in text  # this thread's stack
+    assert state.watchdog == event and state.stack_file == str(tmp_path / "stacks.txt")
+    # a new episode: a collective that stays in flight
+    seq = state.coll_enter("allreduce")
+    clock.t += 6
+    assert "allreduce #1 running 6.0s > 5s" in wd.check()
+    state.coll_exit(seq)
+    assert len(fired) == 2
+
+
+def test_snapshot_reports_collective_in_flight():
+    clock = FakeClock()
+    state = RankState(clock=clock)
+    state.set_phase("compute")
+    a = state.coll_enter("allreduce")
+    b = state.coll_enter("allreduce")
+    clock.t += 2
+    s = state.snapshot()
+    assert (s.phase, s.coll_seq, s.coll_inside, s.coll_s) == ("collective", 2, True, 2.0)
+    state.coll_exit(a)
+    state.coll_exit(b)
+    s = state.snapshot()
+    assert (s.phase, s.coll_inside) == ("compute", False)
+    assert state.take_collective_busy() == {"compute": 2.0}  # wall time, not 2 x 2 s
+    assert state.take_collective_busy() == {}
