@@ -105,6 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--final-state", type=Path, help="rank 0 writes the full final model state here (torch.save)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (slows tests down to kill mid-run)")
     args = p.parse_args(argv)
+    if args.checkpoint_dir is None and os.environ.get("SUPERVISOR_CHECKPOINT_DIR"):
+        args.checkpoint_dir = Path(os.environ["SUPERVISOR_CHECKPOINT_DIR"])  # set by the supervisor
     if args.steps < 0 or args.checkpoint_every < 0 or args.global_batch < 1:
         p.error("--steps, --checkpoint-every must be >= 0 and --global-batch >= 1")
     return args

@@ -152,6 +152,141 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_controller(cfg) -> int:
+    import asyncio
+
+    from supervisor.controller.daemon import Controller
+    from supervisor.platforms.local import LocalPlatform
+
+    platform = LocalPlatform(cfg.node_slots, Path(cfg.log_dir).resolve())
+    logging.getLogger("supervisor").setLevel(logging.INFO)
+    print(f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} "
+          f"(slots: {cfg.node_slots}); logs and events in {cfg.log_dir}; `supervisor status --log-dir {cfg.log_dir}`",
+          file=sys.stderr)
+    return asyncio.run(Controller(cfg, platform).run())
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from supervisor.config import ConfigError, load
+
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run_controller(cfg)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from supervisor.config import ConfigError, from_dict
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print("error: give the training command after --", file=sys.stderr)
+        return EXIT_USAGE
+    lo, _, hi = args.nnodes.partition(":")
+    try:
+        nmin, nmax = int(lo), int(hi or lo)
+    except ValueError:
+        print(f"error: --nnodes {args.nnodes!r} is not N or MIN:MAX", file=sys.stderr)
+        return EXIT_USAGE
+    raw = {
+        "job": args.job, "command": command, "nproc_per_node": args.nproc_per_node,
+        "nodes": {"min": nmin, "max": nmax},
+        "platform": {"kind": "local", "nodes": args.slots or nmax},
+        "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
+        "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
+        "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts},
+        "health": {"phase_floor_s": args.hang_timeout_floor},
+        "http": {"port": args.port},
+    }
+    try:
+        cfg = from_dict(raw)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run_controller(cfg)
+
+
+def _status_url(args: argparse.Namespace) -> str | None:
+    if args.url:
+        return args.url.rstrip("/")
+    state = Path(args.log_dir) / "supervisor-state.json"
+    try:
+        port = json.loads(state.read_text())["http_port"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: cannot read {state}: {exc} (is a supervisor running with --log-dir {args.log_dir}?)",
+              file=sys.stderr)
+        return None
+    return f"http://127.0.0.1:{port}"
+
+
+def render_status(st: dict) -> str:
+    lines = [
+        f"job {st['job']}  phase {st['phase']}  attempt {st['attempt']}  world {st['world_size']}  "
+        f"alive {st['alive_ranks']}  step rate {st['step_rate']:.2f}/s",
+    ]
+    ck = st.get("last_checkpoint")
+    lines.append(f"last checkpoint: {ck['name']} (step {ck['step']}, {_human_age(ck['age_s'])} ago)" if ck
+                 else "last checkpoint: none")
+    if st.get("excluded_nodes"):
+        lines.append(f"excluded nodes: {', '.join(st['excluded_nodes'])}")
+    lines.append("")
+    lines.append(_table(
+        [[n["name"], n["state"] + (" (stopped)" if n.get("stopped") else ""), str(n["pid"]),
+          "-" if n["exit_code"] is None else str(n["exit_code"])] for n in st["nodes"]],
+        ["NODE", "STATE", "PID", "EXIT"]))
+    lines.append("")
+    lines.append(_table(
+        [[str(r["rank"]), r["node"], str(r["step"]), r["phase"], f"{r['phase_s']:.1f}s", f"{r['heartbeat_age_s']:.1f}s",
+          f"{r['coll_seq']}{'*' if r['coll_inside'] else ''}", f"{r['straggler_score']:.2f}", r["watchdog"][:40]]
+         for r in st["ranks"]],
+        ["RANK", "NODE", "STEP", "PHASE", "IN PHASE", "HB AGE", "COLL", "STRAGGLER", "WATCHDOG"]))
+    if st["restarts"]:
+        lines.append("")
+        lines.append(_table(
+            [[str(t["attempt_from"]), t["reason"]] + [f"{t['phases'].get(p, 0):.2f}" if p in t["phases"] else "-"
+                                                      for p in ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")]
+             + [f"{t['total_s']:.2f}", "yes" if t["within_budget"] else "NO"] for t in st["restarts"]],
+            ["FROM", "REASON", "DETECT", "TEARDOWN", "SCHEDULE", "RDZV", "RESTORE", "1ST STEP", "TOTAL", "IN BUDGET"]))
+    if st.get("findings"):
+        lines.append("")
+        lines += [f"finding: {f['kind']} ranks {f['ranks']}: {f['detail']}" for f in st["findings"]]
+    rej = {k: v for k, v in st.get("rejected_heartbeats", {}).items() if v}
+    if rej:
+        lines.append(f"rejected heartbeats: {rej}")
+    if st.get("stop_reason"):
+        lines.append(f"stopped: {st['stop_reason']} (exit code {st.get('exit_code')})")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    url = _status_url(args)
+    if url is None:
+        return EXIT_FAILED
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/status", timeout=5) as resp:
+                st = json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            print(f"error: no supervisor answering at {url}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        if args.json:
+            print(json.dumps(st, indent=1))
+        else:
+            if args.watch:
+                print("\033[2J\033[H", end="")
+            print(render_status(st))
+        if not args.watch:
+            return EXIT_OK
+        time.sleep(args.interval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="supervisor",
@@ -160,6 +295,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run the supervisor daemon for a job described by a YAML config",
+                       description="Run the controller: launch the gang, watch heartbeats, recover from faults. "
+                       "Exit code: 0 completed, 3 stopped by the progress guard, 4 max restarts, 5 no capacity, "
+                       "1 failed/stopped, 2 bad config.")
+    p.add_argument("--config", required=True, metavar="JOB.yaml", help="the job config (see examples/job.yaml)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "launch", help="torchrun-like shortcut: run a job on this machine under the supervisor",
+        description="Run COMMAND on the local platform under the supervisor, like torchrun but with hang "
+        "detection, verified checkpoints and elastic relaunch. Example: supervisor launch --nnodes 1:2 "
+        "--slots 3 --nproc-per-node 1 --checkpoint-dir ckpt -- python examples/train.py --steps 200",
+    )
+    p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="node count range (default 1)")
+    p.add_argument("--slots", type=int, default=0, help="node slots on this machine, spares included (default MAX)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
+    p.add_argument("--job", default="local", help="job name (labels metrics and events)")
+    p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint root (also passed to ranks)")
+    p.add_argument("--log-dir", default="supervisor-logs", help="events, state, rank logs, stack dumps")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds (default 1)")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="a rank silent this long is dead (default 5)")
+    p.add_argument("--hang-timeout-floor", type=float, default=30.0,
+                   help="hang timeouts are calibrated from step times but never below this (default 30 s)")
+    p.add_argument("--restart-budget", type=float, default=900.0, help="seconds from fault to first step (default 900)")
+    p.add_argument("--max-restarts", type=int, default=20)
+    p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (default: a free one)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
+    p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser("status", help="show a running job: nodes, ranks, phases, heartbeats, restarts")
+    p.add_argument("--log-dir", default="supervisor-logs", help="the job's log dir (finds the HTTP port)")
+    p.add_argument("--url", help="the supervisor's HTTP address instead, e.g. http://127.0.0.1:9400")
+    p.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    p.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=cmd_status)
 
     ck = sub.add_parser(
         "checkpoints", help="inspect, verify and prune checkpoints",

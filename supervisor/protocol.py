@@ -13,8 +13,9 @@ Frame (version 1)::
 The token is the job's secret (``SUPERVISOR_TOKEN`` or ``SUPERVISOR_TOKEN_FILE``). A frame
 over :data:`MAX_DATAGRAM` bytes, with a bad MAC, not JSON, or with fields of the wrong type
 or range is rejected with a reason (counted by the controller, never acted upon). Both
-directions use the same frame: heartbeats (``type: hb``) go up, control messages (``type:
-ack`` / ``abort``) come back to the heartbeat's source address. The controller fences every
+directions use the same frame: heartbeats (``type: hb``) go up, control messages come back to
+the heartbeat's source address: ``dump`` (write every thread's stack to the rank's log, the
+evidence taken before anything is killed) and ``abort`` (dump, then SIGKILL yourself). The controller fences every
 message by ``attempt``; a worker obeys an abort only for its own attempt and rank.
 
 Neither ``supervisor.worker`` nor the controller imports the other; both import this module.
@@ -182,6 +183,6 @@ def decode_heartbeat(frame: bytes, token: bytes) -> Heartbeat:
 
 
 def control_message(kind: str, *, attempt: int, rank: int, reason: str = "") -> dict[str, Any]:
-    if kind not in ("ack", "abort"):
+    if kind not in ("ack", "abort", "dump"):
         raise ValueError(f"unknown control message {kind!r}")
     return {"type": kind, "attempt": attempt, "rank": rank, "reason": reason[:400]}

@@ -87,6 +87,79 @@ class BackgroundJob:
         self.out.close()
 
 
+class SupervisorRun:
+    """``supervisor launch`` as a real subprocess (its own session), with its files at hand."""
+
+    def __init__(self, tmp: Path, job_args: list[str], *, nnodes: str = "2", slots: int = 0, fault: str | None = None,
+                 extra: list[str] | None = None, log_dir: Path | None = None) -> None:
+        self.tmp = tmp
+        self.log_dir = log_dir or tmp / "sv-logs"
+        self.ckpt = tmp / "sv-ckpt"
+        self.cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", nnodes, "--slots", str(slots),
+                    "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.log_dir),
+                    "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--hang-timeout-floor", "3",
+                    *(extra or []), "--", PYTHON, str(TRAIN), *job_args]
+        self.env = job_env(tmp, fault)
+        self.start()
+
+    def start(self) -> None:
+        self.out = open(self.tmp / "supervisor-output.txt", "a")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self.out, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=self.tmp)
+
+    def wait(self, timeout: float = 180) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"supervisor still running after {timeout}s\n{self.output()[-5000:]}") from None
+
+    def output(self) -> str:
+        self.out.flush()
+        return (self.tmp / "supervisor-output.txt").read_text(errors="replace")
+
+    def events(self, name: str | None = None) -> list[dict]:
+        try:
+            lines = (self.log_dir / "events.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        evs = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in evs if name is None or e["event"] == name]
+
+    def wait_event(self, name: str, /, timeout: float = 90, **match) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for e in self.events(name):
+                if all(e.get(k) == v for k, v in match.items()):
+                    return e
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no event {name} {match}; events: {self.events()}\n{self.output()[-4000:]}")
+
+    def rank_log(self, rank: int) -> list[dict]:
+        return read_log(self.log_dir / "ranks", rank)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.out.close()
+
+
+def kill_leftovers(log_dir: Path) -> None:
+    """Kill every agent process group a test's supervisor left behind (by the state file)."""
+    try:
+        state = json.loads((Path(log_dir) / "supervisor-state.json").read_text())
+    except (OSError, ValueError):
+        return
+    for info in state.get("platform", {}).get("nodes", {}).values():
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.killpg(int(info["pid"]), sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def read_heartbeat(log_dir: Path, rank: int) -> dict | None:
     try:
         return json.loads((Path(log_dir) / f"heartbeat-rank-{rank}.json").read_text())
@@ -116,6 +189,21 @@ def copy_root_upto(src: Path, dst: Path, max_step: int) -> Path:
         if c.step <= max_step:
             shutil.copytree(c.path, dst / c.name)
     return dst
+
+
+@pytest.fixture
+def supervisor_run(tmp_path: Path):
+    runs: list[SupervisorRun] = []
+
+    def start(job_args: list[str], **kw) -> SupervisorRun:
+        run = SupervisorRun(tmp_path, job_args, **kw)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        run.kill()
+        kill_leftovers(run.log_dir)
 
 
 @pytest.fixture

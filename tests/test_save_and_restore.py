@@ -310,3 +310,20 @@ def test_eio_during_shard_write_keeps_previous_latest(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert latest_complete(tmp_path, "full").checkpoint.step == 1
     assert in_flight(tmp_path) == []
+
+
+def test_preferred_checkpoint_that_fails_falls_back_to_discovery(tmp_path):
+    make_checkpoints(tmp_path, steps=(1, 2, 3))
+    shard = max((tmp_path / "step-0000000003").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[7] ^= 1
+    shard.write_bytes(bytes(data))
+    mgr, *_ = tiny_job(tmp_path, seed=4)
+    res = mgr.restore(prefer="step-0000000003")  # the supervisor's (fast-verified) pick is corrupt
+    assert res.step == 2 and [s.name for s in res.skipped] == ["step-0000000003"]
+    mgr2, *_ = tiny_job(tmp_path, seed=4)
+    assert mgr2.restore(prefer="step-0000000001").step == 1  # a good preference is honoured
+    mgr3, *_ = tiny_job(tmp_path, seed=4)
+    assert mgr3.restore(prefer="step-0000000099").step == 2  # a missing one is skipped
+    with pytest.raises(CheckpointLoadError, match="checksum"):
+        tiny_job(tmp_path, seed=4)[0].restore(path=tmp_path / "step-0000000003")  # explicit: no fallback

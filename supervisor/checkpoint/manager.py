@@ -471,22 +471,39 @@ class CheckpointManager:
         return _publish(tmp, self.root, snap.step)
 
     # ----------------------------------------------------------------- restore
-    def restore(self, *, path: str | os.PathLike | None = None, exclude: Iterable[str] = ()) -> RestoreResult | None:
-        """Load the newest checkpoint that verifies (or ``path``); ``None`` if there is none.
+    def restore(
+        self,
+        *,
+        path: str | os.PathLike | None = None,
+        prefer: str | None = None,
+        exclude: Iterable[str] = (),
+    ) -> RestoreResult | None:
+        """Load the newest checkpoint that verifies; ``None`` if there is none.
 
         Rank 0 picks a candidate (fast verification) and broadcasts it; every rank then
         checksums its share of the files (full verification, the default); a candidate that
         fails is skipped, with its reason, and the next older one is tried. Every rank loads
         the same checkpoint or every rank raises.
+
+        ``path``: load exactly this checkpoint or raise. ``prefer``: the name of the
+        checkpoint to try first (the supervisor's pick); if it does not verify, discovery
+        continues from the newest other one. ``exclude``: names never to load (suspects).
+        Only rank 0's arguments count.
         """
         self._wait_previous()
         skipped: list[Skipped] = []
         excluded = set(exclude)
         explicit = Path(path) if path is not None and self.rank == 0 else None
+        preferred = prefer if self.rank == 0 and prefer and prefer not in excluded else None
         while True:
             choice: tuple[str, dict, bool] | None | str = None
             if self.rank == 0:
-                choice = self._pick(explicit, excluded, skipped)
+                if preferred is not None:
+                    choice = self._pick_preferred(preferred, skipped)
+                    excluded.add(preferred)
+                    preferred = None
+                if choice is None:
+                    choice = self._pick(explicit, excluded, skipped)
             choice = self._broadcast(choice)  # rank 0's view: other ranks' arguments are ignored
             if isinstance(choice, str):
                 raise CheckpointLoadError(choice, path=str(path or self.root))
@@ -506,21 +523,29 @@ class CheckpointManager:
                 errors = [e for e in self._all_gather(err) if e]
                 if errors:
                     skipped.append(Skipped(ckpt_path.name, errors[0]))
-                    log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, errors[0])
+                    if self.rank == 0:
+                        log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, errors[0])
                     if is_explicit:
                         raise CheckpointLoadError(errors[0], path=str(ckpt_path))
                     excluded.add(ckpt_path.name)
                     continue
             rng_mode = self._load(ckpt_path, manifest)
-            for s in skipped:
-                if self.rank == 0:
-                    log.warning("event=checkpoint_skipped name=%s reason=%s", s.name, s.reason)
             if self.rank == 0:
                 log.info(
-                    "event=checkpoint_restored step=%d path=%s writer_world_size=%d world_size=%d rng=%s",
+                    "event=checkpoint_restored step=%d path=%s writer_world_size=%d world_size=%d rng=%s skipped=%d",
                     manifest.global_step, ckpt_path, manifest.writer_world_size, self.world_size, rng_mode,
+                    len(skipped),
                 )
             return RestoreResult(manifest.global_step, ckpt_path, manifest, rng_mode, skipped)
+
+    def _pick_preferred(self, name: str, skipped: list[Skipped]):
+        try:
+            m = verify(self.root / name, "fast")
+        except (CheckpointError, OSError) as exc:
+            skipped.append(Skipped(name, getattr(exc, "reason", str(exc))))
+            log.warning("event=preferred_checkpoint_rejected name=%s reason=%s", name, skipped[-1].reason)
+            return None
+        return (str(self.root / name), m.to_dict(), False)
 
     def _pick(self, explicit: Path | None, excluded: set[str], skipped: list[Skipped]):
         if explicit is not None:

@@ -31,10 +31,12 @@ MAX_BACKOFF_S = 30.0
 
 
 class HeartbeatSender:
-    def __init__(self, session: Session, state: RankState, on_abort: Callable[[str], None]) -> None:
+    def __init__(self, session: Session, state: RankState, on_abort: Callable[[str], None],
+                 on_dump: Callable[[str], None] | None = None) -> None:
         self.session = session
         self.state = state
         self.on_abort = on_abort
+        self.on_dump = on_dump
         self.seq = 0
         self.sent = 0
         self.send_errors = 0
@@ -128,9 +130,12 @@ class HeartbeatSender:
         except ProtocolError as exc:
             log.warning("event=control_message_rejected reason=%s", exc.reason)
             return
-        if (msg.get("type") == "abort" and msg.get("attempt") == self.session.attempt
-                and msg.get("rank") == self.session.rank):
+        if msg.get("attempt") != self.session.attempt or msg.get("rank") != self.session.rank:
+            return
+        if msg.get("type") == "abort":
             self.on_abort(str(msg.get("reason", ""))[:400])
+        elif msg.get("type") == "dump" and self.on_dump is not None:
+            self.on_dump(str(msg.get("reason", ""))[:400])
 
     def _write_local(self, hb: Heartbeat) -> None:
         log_dir = self.session.log_dir

@@ -101,7 +101,7 @@ class Worker:
         log_dir = session.log_dir
         stack_path = log_dir / f"stacks-rank-{session.rank}.txt" if log_dir else None
         self.stack_path = stack_path
-        self.heartbeat = HeartbeatSender(session, self.state, on_abort=self.abort)
+        self.heartbeat = HeartbeatSender(session, self.state, on_abort=self.abort, on_dump=self.dump_stacks)
         self.watchdog = Watchdog(self.state, session.timeouts, stack_path, on_fire=lambda _e: self.heartbeat.beat_now())
 
     @classmethod
@@ -138,6 +138,12 @@ class Worker:
         if not self.stop_requested:
             log.warning("event=sigterm_received rank=%d action=checkpoint_at_next_step_boundary", self.session.rank)
         self.stop_requested = True
+
+    def dump_stacks(self, reason: str) -> None:
+        """The supervisor asks for evidence before it acts: every thread's stack, no harm done."""
+        where = dump_stacks(self.stack_path, f"stack dump requested by the supervisor: {reason}")
+        self.state.stack_file = where
+        log.warning("event=stacks_dumped rank=%d reason=%s stacks=%s", self.session.rank, reason, where)
 
     def abort(self, reason: str) -> None:
         """The supervisor's abort order: keep the evidence, then SIGKILL this process."""
@@ -320,7 +326,7 @@ class Worker:
             name = hint.get("checkpoint") if hint else None
             if name:
                 log.info("event=restore_point_from_supervisor checkpoint=%s exclude=%s", name, exclude)
-            result = ckpt.restore(exclude=exclude, path=(ckpt.root / name) if name else None)
+            result = ckpt.restore(exclude=exclude, prefer=name)
             if result is not None:
                 self.state.ckpt_step = result.step
             return result

@@ -1,0 +1,260 @@
+"""The job configuration: YAML in, frozen validated dataclasses out.
+
+Every field has a documented default; unknown keys are errors (a typo must not silently
+become a default); every error names the field's path (``restart.budget_s: ...``). The file
+is parsed with ``yaml.safe_load`` after a size check, so no tags, no code, bounded cost.
+
+Example (``examples/job.yaml``)::
+
+    job: demo
+    platform: {kind: local, nodes: 3}       # 3 node slots on this machine: one is a spare
+    nodes: {min: 1, max: 2}
+    nproc_per_node: 1
+    command: [python, examples/train.py, --steps, "200", --checkpoint-every, "10"]
+    checkpoint_dir: ckpt
+    log_dir: logs
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_CONFIG_BYTES = 1 << 20
+PLATFORMS = ("local", "slurm", "kubernetes")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type, or out of range."""
+
+
+@dataclass(frozen=True)
+class PlatformConfig:
+    kind: str = "local"
+    """Where nodes run: ``local`` (process groups on this machine), ``slurm``, ``kubernetes``."""
+    nodes: int = 0
+    """local: node slots on this machine (capacity, spares included); 0 means ``nodes.max``."""
+    host: str = "127.0.0.1"
+    """local: the address agents rendezvous on and the controller listens on."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in PLATFORMS:
+            raise ConfigError(f"platform.kind: {self.kind!r} is not one of {', '.join(PLATFORMS)}")
+        if self.kind != "local":
+            raise ConfigError(f"platform.kind: {self.kind!r} is not implemented yet (only 'local')")
+        if self.nodes < 0:
+            raise ConfigError("platform.nodes: must be >= 0")
+
+
+@dataclass(frozen=True)
+class NodesConfig:
+    min: int = 1
+    """Smallest gang worth running; below it the job waits, then stops (no capacity)."""
+    max: int = 1
+    """Largest gang; relaunches use the largest healthy count in [min, max]."""
+
+    def __post_init__(self) -> None:
+        if self.min < 1:
+            raise ConfigError("nodes.min: must be >= 1")
+        if self.max < self.min:
+            raise ConfigError(f"nodes.max: {self.max} is below nodes.min {self.min}")
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    budget_s: float = 900.0
+    """Fault to first resumed step, at most (15 min). Past it the job is flagged (alert) but goes on."""
+    max_restarts: int = 20
+    """Restarts before the job stops in STOPPED_MAX_RESTARTS."""
+    progress_guard_attempts: int = 3
+    """Failed attempts in a row without a new complete checkpoint before STOPPED_NO_PROGRESS."""
+    abort_grace_s: float = 5.0
+    """Rung 1 -> 2: how long aborted ranks get to die before their node is killed."""
+    kill_grace_s: float = 10.0
+    """Rung 2 -> 3 and teardown: SIGTERM grace before SIGKILL."""
+    exclude_node_after: int = 1
+    """Node-level failures (node lost, frozen, unresponsive) before a node is excluded."""
+
+    def __post_init__(self) -> None:
+        for name in ("budget_s", "abort_grace_s", "kill_grace_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"restart.{name}: must be > 0")
+        if self.max_restarts < 0:
+            raise ConfigError("restart.max_restarts: must be >= 0")
+        if self.progress_guard_attempts < 1:
+            raise ConfigError("restart.progress_guard_attempts: must be >= 1")
+        if self.exclude_node_after < 1:
+            raise ConfigError("restart.exclude_node_after: must be >= 1")
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    interval_s: float = 1.0
+    """How often every rank reports."""
+    timeout_s: float = 5.0
+    """A rank silent this long is dead (SIGSTOP, frozen node, lost network)."""
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval_s <= 60:
+            raise ConfigError("heartbeat.interval_s: must be in [0.05, 60]")
+        if self.timeout_s < 2 * self.interval_s:
+            raise ConfigError(f"heartbeat.timeout_s: must be >= 2 x interval_s ({2 * self.interval_s})")
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    startup_timeout_s: float = 300.0
+    """Launch to every rank's first heartbeat, and restore phases, at most."""
+    checkpoint_timeout_s: float = 900.0
+    """A rank in its checkpoint phase is not hung before this (no false alarm in a long save)."""
+    phase_factor: float = 5.0
+    """Calibrated data/compute/collective timeout = factor x median observed step time ..."""
+    phase_floor_s: float = 30.0
+    """... but never below this floor ..."""
+    phase_ceiling_s: float = 1800.0
+    """... and never above this ceiling."""
+    straggler_threshold: float = 1.5
+    """A rank whose step time is this many times its peers' median is a straggler."""
+    exclude_stragglers: bool = False
+    """Exclude a persistent straggler's node at the next restart."""
+
+    def __post_init__(self) -> None:
+        if self.phase_floor_s <= 0 or self.phase_ceiling_s < self.phase_floor_s:
+            raise ConfigError("health.phase_floor_s/phase_ceiling_s: need 0 < floor <= ceiling")
+        if self.phase_factor < 1:
+            raise ConfigError("health.phase_factor: must be >= 1")
+        if self.straggler_threshold <= 1:
+            raise ConfigError("health.straggler_threshold: must be > 1")
+        if self.startup_timeout_s <= 0 or self.checkpoint_timeout_s <= 0:
+            raise ConfigError("health.startup_timeout_s/checkpoint_timeout_s: must be > 0")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port (recorded in the state file so a restarted controller reuses it)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ConfigError("port: must be in [0, 65535]")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    command: tuple[str, ...]
+    """The training command each rank runs (argv; no shell)."""
+    job: str = "job"
+    """Job name: labels metrics and events."""
+    platform: PlatformConfig = field(default_factory=PlatformConfig)
+    nodes: NodesConfig = field(default_factory=NodesConfig)
+    nproc_per_node: int = 1
+    checkpoint_dir: str = "checkpoints"
+    """Checkpoint root the job writes (passed to ranks as SUPERVISOR_CHECKPOINT_DIR)."""
+    log_dir: str = "supervisor-logs"
+    """Events, the state file, rank logs and stack dumps."""
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    http: ListenConfig = field(default_factory=ListenConfig)
+    intake: ListenConfig = field(default_factory=ListenConfig)
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for every rank."""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ConfigError("command: must be a non-empty list of arguments")
+        if not self.job or len(self.job) > 64 or not all(c.isalnum() or c in "-_." for c in self.job):
+            raise ConfigError("job: 1-64 characters of letters, digits, '-', '_', '.'")
+        if self.nproc_per_node < 1:
+            raise ConfigError("nproc_per_node: must be >= 1")
+        if self.platform.nodes and self.platform.nodes < self.nodes.min:
+            raise ConfigError(f"platform.nodes: {self.platform.nodes} slots cannot hold nodes.min={self.nodes.min}")
+        for k in self.env:
+            if k.startswith("SUPERVISOR_") and k != "SUPERVISOR_FAULT":
+                raise ConfigError(f"env.{k}: SUPERVISOR_* variables are set by the supervisor")
+
+    @property
+    def node_slots(self) -> int:
+        return self.platform.nodes or self.nodes.max
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load(path: str | os.PathLike) -> JobConfig:
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {size} bytes is over the {MAX_CONFIG_BYTES} byte limit")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return from_dict(raw)
+
+
+def from_dict(raw: dict[str, Any]) -> JobConfig:
+    return _build(JobConfig, raw, "")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: must be a mapping")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    kwargs = {}
+    for name, value in raw.items():
+        kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{prefix or 'config'}: {exc}") from None
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path + ".")
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{path}: must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{path}: must be a string, got {value!r}")
+        return str(value)
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{path}: must be a list of strings")
+        return tuple(str(v) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{path}: must be a mapping of strings")
+        return {k: str(v) for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        return value
+    raise ConfigError(f"{path}: unsupported type {tp}")

@@ -1,0 +1,548 @@
+"""The controller process: observe -> decide (pure) -> act through a Platform.
+
+Tasks (each named; one that dies unexpectedly stops the daemon loudly):
+
+* ``intake``: the UDP heartbeat endpoint (:class:`Intake`), authenticated and fenced by
+  attempt; bad datagrams are counted by reason and change nothing.
+* ``http``: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` and ``/v1/restore-point``.
+* ``reconcile``: every ``TICK_S``: ask the platform for node states, run the detectors,
+  and on a fault walk the escalation ladder (evidence first), then relaunch or stop.
+
+A small state file (``LOG_DIR/supervisor-state.json``, written atomically on every change)
+lets a restarted controller adopt the running gang instead of killing it; the agents run in
+their own sessions, so a ``kill -9`` of the controller leaves training untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from supervisor.checkpoint import latest_complete
+from supervisor.config import JobConfig
+from supervisor.controller.decide import (
+    EXIT_CODES,
+    RUNG_ABORT,
+    RUNG_KILL_NODE,
+    TERMINAL,
+    Fault,
+    History,
+    JobPhase,
+    Relaunch,
+    RestartTimer,
+    Stop,
+    classify,
+    completed,
+    plan_next,
+)
+from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
+from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+from supervisor.protocol import (
+    REJECT_STALE_ATTEMPT,
+    ProtocolError,
+    control_message,
+    decode_heartbeat,
+    encode,
+)
+
+log = logging.getLogger("supervisor.controller")
+TICK_S = 0.2
+CHECKPOINT_POLL_S = 2.0
+STATE_FILE = "supervisor-state.json"
+EVENTS_FILE = "events.jsonl"
+
+
+class Intake(asyncio.DatagramProtocol):
+    """Heartbeats in: authenticate, validate, fence by attempt, record. Never raises."""
+
+    def __init__(self, controller: "Controller") -> None:
+        self.c = controller
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        c = self.c
+        try:
+            hb = decode_heartbeat(data, c.token)
+        except ProtocolError as exc:
+            c.rejected[exc.reason] = c.rejected.get(exc.reason, 0) + 1
+            return
+        if hb.attempt != c.attempt or hb.job != c.cfg.job:
+            c.rejected[REJECT_STALE_ATTEMPT] = c.rejected.get(REJECT_STALE_ATTEMPT, 0) + 1
+            return
+        if hb.world_size != c.registry.world_size and c.registry.world_size:
+            c.rejected["schema"] = c.rejected.get("schema", 0) + 1
+            return
+        c.received += 1
+        c.registry.observe(hb, c.clock())
+        c.addr_by_rank[hb.rank] = addr
+
+    def send(self, payload: dict, addr) -> None:
+        if self.transport is not None and addr is not None:
+            self.transport.sendto(encode(payload, self.c.token), addr)
+
+
+class Controller:
+    def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic) -> None:
+        self.cfg = cfg
+        self.platform = platform
+        self.clock = clock
+        self.log_dir = Path(cfg.log_dir).resolve()
+        self.ckpt_root = Path(cfg.checkpoint_dir).resolve()
+        self.state_path = self.log_dir / STATE_FILE
+        self.registry = Registry()
+        self.phase = JobPhase.STARTING
+        self.attempt = 0
+        self.history = History()
+        self.nodes: list[str] = []
+        self.node_status: dict[str, NodeStatus] = {}
+        self.restore_from: str | None = None
+        self.restored_step = 0
+        self.launched_at = clock()
+        self.timers: list[RestartTimer] = []
+        self.current_timer: RestartTimer | None = None
+        self.rejected: dict[str, int] = {}
+        self.received = 0
+        self.restarts_by_reason: dict[str, int] = {}
+        self.addr_by_rank: dict[int, Any] = {}
+        self.findings: list = []
+        self.active_hang: Fault | None = None
+        self.stragglers: dict[int, float] = {}
+        self.timeouts = Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=cfg.health.startup_timeout_s,
+                                 checkpoint_s=cfg.health.checkpoint_timeout_s)
+        self.latest_ckpt: dict[str, Any] | None = None
+        self.ckpt_step_at_attempt_start = -1
+        self.stop_reason = ""
+        self.budget_exceeded = False
+        self.token = b""
+        self.intake_port = cfg.intake.port
+        self.http_port = cfg.http.port
+        self.intake: Intake | None = None
+        self._stop = asyncio.Event()
+        self._last_ckpt_poll = 0.0
+        self._step_marks: list[tuple[float, int]] = []
+        self.ready = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> int:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        saved = self._load_state()
+        self._init_token(saved)
+        loop = asyncio.get_running_loop()
+        transport, self.intake = await loop.create_datagram_endpoint(
+            lambda: Intake(self), local_addr=(self.cfg.intake.host, (saved or {}).get("intake_port", self.intake_port)))
+        self.intake_port = transport.get_extra_info("sockname")[1]
+        from supervisor.controller.http import start_http
+
+        runner = await start_http(self, self.cfg.http.host, (saved or {}).get("http_port", self.http_port))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._request_stop, sig)
+            except (NotImplementedError, RuntimeError):
+                pass
+        try:
+            adopted = await self._adopt(saved) if saved else False
+            if not adopted:
+                await self._first_launch(saved)
+            self.ready = True
+            await self._reconcile_loop()
+        finally:
+            transport.close()
+            await runner.cleanup()
+        code = EXIT_CODES.get(self.phase, 1)
+        self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason)
+        return code
+
+    def _request_stop(self, sig: int) -> None:
+        log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
+        self.stop_reason = f"stopped by {signal.Signals(sig).name}"
+        self._stop.set()
+
+    def _init_token(self, saved: dict | None) -> None:
+        token_path = self.log_dir / "token"
+        if saved and token_path.exists():
+            self.token = token_path.read_bytes().strip()
+            return
+        self.token = secrets.token_hex(24).encode()
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self.token)
+
+    async def _first_launch(self, saved: dict | None) -> None:
+        if saved:
+            # a previous controller's gang is gone: continue its history with a new attempt
+            self.attempt = int(saved.get("attempt", 0)) + 1
+            self.history = History(**saved.get("history", {}))
+            self.event("adopt_failed", detail="no live node of the saved gang; relaunching")
+        slots = [s for s in self.platform.slots() if s not in self.history.excluded]
+        if len(slots) < self.cfg.nodes.min:
+            self._finish(JobPhase.STOPPED_NO_CAPACITY, f"{len(slots)} node slots for nodes.min={self.cfg.nodes.min}")
+            return
+        self._poll_checkpoints(force=True)
+        pick = self.latest_ckpt["name"] if self.latest_ckpt and self.latest_ckpt["name"] not in self.history.suspects else None
+        await self._launch(slots[: self.cfg.nodes.max], pick)
+
+    async def _adopt(self, saved: dict) -> bool:
+        phase = JobPhase(saved.get("phase", "starting"))
+        if phase in TERMINAL:
+            return False
+        attempt = int(saved.get("attempt", 0))
+        if not await self.platform.adopt(saved.get("platform", {}), attempt):
+            return False
+        self.attempt = attempt
+        self.history = History(**saved.get("history", {}))
+        self.nodes = list(saved.get("nodes", []))
+        self.restore_from = saved.get("restore_from")
+        self.restored_step = int(saved.get("restored_step", 0))
+        self.ckpt_step_at_attempt_start = int(saved.get("ckpt_step_at_attempt_start", -1))
+        self.registry.reset(attempt, len(self.nodes) * self.cfg.nproc_per_node)
+        self.launched_at = self.clock()
+        self.phase = JobPhase.STARTING
+        self.event("adopted", attempt=attempt, nodes=self.nodes)
+        log.info("event=adopted attempt=%d nodes=%s (the running gang was not touched)", attempt, self.nodes)
+        self._save_state()
+        return True
+
+    # ------------------------------------------------------------------ the loop
+    async def _reconcile_loop(self) -> None:
+        while self.phase not in TERMINAL:
+            if self._stop.is_set():
+                await self.platform.teardown(self.cfg.restart.kill_grace_s)
+                self._finish(JobPhase.FAILED, self.stop_reason or "stopped")
+                return
+            try:
+                await self._tick()
+            except PlatformError as exc:
+                log.error("event=platform_error error=%s (state kept; retrying)", exc)
+                self.event("platform_error", error=str(exc))
+            await asyncio.sleep(TICK_S)
+
+    async def _tick(self) -> None:
+        now = self.clock()
+        self.node_status = await self.platform.observe()
+        self._poll_checkpoints()
+        reg = self.registry
+        world = reg.world_size
+        ranks_done = world > 0 and len(reg.ranks) == world and all(r.hb.phase == "done" for r in reg.ranks.values())
+        if completed(self.node_status, ranks_done):
+            self._finish(JobPhase.COMPLETED, "every rank finished")
+            return
+        self._track_progress(now)
+        step_times = [t for rec in reg.ranks.values() for t in rec.step_times]
+        h = self.cfg.health
+        self.timeouts = calibrate(step_times, heartbeat_s=self.cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s,
+                                  checkpoint_s=h.checkpoint_timeout_s, factor=h.phase_factor, floor_s=h.phase_floor_s,
+                                  ceiling_s=h.phase_ceiling_s)
+        self.stragglers = straggler_scores(reg)
+        self.findings = detect(reg, now, self.timeouts, launched_at=self.launched_at)
+        fault = classify(
+            self.node_status, self.findings, now=now,
+            last_heard={r: rec.received for r, rec in reg.ranks.items()},
+            phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
+            rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
+        )
+        if fault is not None:
+            await self._recover(fault)
+
+    def _track_progress(self, now: float) -> None:
+        reg = self.registry
+        world = reg.world_size
+        all_heard = world > 0 and len(reg.ranks) == world
+        if all_heard and self.phase == JobPhase.STARTING:
+            self.phase = JobPhase.RUNNING
+            self.event("running", attempt=self.attempt, world_size=world)
+            self._save_state()
+        t = self.current_timer
+        if t is not None and not t.done:
+            if t.rendezvous_at is None and all_heard:
+                t.rendezvous_at = now
+            if t.rendezvous_at is not None and t.restored_at is None and all(
+                rec.hb.phase not in ("init", "restore") for rec in reg.ranks.values()
+            ):
+                t.restored_at = now
+            if t.restored_at is not None and reg.min_step() > self.restored_step:
+                t.first_step_at = now
+                d = t.durations()
+                total = t.total(now)
+                within = total <= self.cfg.restart.budget_s
+                self.budget_exceeded = not within
+                self.event("restart_complete", attempt=self.attempt, reason=t.reason, phases=d, total_s=round(total, 3),
+                           within_budget=within)
+                log.info("event=restart_complete attempt=%d total_s=%.2f %s", self.attempt, total,
+                         " ".join(f"{k}_s={v:.2f}" for k, v in d.items()))
+                self._save_state()
+            elif now - t.fault_at > self.cfg.restart.budget_s and not self.budget_exceeded:
+                self.budget_exceeded = True
+                self.event("budget_exceeded", attempt=self.attempt, budget_s=self.cfg.restart.budget_s)
+                log.error("event=budget_exceeded attempt=%d budget_s=%.0f", self.attempt, self.cfg.restart.budget_s)
+        if all_heard:
+            self._step_marks.append((now, reg.min_step()))
+            self._step_marks = [m for m in self._step_marks if now - m[0] <= 60]
+
+    def _poll_checkpoints(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._last_ckpt_poll < CHECKPOINT_POLL_S:
+            return
+        self._last_ckpt_poll = now
+        try:
+            found = latest_complete(self.ckpt_root, "fast", exclude=self.history.suspects).checkpoint
+        except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
+            log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+            return
+        if found is None:
+            self.latest_ckpt = None
+            return
+        if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
+            self.event("checkpoint_complete", name=found.name, step=found.step)
+        self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
+                            "writer_world_size": found.manifest.writer_world_size}
+
+    # ------------------------------------------------------------------ recovery
+    async def _recover(self, fault: Fault) -> None:
+        now = self.clock()
+        self.phase = JobPhase.RECOVERING
+        self.active_hang = fault
+        timer = RestartTimer(self.attempt, fault.kind, fault.fault_at, now)
+        self.current_timer = timer
+        self.timers.append(timer)
+        self.restarts_by_reason[fault.kind] = self.restarts_by_reason.get(fault.kind, 0) + 1
+        log.error("event=fault_detected attempt=%d kind=%s ranks=%s nodes=%s detail=%s", self.attempt, fault.kind,
+                  list(fault.ranks), list(fault.nodes), fault.detail)
+        self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
+                   detection_s=round(now - fault.fault_at, 3))
+        await self._save_evidence(fault)
+        rung = fault.rung
+        if rung == RUNG_ABORT:
+            for rank in fault.ranks:
+                self.intake.send(control_message("abort", attempt=self.attempt, rank=rank,
+                                                 reason=f"{fault.kind}: {fault.detail}"[:400]),
+                                 self.addr_by_rank.get(rank))
+            self.event("action", attempt=self.attempt, action="abort_ranks", ranks=list(fault.ranks),
+                       reason=fault.kind)
+            if not await self._nodes_exit(fault.nodes, self.cfg.restart.abort_grace_s):
+                rung = RUNG_KILL_NODE
+        if rung == RUNG_KILL_NODE:
+            for node in fault.nodes:
+                self.event("action", attempt=self.attempt, action="kill_node", node=node, reason=fault.kind)
+                await self.platform.kill_node(node)
+        self.event("action", attempt=self.attempt, action="tear_down", reason=fault.kind)
+        await self.platform.teardown(self.cfg.restart.kill_grace_s)
+        timer.torn_down_at = self.clock()
+        self._poll_checkpoints(force=True)
+        made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
+        straggler_nodes = []
+        if self.cfg.health.exclude_stragglers:
+            straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.stragglers.items()
+                                      if s > self.cfg.health.straggler_threshold and r in self.registry.ranks})
+        first_step_done = self.registry.min_step() > self.restored_step and len(self.registry.ranks) == self.registry.world_size
+        decision = plan_next(
+            history=self.history, fault=fault, made_progress=made_progress, attempt_restored_from=self.restore_from,
+            first_step_done=first_step_done, slots=self.platform.slots(), previous_nodes=self.nodes,
+            nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
+            guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
+            latest_checkpoint=self._pick_checkpoint(), straggler_nodes=straggler_nodes,
+        )
+        self.active_hang = None
+        if isinstance(decision, Stop):
+            self._finish(decision.phase, decision.reason)
+            return
+        assert isinstance(decision, Relaunch)
+        if decision.newly_excluded:
+            self.event("nodes_excluded", nodes=list(decision.newly_excluded), reason=fault.kind)
+        if self.restore_from and self.restore_from in self.history.suspects:
+            self.event("checkpoint_suspect", name=self.restore_from,
+                       detail="the attempt that resumed from it died before its first step")
+        await self._launch(list(decision.nodes), decision.restore_from, timer)
+
+    def _pick_checkpoint(self) -> str | None:
+        # the newest that verifies and is not suspect (suspects were marked by plan_next)
+        try:
+            found = latest_complete(self.ckpt_root, "fast", exclude=self.history.suspects).checkpoint
+        except Exception:  # noqa: BLE001
+            return None
+        return found.name if found else None
+
+    async def _nodes_exit(self, nodes, timeout: float) -> bool:
+        deadline = self.clock() + timeout
+        while self.clock() < deadline:
+            status = await self.platform.observe()
+            if all(status.get(n) is None or status[n].state != NodeState.RUNNING for n in nodes):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def _save_evidence(self, fault: Fault) -> None:
+        """Before anything is killed: every live rank dumps its stacks; keep their last heartbeats."""
+        for rank, addr in self.addr_by_rank.items():
+            self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, reason=fault.kind), addr)
+        await asyncio.sleep(min(1.0, self.cfg.heartbeat.interval_s * 1.2))
+        now = self.clock()
+        ev_dir = self.log_dir / "evidence"
+        ev_dir.mkdir(exist_ok=True)
+        path = ev_dir / f"attempt-{self.attempt}-{int(time.time())}-{fault.kind}.json"
+        ranks = {
+            r: {"heartbeat": rec.hb.to_payload(), "age_s": round(now - rec.received, 3)}
+            for r, rec in sorted(self.registry.ranks.items())
+        }
+        path.write_text(json.dumps({
+            "fault": fault.to_dict(), "attempt": self.attempt, "time": time.time(),
+            "findings": [f.to_dict() for f in self.findings],
+            "nodes": {n: asdict(s) for n, s in self.node_status.items()},
+            "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
+            "rank_log_dir": str(self.log_dir / "ranks"),
+        }, indent=1, default=str))
+        self.event("evidence_saved", attempt=self.attempt, path=str(path))
+
+    async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
+        if timer is not None:
+            self.attempt += 1
+        self.nodes = nodes
+        self.restore_from = restore_from
+        self.restored_step = 0
+        if restore_from and self.latest_ckpt and self.latest_ckpt["name"] == restore_from:
+            self.restored_step = self.latest_ckpt["step"]
+        elif restore_from:
+            parsed = restore_from.split("-")
+            self.restored_step = int(parsed[1]) if len(parsed) > 1 and parsed[1].isdigit() else 0
+        self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
+        world = len(nodes) * self.cfg.nproc_per_node
+        self.registry.reset(self.attempt, world)
+        self.addr_by_rank = {}
+        rank_log_dir = self.log_dir / "ranks"
+        env = dict(self.cfg.env) | {
+            "SUPERVISOR_JOB": self.cfg.job,
+            "SUPERVISOR_ATTEMPT": str(self.attempt),
+            "SUPERVISOR_HEARTBEAT_ADDR": f"{self.cfg.intake.host}:{self.intake_port}",
+            "SUPERVISOR_API": f"http://{self.cfg.http.host}:{self.http_port}",
+            "SUPERVISOR_TOKEN_FILE": str(self.log_dir / "token"),
+            "SUPERVISOR_LOG_DIR": str(rank_log_dir),
+            "SUPERVISOR_CHECKPOINT_DIR": str(self.ckpt_root),
+            "SUPERVISOR_HEARTBEAT_INTERVAL": str(self.cfg.heartbeat.interval_s),
+            "SUPERVISOR_WATCHDOG": self.timeouts.watchdog_env(),
+        }
+        spec = LaunchSpec(
+            attempt=self.attempt, nodes=nodes, nnodes_min=min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
+            nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,
+            rdzv_endpoint=f"{self.cfg.platform.host}:{_free_port(self.cfg.platform.host)}",
+            rdzv_id=f"{self.cfg.job}-{self.attempt}",
+        )
+        await self.platform.launch(spec)
+        now = self.clock()
+        self.launched_at = now
+        if timer is not None:
+            timer.scheduled_at = now
+        self.phase = JobPhase.STARTING
+        self.event("launched", attempt=self.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
+                   excluded=self.history.excluded)
+        log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s", self.attempt, nodes, world,
+                 restore_from)
+        self._save_state()
+
+    def _finish(self, phase: JobPhase, reason: str) -> None:
+        self.phase = phase
+        self.stop_reason = reason
+        level = logging.INFO if phase == JobPhase.COMPLETED else logging.ERROR
+        log.log(level, "event=terminal phase=%s exit_code=%d reason=%s", phase.value, EXIT_CODES[phase], reason)
+        self._save_state()
+
+    # ------------------------------------------------------------------ views
+    def step_rate(self) -> float:
+        if len(self._step_marks) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self._step_marks[0], self._step_marks[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        budget = self.cfg.restart.budget_s
+        ranks = []
+        for r, rec in sorted(self.registry.ranks.items()):
+            hb = rec.hb
+            ranks.append({
+                "rank": r, "node": hb.node, "step": hb.step, "phase": hb.phase,
+                "phase_s": round(hb.phase_s + max(0.0, now - rec.received), 2),
+                "heartbeat_age_s": round(now - rec.received, 2), "coll_seq": hb.coll_seq,
+                "coll_inside": hb.coll_inside, "straggler_score": round(self.stragglers.get(r, 1.0), 3),
+                "watchdog": hb.watchdog, "loss_ok": hb.loss_ok,
+            })
+        return {
+            "job": self.cfg.job, "phase": self.phase.value, "attempt": self.attempt,
+            "world_size": self.registry.world_size, "alive_ranks": self.alive_ranks(now),
+            "nodes": [{"name": n, "state": s.state.value, "pid": s.pid, "exit_code": s.exit_code, "stopped": s.stopped}
+                      for n, s in sorted(self.node_status.items())],
+            "excluded_nodes": list(self.history.excluded), "suspect_checkpoints": list(self.history.suspects),
+            "ranks": ranks, "step_rate": round(self.step_rate(), 3),
+            "last_checkpoint": None if not self.latest_ckpt else self.latest_ckpt | {
+                "age_s": round(time.time() - self.latest_ckpt["created_unix"], 1)},
+            "restore_from": self.restore_from,
+            "restarts": [t.to_dict(now, budget) for t in self.timers],
+            "findings": [f.to_dict() for f in self.findings],
+            "timeouts": asdict(self.timeouts), "budget_s": budget, "budget_remaining_s": self.budget_remaining(now),
+            "budget_exceeded": self.budget_exceeded, "rejected_heartbeats": dict(self.rejected),
+            "heartbeats_received": self.received, "stop_reason": self.stop_reason,
+            "exit_code": EXIT_CODES.get(self.phase),
+        }
+
+    def alive_ranks(self, now: float | None = None) -> int:
+        now = self.clock() if now is None else now
+        return sum(1 for rec in self.registry.ranks.values()
+                   if now - rec.received <= self.cfg.heartbeat.timeout_s and rec.hb.phase != "done")
+
+    def budget_remaining(self, now: float) -> float:
+        t = self.current_timer
+        if t is None or t.done:
+            return self.cfg.restart.budget_s
+        return t.budget_remaining(self.cfg.restart.budget_s, now)
+
+    def restore_point(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "checkpoint": self.restore_from, "exclude": list(self.history.suspects)}
+
+    # ------------------------------------------------------------------ persistence
+    def event(self, name: str, /, **fields: Any) -> None:
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+               "event": name, "job": self.cfg.job} | fields
+        with open(self.log_dir / EVENTS_FILE, "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+
+    def _save_state(self) -> None:
+        state = {
+            "job": self.cfg.job, "phase": self.phase.value, "attempt": self.attempt, "nodes": self.nodes,
+            "restore_from": self.restore_from, "restored_step": self.restored_step,
+            "ckpt_step_at_attempt_start": self.ckpt_step_at_attempt_start, "history": asdict(self.history),
+            "intake_port": self.intake_port, "http_port": self.http_port, "platform": self.platform.describe(),
+            "pid": os.getpid(), "updated": time.time(), "stop_reason": self.stop_reason,
+        }
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, self.state_path)
+
+    def _load_state(self) -> dict | None:
+        try:
+            saved = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("event=state_file_unreadable path=%s error=%s (starting fresh)", self.state_path, exc)
+            return None
+        if not isinstance(saved, dict) or saved.get("job") != self.cfg.job:
+            log.warning("event=state_file_ignored path=%s reason=another job", self.state_path)
+            return None
+        return saved
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+

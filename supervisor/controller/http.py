@@ -1,0 +1,71 @@
+"""The controller's HTTP API (aiohttp).
+
+* ``GET /metrics``: Prometheus exposition (unauthenticated, like any exporter; it holds no
+  secret and changes nothing).
+* ``GET /healthz``: the process is up. ``GET /readyz``: the gang is launched or adopted.
+* ``GET /status``: the state as JSON (what ``supervisor status`` renders).
+* ``GET /v1/restore-point?attempt=K``: which checkpoint attempt K resumes from. Requires
+  ``Authorization: Bearer <job token>``; an attempt other than the current one gets 409.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from supervisor.metrics import make_registry
+
+if TYPE_CHECKING:
+    from supervisor.controller.daemon import Controller
+
+
+def build_app(controller: "Controller") -> web.Application:
+    registry = make_registry(controller)
+    app = web.Application(client_max_size=64 * 1024)
+
+    async def metrics(_request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(_request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(_request: web.Request) -> web.Response:
+        ready = controller.ready
+        return web.json_response({"ready": ready, "phase": controller.phase.value}, status=200 if ready else 503)
+
+    async def status(_request: web.Request) -> web.Response:
+        return web.json_response(controller.status())
+
+    async def restore_point(request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:].encode() if auth.startswith("Bearer ") else b""
+        if not hmac.compare_digest(given, controller.token):
+            return web.json_response({"error": "unauthenticated"}, status=401)
+        try:
+            attempt = int(request.query.get("attempt", ""))
+        except ValueError:
+            return web.json_response({"error": "attempt must be an integer"}, status=400)
+        if attempt != controller.attempt:
+            return web.json_response({"error": f"attempt {attempt} is not the current attempt {controller.attempt}"},
+                                     status=409)
+        return web.json_response(controller.restore_point())
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", status)
+    app.router.add_get("/v1/restore-point", restore_point)
+    return app
+
+
+async def start_http(controller: "Controller", host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(build_app(controller), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    controller.http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner

@@ -1,0 +1,212 @@
+"""Findings from heartbeats: who is dead, who is stuck, and who everybody is waiting for.
+
+Rules, in order of precedence for one rank (a rank gets at most one finding):
+
+1. ``not_started``: launched ``startup_s`` ago and never heard from.
+2. ``dead``: heard from, then silent for ``heartbeat_s`` (SIGSTOP, frozen or lost node).
+3. ``collective_hang``: some ranks have waited inside collective N longer than
+   ``collective_s``; the *culprits* are the live ranks that never entered N (their
+   ``coll_seq`` is below N) or are stuck inside an earlier one. If every rank is inside N
+   there is no culprit to name and all waiting ranks are reported (``culprit=False``).
+4. ``hang`` / ``data_stall`` / ``checkpoint_stall`` / ``startup_stall``: a phase running
+   longer than its timeout while heartbeats flow.
+5. ``nonfinite``: the rank reported a non-finite loss.
+
+Timeouts: data/compute/collective are calibrated from observed step times (factor x median,
+clamped to [floor, ceiling]); until a step has been seen they are ``startup_s``. The
+checkpoint phase has its own generous timeout so a long save is never a false alarm.
+Documented ordering: rank watchdog (0.8 x) < supervisor timeout < restart budget.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import dataclass
+
+from supervisor.health.registry import Registry
+
+
+class Kind(str, enum.Enum):
+    NOT_STARTED = "not_started"
+    DEAD = "dead"
+    COLLECTIVE_HANG = "collective_hang"
+    HANG = "hang"
+    DATA_STALL = "data_stall"
+    CHECKPOINT_STALL = "checkpoint_stall"
+    STARTUP_STALL = "startup_stall"
+    NONFINITE = "nonfinite"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    heartbeat_s: float = 5.0
+    startup_s: float = 300.0
+    checkpoint_s: float = 900.0
+    data_s: float = 300.0
+    compute_s: float = 300.0
+    collective_s: float = 300.0
+
+    def for_phase(self, phase: str) -> float | None:
+        return {
+            "init": self.startup_s, "restore": self.startup_s, "data": self.data_s,
+            "compute": self.compute_s, "collective": self.collective_s, "checkpoint": self.checkpoint_s,
+        }.get(phase)
+
+    def watchdog_env(self, fraction: float = 0.8) -> str:
+        """The rank watchdog's timeouts: below ours, so stacks are dumped before we act."""
+        return ",".join(
+            f"{p}={fraction * t:.3f}" for p, t in (
+                ("init", self.startup_s), ("restore", self.startup_s), ("data", self.data_s),
+                ("compute", self.compute_s), ("collective", self.collective_s), ("checkpoint", self.checkpoint_s),
+            )
+        )
+
+
+def calibrate(
+    step_times: list[float], *, heartbeat_s: float, startup_s: float, checkpoint_s: float,
+    factor: float, floor_s: float, ceiling_s: float,
+) -> Timeouts:
+    """Phase timeouts from observed step times; ``startup_s`` until a step has been seen."""
+    if not step_times:
+        phase = max(floor_s, startup_s)
+    else:
+        phase = min(ceiling_s, max(floor_s, factor * statistics.median(step_times)))
+    return Timeouts(heartbeat_s=heartbeat_s, startup_s=startup_s, checkpoint_s=checkpoint_s,
+                    data_s=phase, compute_s=phase, collective_s=phase)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: Kind
+    ranks: tuple[int, ...]
+    nodes: tuple[str, ...]
+    detail: str
+    culprit: bool = True
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind.value, "ranks": list(self.ranks), "nodes": list(self.nodes),
+                "detail": self.detail, "culprit": self.culprit}
+
+
+def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: float,
+           rank_nodes: dict[int, str] | None = None) -> list[Finding]:
+    rank_nodes = rank_nodes or {}
+    findings: list[Finding] = []
+    claimed: set[int] = set()
+
+    def node_of(rank: int) -> str:
+        rec = registry.ranks.get(rank)
+        return rec.hb.node if rec else rank_nodes.get(rank, "")
+
+    def add(kind: Kind, ranks: list[int], detail: str, culprit: bool = True) -> None:
+        ranks = sorted(set(ranks) - claimed)
+        if not ranks:
+            return
+        claimed.update(ranks)
+        nodes = tuple(sorted({node_of(r) for r in ranks} - {""}))
+        findings.append(Finding(kind, tuple(ranks), nodes, detail, culprit))
+
+    # 1. never started
+    if registry.world_size and now - launched_at > timeouts.startup_s:
+        missing = [r for r in range(registry.world_size) if r not in registry.ranks]
+        if missing:
+            add(Kind.NOT_STARTED, missing, f"no heartbeat {now - launched_at:.0f}s after launch (> {timeouts.startup_s:.0f}s)")
+
+    # 2. silent
+    alive = {}
+    for rank, rec in registry.ranks.items():
+        silent = now - rec.received
+        if rec.hb.phase == "done":
+            continue
+        if silent > timeouts.heartbeat_s:
+            add(Kind.DEAD, [rank], f"silent for {silent:.1f}s (> {timeouts.heartbeat_s:.1f}s) at step {rec.hb.step}, "
+                f"last phase {rec.hb.phase}")
+        else:
+            alive[rank] = rec
+
+    # 3. collective hang and its culprit
+    waiting = {r: rec for r, rec in alive.items()
+               if rec.hb.coll_inside and _coll_waited(rec, now) > timeouts.collective_s}
+    if waiting:
+        n = max(rec.hb.coll_seq for rec in waiting.values())
+        in_n = sorted(r for r, rec in waiting.items() if rec.hb.coll_seq == n)
+        op = registry.ranks[in_n[0]].hb.coll_op or "collective"
+        waited = max(_coll_waited(registry.ranks[r], now) for r in in_n)
+        culprits = [r for r, rec in alive.items() if rec.hb.coll_seq < n]
+        dead_culprits = [f for f in findings if f.kind in (Kind.DEAD, Kind.NOT_STARTED)]
+        head = f"ranks {_span(in_n)} wait in {op} #{n} for {waited:.1f}s"
+        if culprits:
+            parts = []
+            for r in sorted(culprits):
+                hb = alive[r].hb
+                where = f"inside {hb.coll_op} #{hb.coll_seq}" if hb.coll_inside else f"in phase {hb.phase}"
+                parts.append(f"rank {r} never entered it ({where}, step {hb.step}, {_phase_elapsed(alive[r], now):.1f}s)")
+            # A culprit stuck in compute past its own timeout is a hang found by the phase timeout;
+            # one idling elsewhere (data) while its peers wait is a skipped collective.
+            hung = [r for r in culprits if alive[r].hb.phase == "compute" and not alive[r].hb.coll_inside
+                    and _phase_elapsed(alive[r], now) > timeouts.compute_s]
+            kind = Kind.HANG if hung and len(hung) == len(culprits) else Kind.COLLECTIVE_HANG
+            add(kind, culprits, f"{head}; " + "; ".join(parts))
+        elif dead_culprits:
+            pass  # the silent ranks are the culprits; the waiting ones are victims
+        else:
+            add(Kind.COLLECTIVE_HANG, in_n, f"{head}; every rank is inside it: no rank to blame "
+                "(a rank died inside the collective, or the network)", culprit=False)
+        victims = set(in_n)
+    else:
+        victims = set()
+
+    # 4. phase timeouts (victims of a named culprit are not hung themselves)
+    for rank, rec in alive.items():
+        if rank in victims:
+            continue
+        phase = rec.hb.phase
+        limit = timeouts.for_phase(phase)
+        elapsed = _phase_elapsed(rec, now)
+        if limit is None or elapsed <= limit:
+            continue
+        kind = {"data": Kind.DATA_STALL, "checkpoint": Kind.CHECKPOINT_STALL, "init": Kind.STARTUP_STALL,
+                "restore": Kind.STARTUP_STALL}.get(phase, Kind.HANG)
+        add(kind, [rank], f"phase {phase} running {elapsed:.1f}s (> {limit:.1f}s) at step {rec.hb.step}"
+            + (f"; watchdog: {rec.hb.watchdog}" if rec.hb.watchdog else ""))
+
+    # 5. non-finite loss
+    nan = [r for r, rec in alive.items() if not rec.hb.loss_ok]
+    if nan:
+        add(Kind.NONFINITE, nan, "non-finite loss reported")
+    return findings
+
+
+def straggler_scores(registry: Registry, *, min_samples: int = 3) -> dict[int, float]:
+    """Each rank's median exposed work time (data + compute) over the median of its peers'
+    (the others, so that one slow rank of two still stands out).
+
+    1.0 is typical; 2.0 means twice as slow as the middle rank. Ranks with too few samples
+    are left out. Exposed work excludes time waiting in collectives, so the ranks that wait
+    for a straggler do not look slow themselves.
+    """
+    medians = {r: statistics.median(rec.work_times) for r, rec in registry.ranks.items()
+               if len(rec.work_times) >= min_samples}
+    if len(medians) < 2:
+        return {r: 1.0 for r in medians}
+    scores = {}
+    for r, m in medians.items():
+        peers = statistics.median(v for q, v in medians.items() if q != r)
+        scores[r] = m / peers if peers > 0 else 1.0
+    return scores
+
+
+def _coll_waited(rec, now: float) -> float:
+    # coll_s as reported, plus the time since that report
+    return rec.hb.coll_s + max(0.0, now - rec.received)
+
+
+def _phase_elapsed(rec, now: float) -> float:
+    return rec.hb.phase_s + max(0.0, now - rec.received)
+
+
+def _span(ranks: list[int]) -> str:
+    if len(ranks) <= 6:
+        return ",".join(map(str, ranks))
+    return f"{ranks[0]}..{ranks[-1]} ({len(ranks)} ranks)"

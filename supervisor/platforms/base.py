@@ -1,0 +1,83 @@
+"""The Platform contract: one interface for local process groups, Slurm steps and pods.
+
+A *node* is one torchrun agent and its local ranks. The controller asks a platform to
+launch a gang of N named nodes for attempt k, to report each node's state, to kill one node,
+to tear the whole gang down, and for the node slots it could use (healthy capacity minus
+exclusions). Platforms raise :class:`PlatformError` (retry later) for scheduler trouble;
+they never raise a subprocess or client library exception into the controller.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+
+class PlatformError(RuntimeError):
+    """The platform could not do what was asked (a scheduler command failed or timed out)."""
+
+
+class NodeState(str, enum.Enum):
+    RUNNING = "running"
+    EXITED = "exited"      # the agent ended; see exit_code
+    LOST = "lost"          # gone without an exit code we could read (killed, adopted and vanished)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    name: str
+    attempt: int
+    state: NodeState
+    exit_code: int | None = None
+    """0 success; > 0 the agent's failure code; < 0 killed by that signal."""
+    killed_by_us: bool = False
+    pid: int | None = None
+    stopped: bool = False
+    """The agent process is stopped (SIGSTOP / frozen), as far as the platform can tell."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    attempt: int
+    nodes: Sequence[str]
+    nnodes_min: int
+    nnodes_max: int
+    nproc_per_node: int
+    command: Sequence[str]
+    env: Mapping[str, str]
+    rdzv_endpoint: str
+    rdzv_id: str
+
+
+class Platform(abc.ABC):
+    kind: str = "abstract"
+
+    @abc.abstractmethod
+    async def launch(self, spec: LaunchSpec) -> None:
+        """Start one agent per node of ``spec.nodes`` for ``spec.attempt``."""
+
+    @abc.abstractmethod
+    async def observe(self) -> dict[str, NodeStatus]:
+        """The current attempt's nodes and their states."""
+
+    @abc.abstractmethod
+    async def kill_node(self, name: str) -> None:
+        """Kill one node of the current gang at once (all its processes)."""
+
+    @abc.abstractmethod
+    async def teardown(self, grace_s: float) -> None:
+        """End every node of the current gang: SIGTERM, ``grace_s``, then SIGKILL; wait until gone."""
+
+    @abc.abstractmethod
+    def slots(self) -> list[str]:
+        """Every node slot this platform knows (healthy or not, excluded or not)."""
+
+    def describe(self) -> dict:
+        """What the state file needs to adopt the running gang after a controller restart."""
+        return {}
+
+    async def adopt(self, saved: dict, attempt: int) -> bool:
+        """Re-attach to a gang described by :meth:`describe`; False if nothing is left to adopt."""
+        return False

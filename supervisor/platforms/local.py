@@ -1,0 +1,177 @@
+"""The ``local`` platform: every node is a real torchrun agent in its own process group.
+
+The embedded default: a job with several "nodes" on one machine and no cluster at all. Each
+agent runs ``python -m torch.distributed.run`` with c10d rendezvous on the controller's
+TCPStore (``--nnodes MIN:MAX``, ``--max-restarts 0``: recovery is the controller's job), in
+a new session so that killing a node kills its process group (the agent and its ranks) and
+so that a controller crash kills nothing. Agents' output goes to
+``LOG_DIR/attempt-K/NODE.log``.
+
+After a controller restart the gang is adopted from the state file: pids are checked in
+``/proc`` (a zombie counts as gone; this machine's PID 1 reaps slowly) and exit codes of
+adopted agents are unknown (``LOST`` unless the ranks reported completion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+
+log = logging.getLogger("supervisor.platform.local")
+
+
+def proc_state(pid: int) -> str | None:
+    """The kernel's state letter for ``pid`` (R, S, T, Z, ...), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+class _Node:
+    def __init__(self, name: str, attempt: int, pid: int, popen: subprocess.Popen | None) -> None:
+        self.name = name
+        self.attempt = attempt
+        self.pid = pid
+        self.popen = popen
+        self.killed_by_us = False
+        self.exit_code: int | None = None
+        self.gone = False
+
+
+class LocalPlatform(Platform):
+    kind = "local"
+
+    def __init__(self, slots: int, log_dir: Path, python: str = sys.executable) -> None:
+        if slots < 1:
+            raise ValueError("the local platform needs at least one node slot")
+        self._slots = [f"node{i}" for i in range(slots)]
+        self.log_dir = Path(log_dir)
+        self.python = python
+        self.nodes: dict[str, _Node] = {}
+
+    def slots(self) -> list[str]:
+        return list(self._slots)
+
+    async def launch(self, spec: LaunchSpec) -> None:
+        unknown = set(spec.nodes) - set(self._slots)
+        if unknown:
+            raise PlatformError(f"unknown node slots {sorted(unknown)}")
+        out_dir = self.log_dir / f"attempt-{spec.attempt}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes = {}
+        for name in spec.nodes:
+            argv = [
+                self.python, "-m", "torch.distributed.run",
+                f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}",
+                f"--nproc-per-node={spec.nproc_per_node}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
+                # all launched agents join at once; do not wait 30 s for more that will not come
+                "--rdzv-conf=join_timeout=120,last_call_timeout=1",
+                "--max-restarts=0", "--monitor-interval=0.2",
+                "--no-python",  # the command is argv as given (python script.py ..., or any binary)
+                *spec.command,
+            ]
+            env = dict(os.environ) | dict(spec.env) | {
+                "SUPERVISOR_NODE": name,
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
+                "TMPDIR": str(out_dir / f"{name}-tmp"),
+            }
+            Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+            out = open(out_dir / f"{name}.log", "ab")
+            try:
+                popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, cwd=os.getcwd())
+            except OSError as exc:
+                raise PlatformError(f"cannot start the agent of {name}: {exc}") from exc
+            finally:
+                out.close()
+            self.nodes[name] = _Node(name, spec.attempt, popen.pid, popen)
+            log.info("event=node_launched node=%s attempt=%d pid=%d", name, spec.attempt, popen.pid)
+
+    async def observe(self) -> dict[str, NodeStatus]:
+        result = {}
+        for name, node in self.nodes.items():
+            if not node.gone:
+                if node.popen is not None:
+                    code = node.popen.poll()
+                    if code is not None:
+                        node.gone, node.exit_code = True, code
+                elif not pid_alive(node.pid):
+                    node.gone = True
+            if node.gone:
+                state = NodeState.EXITED if node.exit_code is not None else NodeState.LOST
+            else:
+                state = NodeState.RUNNING
+            result[name] = NodeStatus(
+                name=name, attempt=node.attempt, state=state, exit_code=node.exit_code,
+                killed_by_us=node.killed_by_us, pid=node.pid,
+                stopped=not node.gone and proc_state(node.pid) == "T",
+            )
+        return result
+
+    def _signal_group(self, node: _Node, sig: int) -> None:
+        try:
+            os.killpg(node.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            raise PlatformError(f"cannot signal {node.name}: {exc}") from exc
+
+    async def kill_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        node.killed_by_us = True
+        self._signal_group(node, signal.SIGKILL)
+        self._signal_group(node, signal.SIGCONT)  # a stopped process only dies once continued
+        await self._wait_gone([node], timeout=10)
+
+    async def teardown(self, grace_s: float) -> None:
+        live = [n for n in self.nodes.values() if not n.gone]
+        for node in live:
+            node.killed_by_us = True
+            self._signal_group(node, signal.SIGTERM)
+            self._signal_group(node, signal.SIGCONT)
+        await self._wait_gone(live, timeout=grace_s)
+        for node in live:
+            self._signal_group(node, signal.SIGKILL)
+        await self._wait_gone(live, timeout=10)
+        # ranks that outlived their agent (they are in the same process group)
+        for node in live:
+            self._signal_group(node, signal.SIGKILL)
+
+    async def _wait_gone(self, nodes: list[_Node], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await self.observe()
+            if all(n.gone for n in nodes):
+                return
+            await asyncio.sleep(0.05)
+
+    def describe(self) -> dict:
+        return {"nodes": {n.name: {"pid": n.pid, "attempt": n.attempt} for n in self.nodes.values()}}
+
+    async def adopt(self, saved: dict, attempt: int) -> bool:
+        nodes = (saved or {}).get("nodes") or {}
+        self.nodes = {}
+        for name, info in nodes.items():
+            if name not in self._slots or info.get("attempt") != attempt:
+                continue
+            node = _Node(name, attempt, int(info["pid"]), None)
+            node.gone = not pid_alive(node.pid)
+            self.nodes[name] = node
+        return any(not n.gone for n in self.nodes.values())

@@ -1,0 +1,136 @@
+"""Table tests for the controller's pure decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.controller.decide import (
+    RUNG_ABORT,
+    RUNG_KILL_NODE,
+    RUNG_TEARDOWN,
+    Fault,
+    History,
+    JobPhase,
+    Relaunch,
+    RestartTimer,
+    Stop,
+    classify,
+    completed,
+    plan_next,
+)
+from supervisor.health import Finding, Kind
+from supervisor.platforms.base import NodeState, NodeStatus
+
+
+def node(name, state=NodeState.RUNNING, code=None, ours=False, stopped=False):
+    return NodeStatus(name=name, attempt=0, state=state, exit_code=code, killed_by_us=ours, stopped=stopped)
+
+
+RN = {0: "a", 1: "b"}
+KW = dict(now=100.0, last_heard={0: 99.0, 1: 90.0}, phase_started={0: 95.0, 1: 80.0}, rank_nodes=RN)
+
+
+def test_completion():
+    assert completed({"a": node("a", NodeState.EXITED, 0), "b": node("b", NodeState.EXITED, 0)}, False)
+    assert not completed({"a": node("a", NodeState.EXITED, 0), "b": node("b")}, False)
+    assert completed({"a": node("a", NodeState.LOST)}, True)  # adopted: ranks said done
+    assert not completed({}, True)
+
+
+@pytest.mark.parametrize("nodes, kind, rung, node_failure", [
+    ({"a": node("a"), "b": node("b", NodeState.EXITED, -9)}, "node_lost", RUNG_TEARDOWN, True),
+    ({"a": node("a"), "b": node("b", NodeState.LOST)}, "node_lost", RUNG_TEARDOWN, True),
+    ({"a": node("a"), "b": node("b", NodeState.EXITED, 1)}, "rank_exit", RUNG_TEARDOWN, False),
+    ({"a": node("a"), "b": node("b", NodeState.EXITED, 17)}, "crash", RUNG_TEARDOWN, False),
+    ({"a": node("a"), "b": node("b", NodeState.EXITED, 18)}, "nonfinite", RUNG_TEARDOWN, False),
+])
+def test_node_exits(nodes, kind, rung, node_failure):
+    f = classify(nodes, [], **KW)
+    assert (f.kind, f.rung, f.node_failure, f.nodes, f.ranks) == (kind, rung, node_failure, ("b",), (1,))
+
+
+def test_nodes_we_killed_or_that_finished_are_not_faults():
+    assert classify({"a": node("a", NodeState.EXITED, -9, ours=True), "b": node("b", NodeState.EXITED, 0)}, [], **KW) is None
+
+
+def test_findings_pick_the_ladder_rung():
+    dead = Finding(Kind.DEAD, (1,), ("b",), "silent")
+    f = classify({"a": node("a"), "b": node("b")}, [dead], **KW)
+    assert (f.kind, f.rung, f.node_failure, f.fault_at) == ("dead", RUNG_KILL_NODE, False, 90.0)
+    f = classify({"a": node("a"), "b": node("b", stopped=True)}, [dead], **KW)
+    assert f.node_failure  # the agent itself is frozen: a node-level failure
+    hang = Finding(Kind.COLLECTIVE_HANG, (1,), ("b",), "never entered")
+    f = classify({"a": node("a"), "b": node("b")}, [hang], **KW)
+    assert (f.kind, f.rung, f.fault_at) == ("collective_hang", RUNG_ABORT, 80.0)
+    # a named culprit wins over an unnamed one; silence wins over a hang
+    unnamed = Finding(Kind.COLLECTIVE_HANG, (0, 1), ("a", "b"), "all inside", culprit=False)
+    assert classify({}, [unnamed, hang], **KW).ranks == (1,)
+    assert classify({}, [hang, dead], **KW).kind == "dead"
+    assert classify({}, [Finding(Kind.NONFINITE, (0,), ("a",), "nan")], **KW) is None
+
+
+def fault(kind="hang", nodes=("b",), node_failure=False):
+    return Fault(kind, (1,), nodes, "x", RUNG_ABORT, node_failure, 0.0)
+
+
+PLAN = dict(slots=["a", "b", "c"], previous_nodes=["a", "b"], nodes_min=1, nodes_max=2, max_restarts=5,
+            guard_attempts=3, exclude_after=1, latest_checkpoint="step-0000000020", made_progress=True,
+            attempt_restored_from="step-0000000010", first_step_done=True)
+
+
+def test_relaunch_same_nodes_from_latest():
+    h = History()
+    d = plan_next(history=h, fault=fault(), **PLAN)
+    assert d == Relaunch(("a", "b"), "step-0000000020", (), ())
+    assert h.restarts == 1 and h.attempts_without_progress == 0
+
+
+def test_lost_node_is_excluded_and_a_spare_used():
+    h = History()
+    d = plan_next(history=h, fault=fault("node_lost", node_failure=True), **PLAN)
+    assert d.nodes == ("a", "c") and d.newly_excluded == ("b",) and h.excluded == ["b"]
+
+
+def test_no_spare_means_a_smaller_gang_then_no_capacity():
+    h = History()
+    kw = PLAN | {"slots": ["a", "b"]}
+    d = plan_next(history=h, fault=fault("node_lost", node_failure=True), **kw)
+    assert d.nodes == ("a",)
+    d = plan_next(history=h, fault=fault("node_lost", nodes=("a",), node_failure=True), **kw | {"previous_nodes": ["a"]})
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CAPACITY
+
+
+def test_progress_guard_and_max_restarts():
+    h = History()
+    kw = PLAN | {"made_progress": False}
+    assert isinstance(plan_next(history=h, fault=fault(), **kw), Relaunch)
+    assert isinstance(plan_next(history=h, fault=fault(), **kw), Relaunch)
+    d = plan_next(history=h, fault=fault(), **kw)
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_PROGRESS and "3 attempts" in d.reason
+    h = History(restarts=5)
+    d = plan_next(history=h, fault=fault(), **PLAN)
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_MAX_RESTARTS
+
+
+def test_checkpoint_that_never_got_a_first_step_is_suspect():
+    h = History()
+    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"first_step_done": False,
+                                                            "attempt_restored_from": "step-0000000020"})
+    assert h.suspects == ["step-0000000020"]
+    assert d.restore_from is None and d.exclude_checkpoints == ("step-0000000020",)
+
+
+def test_exclusion_threshold_counts_node_failures():
+    h = History()
+    kw = PLAN | {"exclude_after": 2}
+    assert plan_next(history=h, fault=fault("dead", node_failure=True), **kw).nodes == ("a", "b")
+    assert plan_next(history=h, fault=fault("dead", node_failure=True), **kw).nodes == ("a", "c")
+
+
+def test_restart_timer():
+    t = RestartTimer(0, "hang", fault_at=10.0, detected_at=13.0, torn_down_at=14.0, scheduled_at=14.5,
+                     rendezvous_at=17.0, restored_at=18.0, first_step_at=18.5)
+    assert t.durations() == {"detect": 3.0, "teardown": 1.0, "schedule": 0.5, "rendezvous": 2.5, "restore": 1.0,
+                             "first_step": 0.5}
+    assert t.total(100.0) == 8.5 and t.budget_remaining(900, 100.0) == 891.5
+    assert RestartTimer(0, "x", 10.0, 12.0).budget_remaining(5.0, 20.0) == -5.0

@@ -1,0 +1,152 @@
+"""Table tests for the pure detectors, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.health import Kind, Registry, Timeouts, calibrate, detect, straggler_scores
+from supervisor.protocol import Heartbeat
+
+T = Timeouts(heartbeat_s=5, startup_s=60, checkpoint_s=100, data_s=10, compute_s=10, collective_s=10)
+
+
+def hb(rank, **kw):
+    base = dict(job="j", attempt=0, rank=rank, world_size=kw.pop("world", 4), seq=kw.pop("seq", 1), step=10,
+                phase="compute", phase_s=0.1, node=f"n{rank // 2}")
+    return Heartbeat(**(base | kw))
+
+
+def reg(*beats, now=100.0, world=4):
+    r = Registry(0, world)
+    for b in beats:
+        if isinstance(b, tuple):
+            b, at = b
+        else:
+            at = now
+        r.observe(b, at)
+    return r
+
+
+def kinds(findings):
+    return {(f.kind, f.ranks) for f in findings}
+
+
+def test_healthy_gang_has_no_findings():
+    r = reg(*(hb(i) for i in range(4)))
+    assert detect(r, 100.0, T, launched_at=0) == []
+
+
+def test_dead_rank_after_heartbeat_timeout():
+    r = reg(hb(0), hb(1), hb(2), (hb(3), 94.0))
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.DEAD, (3,))}
+    assert f[0].nodes == ("n1",) and "silent for 6.0s" in f[0].detail
+    assert detect(r, 98.9, T, launched_at=0) == []  # 4.9 s silent: not yet
+
+
+def test_not_started():
+    r = reg(hb(0), hb(1))
+    assert detect(r, 50.0, T, launched_at=0) == []
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.NOT_STARTED, (2, 3))}
+
+
+def test_finished_rank_is_not_dead():
+    r = reg(hb(0, phase="done"), hb(1, phase="done"), hb(2, phase="done"), hb(3, phase="done"), now=0.0)
+    assert detect(r, 100.0, T, launched_at=0) == []
+
+
+def test_skipped_collective_names_the_rank_that_never_entered():
+    r = reg(
+        hb(0, coll_seq=7, coll_inside=True, coll_s=12, phase="collective", phase_s=12, coll_op="allreduce"),
+        hb(1, coll_seq=6, coll_inside=False, phase="data", phase_s=12),
+        hb(2, coll_seq=7, coll_inside=True, coll_s=11, phase="collective", phase_s=11, coll_op="allreduce"),
+        hb(3, coll_seq=7, coll_inside=True, coll_s=13, phase="collective", phase_s=13, coll_op="allreduce"),
+    )
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.COLLECTIVE_HANG, (1,))}
+    assert f[0].culprit and "rank 1 never entered it (in phase data" in f[0].detail
+    assert "ranks 0,2,3 wait in allreduce #7" in f[0].detail
+
+
+def test_hang_in_compute_is_the_culprit_of_the_collective_wait():
+    r = reg(
+        hb(0, coll_seq=7, coll_inside=True, coll_s=30, phase="collective", phase_s=30),
+        hb(1, coll_seq=6, phase="compute", phase_s=31, watchdog="compute running 25s"),
+        world=2,
+    )
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.HANG, (1,))}  # found by its own phase timeout
+    assert "rank 1 never entered it (in phase compute" in f[0].detail
+
+
+def test_everyone_inside_means_no_culprit_is_named():
+    r = reg(*(hb(i, coll_seq=7, coll_inside=True, coll_s=20, phase="collective", phase_s=20) for i in range(4)))
+    f = detect(r, 100.0, T, launched_at=0)
+    assert len(f) == 1 and not f[0].culprit and f[0].ranks == (0, 1, 2, 3)
+
+
+def test_silent_rank_is_the_culprit_not_its_waiting_peers():
+    r = reg(
+        hb(0, coll_seq=7, coll_inside=True, coll_s=20, phase="collective"),
+        (hb(1, coll_seq=6, phase="compute"), 80.0),
+        world=2,
+    )
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.DEAD, (1,))}
+
+
+def test_collective_waited_time_grows_between_heartbeats():
+    r = reg(hb(0, coll_seq=3, coll_inside=True, coll_s=8, phase="collective"), hb(1, coll_seq=2), world=2)
+    assert detect(r, 100.0, T, launched_at=0) == []
+    assert kinds(detect(r, 103.0, T, launched_at=0)) == {(Kind.COLLECTIVE_HANG, (1,))}  # 8 + 3 s > 10
+
+
+@pytest.mark.parametrize("phase, phase_s, kind", [
+    ("compute", 11, Kind.HANG),
+    ("data", 11, Kind.DATA_STALL),
+    ("checkpoint", 50, None),          # a long save is not a hang ...
+    ("checkpoint", 101, Kind.CHECKPOINT_STALL),  # ... until its own timeout
+    ("init", 50, None),
+    ("restore", 61, Kind.STARTUP_STALL),
+    ("idle", 1000, None),
+])
+def test_phase_timeouts(phase, phase_s, kind):
+    r = reg(hb(0, phase=phase, phase_s=phase_s), hb(1), world=2)
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == ({(kind, (0,))} if kind else set())
+
+
+def test_nonfinite_loss():
+    r = reg(hb(0, loss_ok=False), hb(1), world=2)
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.NONFINITE, (0,))}
+
+
+def test_registry_ignores_replayed_and_reordered_heartbeats():
+    r = Registry(0, 2)
+    r.observe(hb(0, seq=5, step=10, world=2), 1.0)
+    r.observe(hb(0, seq=4, step=9, world=2), 2.0)
+    assert r.ranks[0].hb.step == 10 and r.ranks[0].received == 1.0
+
+
+def test_calibration_clamps():
+    kw = dict(heartbeat_s=5, startup_s=300, checkpoint_s=900, factor=5, floor_s=30, ceiling_s=600)
+    assert calibrate([], **kw).compute_s == 300
+    assert calibrate([0.1, 0.2, 0.3], **kw).compute_s == 30          # floor
+    assert calibrate([20, 20, 20], **kw).collective_s == 100         # 5 x median
+    assert calibrate([500], **kw).data_s == 600                      # ceiling
+    assert calibrate([1], **kw).checkpoint_s == 900
+    assert "compute=24.000" in calibrate([1], **kw).watchdog_env()   # 0.8 x 30
+
+
+def test_straggler_scores():
+    r = Registry(0, 3)
+    for step in range(1, 8):
+        for rank, work in ((0, 0.1), (1, 0.1), (2, 0.35)):
+            r.observe(hb(rank, seq=step, step=step, last_step_s=0.4, last_compute_s=work, world=3), float(step))
+    scores = straggler_scores(r)
+    assert scores[2] == pytest.approx(3.5) and scores[0] == pytest.approx(0.1 / 0.225)
+    two = Registry(0, 2)
+    for step in range(1, 5):
+        two.observe(hb(0, seq=step, step=step, last_step_s=1, last_compute_s=0.1, world=2), float(step))
+        two.observe(hb(1, seq=step, step=step, last_step_s=1, last_compute_s=0.3, world=2), float(step))
+    assert straggler_scores(two)[1] == pytest.approx(3.0)
