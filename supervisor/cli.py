@@ -177,22 +177,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _run_controller(cfg)
 
 
-def cmd_launch(args: argparse.Namespace) -> int:
+def _launch_config(args: argparse.Namespace):
+    """A JobConfig from torchrun-like arguments; raises ConfigError with a message."""
     from supervisor.config import ConfigError, from_dict
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        print("error: give the training command after --", file=sys.stderr)
-        return EXIT_USAGE
+        raise ConfigError("give the training command after --")
     lo, _, hi = args.nnodes.partition(":")
     try:
         nmin, nmax = int(lo), int(hi or lo)
     except ValueError:
-        print(f"error: --nnodes {args.nnodes!r} is not N or MIN:MAX", file=sys.stderr)
-        return EXIT_USAGE
-    raw = {
+        raise ConfigError(f"--nnodes {args.nnodes!r} is not N or MIN:MAX") from None
+    return from_dict({
         "job": args.job, "command": command, "nproc_per_node": args.nproc_per_node,
         "nodes": {"min": nmin, "max": nmax},
         "platform": {"kind": "local", "nodes": args.slots or nmax},
@@ -201,13 +200,93 @@ def cmd_launch(args: argparse.Namespace) -> int:
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts},
         "health": {"phase_floor_s": args.hang_timeout_floor},
         "http": {"port": args.port},
-    }
+    })
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from supervisor.config import ConfigError
+
     try:
-        cfg = from_dict(raw)
+        cfg = _launch_config(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return _run_controller(cfg)
+
+
+def _rank0_losses(log_dir: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    try:
+        lines = (Path(log_dir) / "ranks" / "rank-0.jsonl").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("loss") is not None:
+            out[rec["step"]] = rec["loss"]  # the last attempt's value of a re-run step wins
+    return out
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Run the job twice (control, then with faults) and compare the loss paths."""
+    import dataclasses
+
+    from supervisor.config import ConfigError, load
+    from supervisor.worker.faults import FaultSpecError, parse_faults
+
+    try:
+        parse_faults(args.fault)
+        base = load(args.config) if args.config else _launch_config(args)
+    except (ConfigError, FaultSpecError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if any(a in ("--checkpoint-dir", "--log-dir") for a in base.command):
+        print("error: leave --checkpoint-dir/--log-dir out of the command: the drill gives each run its own "
+              "(the job reads SUPERVISOR_CHECKPOINT_DIR and SUPERVISOR_LOG_DIR)", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.out).resolve()
+    if out.exists() and any(out.iterdir()):
+        print(f"error: {out} is not empty; a drill needs fresh directories", file=sys.stderr)
+        return EXIT_USAGE
+    runs = {}
+    for name, fault in (("control", None), ("drill", args.fault)):
+        env = {k: v for k, v in base.env.items() if k != "SUPERVISOR_FAULT"}
+        if fault:
+            env["SUPERVISOR_FAULT"] = fault
+        cfg = dataclasses.replace(base, log_dir=str(out / name / "logs"), checkpoint_dir=str(out / name / "ckpt"),
+                                  env=env, http=dataclasses.replace(base.http, port=0),
+                                  intake=dataclasses.replace(base.intake, port=0))
+        print(f"== {name}" + (f" with SUPERVISOR_FAULT={fault}" if fault else " (no fault)"), flush=True)
+        runs[name] = (cfg, _run_controller(cfg))
+        print(f"   {name} exited with {runs[name][1]}", flush=True)
+    control, drill = _rank0_losses(runs["control"][0].log_dir), _rank0_losses(runs["drill"][0].log_dir)
+    common = sorted(set(control) & set(drill))
+    identical = sum(1 for s in common if control[s] == drill[s])
+    worst = max((abs(drill[s] - control[s]) / max(abs(control[s]), 1e-12) for s in common), default=float("inf"))
+    missing = sorted(set(control) - set(drill))
+    print()
+    print(_table([[str(len(control)), str(len(drill)), str(len(common)), str(identical), f"{worst:.3g}",
+                   str(missing[:5]) if missing else "-"]],
+                 ["CONTROL STEPS", "DRILL STEPS", "COMPARED", "BIT-IDENTICAL", "MAX REL DIFF", "MISSING"]))
+    try:
+        events = [json.loads(line) for line in
+                  (Path(runs["drill"][0].log_dir) / "events.jsonl").read_text().splitlines()]
+    except OSError:
+        events = []
+    for f in (e for e in events if e["event"] == "fault_detected"):
+        print(f"fault (attempt {f['attempt']}): {f['kind']} ranks {f['ranks']} nodes {f['nodes']}: {f['detail']}")
+    restarts = [e for e in events if e["event"] == "restart_complete"]
+    if restarts:
+        phases = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
+        print()
+        print(_table([[str(e["attempt"]), e["reason"], *[f"{e['phases'].get(p, 0):.2f}" for p in phases],
+                       f"{e['total_s']:.2f}", "yes" if e["within_budget"] else "NO"] for e in restarts],
+                     ["ATTEMPT", "REASON", *[p.upper() for p in phases], "TOTAL S", "IN BUDGET"]))
+    ok = runs["control"][1] == 0 and runs["drill"][1] == 0 and not missing and bool(common) and worst <= args.tolerance
+    print()
+    print("drill PASSED: the resumed job took the steps the uninterrupted one took" if ok else
+          "drill FAILED: see above (exit codes, missing steps, or a loss path outside the tolerance)")
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 def _status_url(args: argparse.Namespace) -> str | None:
@@ -287,6 +366,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+def _add_launch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="node count range (default 1)")
+    p.add_argument("--slots", type=int, default=0, help="node slots on this machine, spares included (default MAX)")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
+    p.add_argument("--job", default="local", help="job name (labels metrics and events)")
+    p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint root (also passed to ranks)")
+    p.add_argument("--log-dir", default="supervisor-logs", help="events, state, rank logs, stack dumps")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds (default 1)")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="a rank silent this long is dead (default 5)")
+    p.add_argument("--hang-timeout-floor", type=float, default=30.0,
+                   help="hang timeouts are calibrated from step times but never below this (default 30 s)")
+    p.add_argument("--restart-budget", type=float, default=900.0, help="seconds from fault to first step (default 900)")
+    p.add_argument("--max-restarts", type=int, default=20)
+    p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (default: a free one)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="supervisor",
@@ -309,21 +405,25 @@ def build_parser() -> argparse.ArgumentParser:
         "detection, verified checkpoints and elastic relaunch. Example: supervisor launch --nnodes 1:2 "
         "--slots 3 --nproc-per-node 1 --checkpoint-dir ckpt -- python examples/train.py --steps 200",
     )
-    p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="node count range (default 1)")
-    p.add_argument("--slots", type=int, default=0, help="node slots on this machine, spares included (default MAX)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
-    p.add_argument("--job", default="local", help="job name (labels metrics and events)")
-    p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint root (also passed to ranks)")
-    p.add_argument("--log-dir", default="supervisor-logs", help="events, state, rank logs, stack dumps")
-    p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds (default 1)")
-    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="a rank silent this long is dead (default 5)")
-    p.add_argument("--hang-timeout-floor", type=float, default=30.0,
-                   help="hang timeouts are calibrated from step times but never below this (default 30 s)")
-    p.add_argument("--restart-budget", type=float, default=900.0, help="seconds from fault to first step (default 900)")
-    p.add_argument("--max-restarts", type=int, default=20)
-    p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (default: a free one)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
+    _add_launch_args(p)
     p.set_defaults(func=cmd_launch)
+
+    p = sub.add_parser(
+        "drill", help="rehearse recovery: run the job uninterrupted, then with faults; compare loss paths",
+        description="Runs the job twice under the supervisor, each in its own directories under --out: a "
+        "control with no fault and a drill with SUPERVISOR_FAULT set to --fault. Prints the loss-path "
+        "comparison (rank 0's loss per step) and every restart's phase timings. Exit 0 if both runs "
+        "completed and the loss paths agree within --tolerance. Example: supervisor drill --nnodes 2 "
+        "--fault 'kind=kill,rank=1,step=13,attempt=0' -- python examples/train.py --steps 30 --checkpoint-every 5",
+    )
+    p.add_argument("--config", metavar="JOB.yaml", help="a job config (instead of the launch options)")
+    p.add_argument("--fault", required=True, help="the SUPERVISOR_FAULT spec of the drill run (see README)")
+    p.add_argument("--out", default="drill-out", help="where both runs keep checkpoints and logs (must be empty)")
+    p.add_argument("--tolerance", type=float, default=0.0,
+                   help="largest relative loss difference accepted (default 0: bit-identical, as expected at the "
+                   "same world size; use ~1e-4 when the fault changes the world size)")
+    _add_launch_args(p)
+    p.set_defaults(func=cmd_drill)
 
     p = sub.add_parser("status", help="show a running job: nodes, ranks, phases, heartbeats, restarts")
     p.add_argument("--log-dir", default="supervisor-logs", help="the job's log dir (finds the HTTP port)")

@@ -217,3 +217,24 @@ def test_bad_heartbeats_are_rejected_counted_and_harmless(supervisor_run, contro
     assert run.wait() == 0
     assert run.events("fault_detected") == []
     assert_same_path(run, control)
+
+
+def test_drill_command_compares_loss_paths(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import TRAIN, job_env
+
+    out = tmp_path / "drill"
+    cmd = [sys.executable, "-m", "supervisor", "drill", "--nnodes", "2", "--out", str(out),
+           "--fault", "kind=kill,rank=1,step=8,attempt=0", "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3",
+           "--", sys.executable, str(TRAIN), "--steps", "15", "--checkpoint-every", "5"]
+    proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "drill PASSED" in proc.stdout
+    row = proc.stdout.split("MISSING")[1].split()
+    assert row[:4] == ["15", "15", "15", "15"]  # every step compared and bit-identical
+    assert "fault (attempt 0): rank_exit" in proc.stdout and "FIRST_STEP" in proc.stdout
+    bad = subprocess.run(cmd[:-4] + ["--checkpoint-dir", "x"], env=job_env(tmp_path), capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert bad.returncode == 2 and "leave --checkpoint-dir" in bad.stderr
