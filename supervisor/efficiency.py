@@ -1,0 +1,478 @@
+"""Scaling efficiency: a parametric all-reduce model, and the report of measured runs.
+
+Two halves, both pure (no subprocess, no global state; the only I/O is reading timing logs
+the caller names and writing the PNG the caller asks for):
+
+**The model** (:func:`scaling_model`). Data-parallel training at a fixed per-worker batch
+(weak scaling): every worker does the same local work, then the gradients are all-reduced
+with a ring, and the step waits for the slowest worker. One step on ``W`` workers takes::
+
+    t(W) = compute_ms + overhead_ms                                   local work
+         + 2 (W-1)/W * grad_mb * 1e6 B / (bandwidth_gb_s * 1e9 B/s)   ring all-reduce, bandwidth
+         + 2 (W-1) * hop_latency_us / 1000                            ring all-reduce, latency
+         + straggler_ms * log2(W)                                     wait for the slowest worker
+
+    speedup(W)    = W * t(1) / t(W)     (W workers process W times the samples per step)
+    efficiency(W) = t(1) / t(W)         (= speedup / W)
+
+A ring all-reduce runs ``2 (W-1)`` steps (reduce-scatter, then all-gather), each moving
+``1/W`` of the buffer to the next neighbour and paying one hop latency. ``grad_mb`` is the
+part of the gradient whose reduction is *exposed* after the backward pass (DDP overlaps the
+other buckets with backward), so it is small next to the model size. The straggler term is
+the expected maximum of ``W`` per-worker jitters, which grows with ``log W`` for light-tailed
+noise. Both all-reduce terms are zero at ``W = 1``.
+
+The defaults reproduce the seed's table exactly at its displayed precision (step time to
+0.1 ms, speedup to 0.1x); no modelled step time is more than 0.025 ms off the seed's:
+
+=======  ==============  =======
+workers  step time (ms)  speedup
+=======  ==============  =======
+1        120.3           1.0x
+2        125.7           1.9x
+4        131.4           3.7x
+8        137.8           7.0x
+16       145.6           13.2x
+=======  ==============  =======
+
+The defaults were chosen as round numbers (1 MB exposed at 25 GB/s, 175 us per ring hop, a
+5 ms straggler penalty per doubling, 0.3 ms fixed overhead) that fit; a least-squares fit of
+the three scaling terms to the seed's four multi-worker rows gives 0.093 ms of bandwidth
+term, 178 us per hop and 4.95 ms per doubling, with residuals under 0.004 ms, so the form
+itself fits the seed and rounding the parameters costs at most 0.025 ms. 175 us per hop is
+TCP/Ethernet-class latency (NCCL on NVLink or InfiniBand is a few us); feed your own numbers.
+
+**The report** (:func:`summarize_run`, :func:`efficiency_table`, :func:`render_markdown`,
+:func:`render_png`) of real runs of ``examples/train.py``, whose every rank writes one JSON
+line per step to ``rank-R.jsonl`` (``step``, ``world_size``, ``attempt``, ``data_s``,
+``compute_s``, ``collective_s``, ``time`` = wall clock after the step, ...):
+
+* the first ``warmup`` steps are skipped (process-group set-up, allocator and autograd
+  warm-up); the last skipped step's ``time`` starts the clock (with ``warmup = 0``, the first
+  step's, which is then not timed either);
+* throughput = ``global_batch * timed_steps / wall``, ``wall`` measured on rank 0 from the
+  end of the last warm-up step to the end of the last step (rank 0 cannot finish a step
+  before the slowest rank has joined its collectives, so this is the job's throughput). The
+  median step time (median difference of consecutive ``time`` fields) is reported beside it;
+* efficiency of ``W`` workers = ``throughput_W / (W * throughput_1)``; with no ``W = 1`` run
+  the smallest ``W`` is the baseline: ``throughput_W * B / (W * throughput_B)``;
+* the data / compute / collective split is the median of each field over the timed steps,
+  per rank, beside that rank's median step time (differences of its own ``time`` field).
+  The fields are the job's own timers and are reported as logged, not reinterpreted: a
+  collective the job launches during ``backward()`` (DDP's gradient buckets) can be counted
+  in ``collective_s`` while ``compute_s`` is still running, so the three need not add up to
+  the step time, and ``collective_s`` includes any wait for the slowest rank.
+
+A log with more than one ``attempt`` (a restarted job re-logs steps) is rejected: a restart
+makes wall-clock throughput meaningless. With several runs (rounds) per worker count the
+run with the median throughput represents it, so its split and its throughput agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "SEED_TABLE",
+    "ScalingPoint",
+    "RankSplit",
+    "RunStats",
+    "EfficiencyRow",
+    "ring_allreduce_ms",
+    "scaling_model",
+    "model_table_markdown",
+    "parse_timing_lines",
+    "read_timing_logs",
+    "summarize_run",
+    "efficiency_table",
+    "render_markdown",
+    "render_png",
+]
+
+#: The seed's table: workers -> (step time in ms, speedup), as displayed there.
+SEED_TABLE: Mapping[int, tuple[float, float]] = {
+    1: (120.3, 1.0), 2: (125.7, 1.9), 4: (131.4, 3.7), 8: (137.8, 7.0), 16: (145.6, 13.2),
+}
+
+_SPLIT_FIELDS = ("data_s", "compute_s", "collective_s")
+
+
+# --------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One row of :func:`scaling_model` (times in ms)."""
+
+    workers: int
+    step_ms: float
+    local_ms: float  # compute_ms + overhead_ms
+    allreduce_ms: float  # ring all-reduce: bandwidth + latency terms
+    straggler_ms: float
+    speedup: float  # W * t(1) / t(W)
+    efficiency: float  # t(1) / t(W)
+
+
+def _check_number(name: str, value: object, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if positive and v <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return v
+
+
+def _check_workers(workers: object) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"worker counts must be integers >= 1, got {workers!r}")
+    return workers
+
+
+def ring_allreduce_ms(workers: int, *, grad_mb: float, bandwidth_gb_s: float, hop_latency_us: float) -> float:
+    """Time of one ring all-reduce of ``grad_mb`` MB (1e6 bytes) over ``workers`` ranks, in ms.
+
+    ``2 (W-1)/W * bytes / bandwidth + 2 (W-1) * hop latency``; zero for one worker.
+    """
+    w = _check_workers(workers)
+    mb = _check_number("grad_mb", grad_mb)
+    bw = _check_number("bandwidth_gb_s", bandwidth_gb_s, positive=True)
+    lat = _check_number("hop_latency_us", hop_latency_us)
+    bandwidth_ms = 2 * (w - 1) / w * (mb * 1e6) / (bw * 1e9) * 1e3
+    latency_ms = 2 * (w - 1) * lat / 1e3
+    return bandwidth_ms + latency_ms
+
+
+def scaling_model(
+    workers: Iterable[int] = (1, 2, 4, 8, 16),
+    *,
+    compute_ms: float = 120.0,
+    overhead_ms: float = 0.3,
+    grad_mb: float = 1.0,
+    bandwidth_gb_s: float = 25.0,
+    hop_latency_us: float = 175.0,
+    straggler_ms: float = 5.0,
+) -> list[ScalingPoint]:
+    """Modelled step time, speedup and efficiency at each worker count (see the module doc).
+
+    ``compute_ms``: local forward + backward + optimizer time of one worker (> 0).
+    ``overhead_ms``: fixed per-step cost (data loading, launch, bookkeeping; >= 0).
+    ``grad_mb``: MB (1e6 bytes) of gradient whose all-reduce is not hidden behind backward.
+    ``bandwidth_gb_s``: per-link bandwidth in GB/s (1e9 bytes/s; > 0).
+    ``hop_latency_us``: cost of one ring step, in us (latency + launch + synchronisation).
+    ``straggler_ms``: extra wait for the slowest worker per doubling of the worker count.
+
+    Rows come in the order given; speedup and efficiency are relative to the modelled
+    ``t(1)`` whether or not 1 is among ``workers``. Raises ``ValueError`` on a bad input.
+    """
+    if isinstance(workers, (str, bytes)) or not isinstance(workers, Iterable):
+        raise ValueError(f"workers must be an iterable of integers >= 1, got {workers!r}")
+    ws = [_check_workers(w) for w in workers]
+    if not ws:
+        raise ValueError("workers must name at least one worker count")
+    if len(set(ws)) != len(ws):
+        raise ValueError(f"duplicate worker counts in {ws}")
+    local = _check_number("compute_ms", compute_ms, positive=True) + _check_number("overhead_ms", overhead_ms)
+    strag = _check_number("straggler_ms", straggler_ms)
+    t1 = local  # both all-reduce terms and log2(1) vanish at one worker
+    points = []
+    for w in ws:
+        ar = ring_allreduce_ms(w, grad_mb=grad_mb, bandwidth_gb_s=bandwidth_gb_s, hop_latency_us=hop_latency_us)
+        st = strag * math.log2(w)
+        t = local + ar + st
+        points.append(ScalingPoint(workers=w, step_ms=t, local_ms=local, allreduce_ms=ar, straggler_ms=st,
+                                   speedup=w * t1 / t, efficiency=t1 / t))
+    return points
+
+
+def model_table_markdown(points: Sequence[ScalingPoint]) -> str:
+    """A markdown table of :func:`scaling_model` rows (ms to 0.1, speedup to 0.1x)."""
+    lines = [
+        "| workers | step time (ms) | local (ms) | ring all-reduce (ms) | straggler (ms) | speedup | efficiency |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        lines.append(f"| {p.workers} | {p.step_ms:.1f} | {p.local_ms:.1f} | {p.allreduce_ms:.2f} | "
+                     f"{p.straggler_ms:.1f} | {p.speedup:.1f}x | {p.efficiency:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------
+# Measured runs
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankSplit:
+    """Medians over the timed steps of one rank, in ms."""
+
+    rank: int
+    data_ms: float
+    compute_ms: float
+    collective_ms: float
+    step_ms: float  # median difference of this rank's consecutive 'time' fields
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """One run (one worker count, one launch) after the warm-up steps are dropped."""
+
+    workers: int
+    global_batch: int
+    warmup: int
+    timed_steps: int
+    wall_s: float  # rank 0, end of the last warm-up step to end of the last step
+    throughput: float  # samples/s = global_batch * timed_steps / wall_s
+    median_step_ms: float  # median of rank 0's consecutive 'time' differences
+    ranks: tuple[RankSplit, ...]
+
+    @property
+    def median_throughput(self) -> float:
+        """Samples/s implied by the median step time."""
+        return self.global_batch / (self.median_step_ms / 1e3)
+
+    def mean_split_ms(self) -> tuple[float, float, float]:
+        """(data, compute, collective) ms: the mean over ranks of the per-rank medians."""
+        n = len(self.ranks)
+        return (sum(r.data_ms for r in self.ranks) / n, sum(r.compute_ms for r in self.ranks) / n,
+                sum(r.collective_ms for r in self.ranks) / n)
+
+
+@dataclass(frozen=True)
+class EfficiencyRow:
+    """One worker count in the report: its representative run and its ratios to the baseline."""
+
+    run: RunStats
+    baseline_workers: int
+    speedup: float  # throughput_W / throughput_B
+    efficiency: float  # throughput_W * B / (W * throughput_B)
+    round_throughputs: tuple[float, ...]  # every round's throughput, sorted
+
+    @property
+    def workers(self) -> int:
+        return self.run.workers
+
+
+def parse_timing_lines(lines: Iterable[str], *, source: str = "<log>") -> list[dict]:
+    """JSON records of a ``rank-R.jsonl`` log; blank lines are skipped, bad JSON is a ValueError."""
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}:{n}: not JSON: {exc}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{source}:{n}: expected a JSON object, got {type(rec).__name__}")
+        out.append(rec)
+    return out
+
+
+def read_timing_logs(log_dir: str | Path) -> dict[int, list[dict]]:
+    """Every ``rank-R.jsonl`` under ``log_dir``, as ``{rank: records}``."""
+    log_dir = Path(log_dir)
+    logs: dict[int, list[dict]] = {}
+    for path in sorted(log_dir.glob("rank-*.jsonl")):
+        try:
+            rank = int(path.stem.removeprefix("rank-"))
+        except ValueError:
+            continue
+        with path.open() as f:
+            logs[rank] = parse_timing_lines(f, source=str(path))
+    if not logs:
+        raise ValueError(f"no rank-R.jsonl timing logs in {log_dir}")
+    return logs
+
+
+def _field(rec: Mapping, key: str, where: str) -> float:
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{where}: field {key!r} missing or not a finite number: {v!r}")
+    return float(v)
+
+
+def summarize_run(logs: Mapping[int, Sequence[Mapping]], *, global_batch: int, warmup: int = 5) -> RunStats:
+    """Throughput, median step time and per-rank split of one run (see the module doc).
+
+    ``logs`` maps each rank to its records (as :func:`read_timing_logs` returns). Every rank
+    0..W-1 of ``world_size`` W must be present, with one attempt, steps strictly consecutive,
+    and the same steps on every rank. The end of step ``warmup`` starts the clock and the
+    steps after it are timed, so at least ``warmup + 1`` steps are needed; with
+    ``warmup = 0`` the end of the first step starts the clock (it is not timed either, so
+    ``warmup`` 0 and 1 time the same steps).
+    """
+    if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+        raise ValueError(f"global_batch must be an integer >= 1, got {global_batch!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if not logs:
+        raise ValueError("no timing logs")
+    ranks = sorted(logs)
+    worlds = {int(_field(r, "world_size", f"rank {rank}")) for rank in ranks for r in logs[rank]}
+    if len(worlds) != 1:
+        raise ValueError(f"records disagree on world_size: {sorted(worlds)}" if worlds else "the logs are empty")
+    world = worlds.pop()
+    if ranks != list(range(world)):
+        raise ValueError(f"world_size is {world} but the logs are of ranks {ranks}")
+    attempts = {r.get("attempt", 0) for rank in ranks for r in logs[rank]}
+    if len(attempts) > 1:
+        raise ValueError(f"the logs hold several attempts {sorted(attempts)}: a restarted run has no "
+                         "meaningful wall-clock throughput")
+    steps_by_rank = {}
+    for rank in ranks:
+        recs = sorted(logs[rank], key=lambda r: _field(r, "step", f"rank {rank}"))
+        steps = [int(_field(r, "step", f"rank {rank}")) for r in recs]
+        if any(b != a + 1 for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"rank {rank}: steps are not consecutive (duplicates or gaps) between "
+                             f"{steps[0]} and {steps[-1]}")
+        steps_by_rank[rank] = recs
+    if len({tuple(int(r["step"]) for r in recs) for recs in steps_by_rank.values()}) != 1:
+        raise ValueError("the ranks logged different steps")
+    recs0 = steps_by_rank[0]
+    need = max(warmup, 1) + 1
+    if len(recs0) < need:
+        raise ValueError(f"{len(recs0)} steps logged with warmup={warmup}: need at least {need} "
+                         "(a clock start and one timed step after the warm-up)")
+    start = max(warmup - 1, 0)  # index of the record whose 'time' starts the clock
+    timed0 = recs0[start + 1:]
+    times = [_field(r, "time", "rank 0") for r in recs0[start:]]
+    wall = times[-1] - times[0]
+    if wall <= 0:
+        raise ValueError(f"rank 0's 'time' does not advance over the timed steps (wall = {wall} s)")
+    diffs = [b - a for a, b in zip(times, times[1:])]
+    median_step_s = statistics.median(diffs)
+    if median_step_s <= 0:
+        raise ValueError("rank 0's median step time is not positive")
+    splits = []
+    for rank in ranks:
+        where = f"rank {rank}"
+        clock = [_field(r, "time", where) for r in steps_by_rank[rank][start:]]
+        timed = steps_by_rank[rank][start + 1:]
+        med = [statistics.median(_field(r, k, where) for r in timed) * 1e3 for k in _SPLIT_FIELDS]
+        step_ms = statistics.median(b - a for a, b in zip(clock, clock[1:])) * 1e3
+        splits.append(RankSplit(rank=rank, data_ms=med[0], compute_ms=med[1], collective_ms=med[2], step_ms=step_ms))
+    return RunStats(workers=world, global_batch=global_batch, warmup=warmup, timed_steps=len(timed0),
+                    wall_s=wall, throughput=global_batch * len(timed0) / wall,
+                    median_step_ms=median_step_s * 1e3, ranks=tuple(splits))
+
+
+def efficiency_table(runs: Iterable[RunStats]) -> list[EfficiencyRow]:
+    """One row per worker count, ascending, relative to the smallest worker count (normally 1).
+
+    Several runs of one worker count are rounds: the run with the median throughput (the
+    lower middle one for an even count) represents it, and every round's throughput is kept.
+    All runs must share one global batch.
+    """
+    by_w: dict[int, list[RunStats]] = {}
+    for r in runs:
+        by_w.setdefault(r.workers, []).append(r)
+    if not by_w:
+        raise ValueError("no runs to report")
+    batches = {r.global_batch for rs in by_w.values() for r in rs}
+    if len(batches) != 1:
+        raise ValueError(f"runs of different global batch sizes cannot be compared: {sorted(batches)}")
+    rep = {}
+    for w, rs in by_w.items():
+        ordered = sorted(rs, key=lambda r: r.throughput)
+        rep[w] = (ordered[(len(ordered) - 1) // 2], tuple(r.throughput for r in ordered))
+    base_w = min(rep)
+    base = rep[base_w][0].throughput
+    rows = []
+    for w in sorted(rep):
+        run, all_thr = rep[w]
+        rows.append(EfficiencyRow(run=run, baseline_workers=base_w, speedup=run.throughput / base,
+                                  efficiency=run.throughput * base_w / (w * base), round_throughputs=all_thr))
+    return rows
+
+
+def render_markdown(rows: Sequence[EfficiencyRow]) -> str:
+    """Two markdown tables: efficiency per worker count, then each rank's step split."""
+    if not rows:
+        raise ValueError("no rows to render")
+    b = rows[0].baseline_workers
+    eff_head = "efficiency" if b == 1 else f"efficiency vs W={b}"
+    lines = [
+        f"| workers | timed steps | wall (s) | samples/s | rounds (samples/s) | median step (ms) | "
+        f"speedup vs W={b} | {eff_head} | data (ms) | compute (ms) | collective (ms) |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        r = row.run
+        d, c, k = r.mean_split_ms()
+        rounds = ", ".join(f"{t:,.0f}" for t in row.round_throughputs)
+        lines.append(f"| {r.workers} | {r.timed_steps} | {r.wall_s:.3f} | {r.throughput:,.0f} | {rounds} | "
+                     f"{r.median_step_ms:.2f} | {row.speedup:.2f}x | {row.efficiency:.1%} | "
+                     f"{d:.2f} | {c:.2f} | {k:.2f} |")
+    lines += [
+        "",
+        "| workers | rank | data (ms) | compute (ms) | collective (ms) | step (ms) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        for s in row.run.ranks:
+            lines.append(f"| {row.workers} | {s.rank} | {s.data_ms:.2f} | {s.compute_ms:.2f} | "
+                         f"{s.collective_ms:.2f} | {s.step_ms:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_png(rows: Sequence[EfficiencyRow], path: str | Path, *, title: str | None = None) -> Path:
+    """Plot throughput (measured vs ideal), efficiency, and the per-rank split into ``path``.
+
+    Needs matplotlib (``pip install 'elastic-supervisor[report]'``); it is imported here, and
+    the figure is drawn by the non-interactive Agg canvas without pyplot (so no process-wide
+    backend switch), and the rest of this module works without matplotlib.
+    """
+    if not rows:
+        raise ValueError("no rows to plot")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("render_png needs matplotlib: pip install 'elastic-supervisor[report]' "
+                           f"(or matplotlib>=3.7) ({exc})") from exc
+    path = Path(path)
+    ws = [r.workers for r in rows]
+    b = rows[0].baseline_workers
+    base = rows[0].run.throughput
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg for this figure only: no pyplot, no process-wide backend switch
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.4])
+    ax1.plot(ws, [r.run.throughput for r in rows], "o-", label="measured")
+    ax1.plot(ws, [base * w / b for w in ws], "--", color="gray", label=f"ideal (linear from W={b})")
+    for r in rows:
+        ax1.annotate(f"{r.efficiency:.0%}", (r.workers, r.run.throughput), textcoords="offset points",
+                     xytext=(0, 8), ha="center", fontsize=9)
+    ax1.set_xscale("log", base=2)
+    ax1.set_xticks(ws, [str(w) for w in ws])
+    ax1.set_xlabel("workers")
+    ax1.set_ylabel("samples/s")
+    ax1.set_title("throughput (labels: efficiency)")
+    ax1.legend(fontsize=8)
+    # Side by side, not stacked: the job's collective timer can overlap its compute timer.
+    splits = [(r.workers, s) for r in rows for s in r.run.ranks]
+    x = list(range(len(splits)))
+    width = 0.27
+    for i, (name, attr) in enumerate((("data", "data_ms"), ("compute", "compute_ms"), ("collective", "collective_ms"))):
+        ax2.bar([v + (i - 1) * width for v in x], [getattr(s, attr) for _, s in splits], width, label=name)
+    ax2.scatter(x, [s.step_ms for _, s in splits], marker="_", s=600, color="black", zorder=3,
+                label="step (wall clock)")
+    ax2.set_xticks(x, [f"W{w}\nr{s.rank}" for w, s in splits], fontsize=8)
+    ax2.set_ylabel("median ms per step")
+    ax2.set_title("per-rank medians (timers may overlap)")
+    ax2.set_ylim(0, max(max(s.step_ms for _, s in splits), max(s.compute_ms for _, s in splits),
+                        max(s.collective_ms for _, s in splits)) * 1.3)
+    ax2.legend(fontsize=8, loc="upper left", ncols=4)
+    if title:
+        fig.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
