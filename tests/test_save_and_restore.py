@@ -327,3 +327,29 @@ def test_preferred_checkpoint_that_fails_falls_back_to_discovery(tmp_path):
     assert mgr3.restore(prefer="step-0000000099").step == 2  # a missing one is skipped
     with pytest.raises(CheckpointLoadError, match="checksum"):
         tiny_job(tmp_path, seed=4)[0].restore(path=tmp_path / "step-0000000003")  # explicit: no fallback
+
+
+def test_background_copy_holds_the_next_optimizer_step_until_done(tmp_path, monkeypatch):
+    from supervisor.checkpoint import CheckpointManager
+
+    real_stage = CheckpointManager._stage
+
+    def slow_stage(self, state, prefix=""):
+        if not prefix:
+            import time as _t
+
+            _t.sleep(0.4)  # a slow copy: training must not run ahead of it
+        return real_stage(self, state, prefix)
+
+    monkeypatch.setattr(CheckpointManager, "_stage", slow_stage)
+    mgr, model, opt, sched, cursor = tiny_job(tmp_path)
+    train_step(model, opt, sched, cursor)
+    at_save = {k: v.clone() for k, v in model.state_dict().items()}
+    fut = mgr.save(1, blocking=False)
+    assert fut.done() is False  # returned before the copy
+    train_step(model, opt, sched, cursor)  # its optimizer.step() waits for the copy
+    fut.result()
+    mgr2, model2, *_ = tiny_job(tmp_path, seed=3)
+    mgr2.restore()
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, at_save[k]), k

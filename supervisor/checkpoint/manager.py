@@ -190,6 +190,10 @@ class CheckpointManager:
         self._pending: Future | None = None
         self._pending_lock = threading.Lock()
         self.last_error: BaseException | None = None
+        self._staging: threading.Event | None = None
+        self._step_hook = (
+            optimizer.register_step_pre_hook(self._before_optimizer_step) if optimizer is not None else None
+        )
         if dist.is_available() and dist.is_initialized():
             self.rank = dist.get_rank()
             self.world_size = dist.get_world_size()
@@ -217,23 +221,40 @@ class CheckpointManager:
         """Checkpoint the state as of ``step`` (steps completed).
 
         ``blocking=True`` writes and commits before returning. ``blocking=False`` returns a
-        ``Future`` once the state is copied to host memory; writing, checksumming and the
-        commit run in a background thread. At most one save is in flight: a second call first
-        waits for the previous one (whose buffers it reuses).
+        ``Future`` at once; the copy of the tensors into reused host buffers, the writing,
+        checksumming and the commit run in a background thread. With an optimizer, the copy
+        overlaps the next forward and backward: the optimizer's next ``step()`` waits until it
+        is done (a step pre-hook), so the saved state is exactly the state at ``save()``.
+        Parameters changed in place by anything but ``optimizer.step()`` must call
+        :meth:`wait_staged` first. Without an optimizer the copy is made before returning.
+        Small state (scheduler, scaler, registered objects, RNG, cursor) is always captured
+        by value before returning. At most one save is in flight: a second call first waits
+        for the previous one (whose buffers it reuses).
         """
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be an integer >= 0, got {step!r}")
         self._wait_previous()
         t0 = time.perf_counter()
-        snap = self._snapshot(step, stage=not blocking)
+        background_copy = not blocking and self._step_hook is not None
+        snap = self._snapshot(step, stage=not blocking and not background_copy)
         snap.blocked_s = time.perf_counter() - t0
         if blocking:
             result = self._persist(snap, t0)
             return result
         fut: Future = Future()
+        staged = threading.Event()
+        if background_copy:
+            self._staging = staged
+        else:
+            staged.set()
 
         def run() -> None:
             try:
+                if not staged.is_set():
+                    try:
+                        snap.app_state = self._stage(snap.app_state)
+                    finally:
+                        staged.set()
                 fut.set_result(self._persist(snap, t0))
             except BaseException as exc:  # noqa: BLE001 - handed to the Future, surfaced by wait()
                 self.last_error = exc
@@ -244,6 +265,15 @@ class CheckpointManager:
             self._pending = fut
         threading.Thread(target=run, name=f"checkpoint-save-{step}", daemon=False).start()
         return fut
+
+    def wait_staged(self) -> None:
+        """Block until the save in flight has copied the tensors (then they may change)."""
+        ev = self._staging
+        if ev is not None:
+            ev.wait()
+
+    def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self.wait_staged()
 
     def wait(self) -> SaveResult | None:
         """Block until the save in flight (if any) is durable; raise its error if it failed."""
