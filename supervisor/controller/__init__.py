@@ -1,0 +1,1 @@
+"""The controller: ``decide`` (pure decisions), ``daemon`` (asyncio wiring), ``http`` (the API)."""
