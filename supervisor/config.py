@@ -77,13 +77,17 @@ class RestartConfig:
     """Failed attempts in a row without a new complete checkpoint before STOPPED_NO_PROGRESS."""
     abort_grace_s: float = 5.0
     """Rung 1 -> 2: how long aborted ranks get to die before their node is killed."""
-    kill_grace_s: float = 10.0
-    """Rung 2 -> 3 and teardown: SIGTERM grace before SIGKILL."""
+    kill_grace_s: float = 30.0
+    """Stopping a healthy gang (SIGINT/SIGTERM to the supervisor): SIGTERM grace before SIGKILL,
+    time enough for the ranks' emergency checkpoint."""
+    teardown_grace_s: float = 2.0
+    """Tearing down a gang broken by a fault: it cannot checkpoint (a collective save needs every
+    rank), so the SIGTERM grace before SIGKILL is short."""
     exclude_node_after: int = 1
     """Node-level failures (node lost, frozen, unresponsive) before a node is excluded."""
 
     def __post_init__(self) -> None:
-        for name in ("budget_s", "abort_grace_s", "kill_grace_s"):
+        for name in ("budget_s", "abort_grace_s", "kill_grace_s", "teardown_grace_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"restart.{name}: must be > 0")
         if self.max_restarts < 0:

@@ -337,7 +337,7 @@ class Controller:
                 self.event("action", attempt=self.attempt, action="kill_node", node=node, reason=fault.kind)
                 await self.platform.kill_node(node)
         self.event("action", attempt=self.attempt, action="tear_down", reason=fault.kind)
-        await self.platform.teardown(self.cfg.restart.kill_grace_s)
+        await self.platform.teardown(self.cfg.restart.teardown_grace_s)
         timer.torn_down_at = self.clock()
         self._poll_checkpoints(force=True)
         made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)

@@ -1,0 +1,164 @@
+"""The controller's intake, metrics and status on a fake platform (no processes)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import generate_latest
+
+from supervisor.config import from_dict
+from supervisor.controller.daemon import Controller, Intake
+from supervisor.controller.decide import Fault, JobPhase, RestartTimer
+from supervisor.metrics import make_registry
+from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform
+from supervisor.protocol import Heartbeat, encode
+
+
+class FakePlatform(Platform):
+    """Obeys the Platform contract in memory: nodes run until killed or torn down."""
+
+    kind = "fake"
+
+    def __init__(self, slots=3):
+        self._slots = [f"node{i}" for i in range(slots)]
+        self.nodes: dict[str, NodeStatus] = {}
+        self.calls: list[tuple] = []
+
+    async def launch(self, spec: LaunchSpec) -> None:
+        self.calls.append(("launch", spec.attempt, tuple(spec.nodes)))
+        self.nodes = {n: NodeStatus(n, spec.attempt, NodeState.RUNNING) for n in spec.nodes}
+
+    async def observe(self):
+        return dict(self.nodes)
+
+    async def kill_node(self, name: str) -> None:
+        self.calls.append(("kill_node", name))
+        n = self.nodes[name]
+        self.nodes[name] = NodeStatus(name, n.attempt, NodeState.EXITED, -9, killed_by_us=True)
+
+    async def teardown(self, grace_s: float) -> None:
+        self.calls.append(("teardown",))
+        for name, n in self.nodes.items():
+            if n.state == NodeState.RUNNING:
+                self.nodes[name] = NodeStatus(name, n.attempt, NodeState.EXITED, -15, killed_by_us=True)
+
+    def slots(self):
+        return list(self._slots)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+TOKEN = b"tok"
+
+
+def controller(tmp_path):
+    cfg = from_dict({"command": ["python", "x.py"], "job": "j", "nodes": {"min": 1, "max": 2},
+                     "log_dir": str(tmp_path / "logs"), "checkpoint_dir": str(tmp_path / "ckpt")})
+    clock = Clock()
+    c = Controller(cfg, FakePlatform(), clock=clock)
+    c.token = TOKEN
+    c.attempt = 2
+    c.registry.reset(2, 2)
+    (tmp_path / "logs").mkdir()
+    return c, clock
+
+
+def hb(rank, **kw):
+    base = dict(job="j", attempt=2, rank=rank, world_size=2, seq=kw.pop("seq", 1), step=5, phase="compute",
+                phase_s=0.1, node=f"node{rank}")
+    return Heartbeat(**(base | kw))
+
+
+def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
+    c, clock = controller(tmp_path)
+    intake = Intake(c)
+    intake.datagram_received(encode(hb(0).to_payload(), TOKEN), ("127.0.0.1", 5000))
+    intake.datagram_received(encode(hb(1, attempt=1).to_payload(), TOKEN), ("127.0.0.1", 5001))
+    intake.datagram_received(encode(hb(1, job="other").to_payload(), TOKEN), ("127.0.0.1", 5001))
+    intake.datagram_received(encode(hb(1).to_payload(), b"bad"), ("127.0.0.1", 5001))
+    intake.datagram_received(b"\x00" * 10, ("127.0.0.1", 5001))
+    intake.datagram_received(encode(hb(3, world_size=4).to_payload(), TOKEN), ("127.0.0.1", 5001))
+    assert set(c.registry.ranks) == {0} and c.received == 1 and c.addr_by_rank == {0: ("127.0.0.1", 5000)}
+    assert c.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
+
+
+def test_metrics_read_the_controller_state(tmp_path):
+    c, clock = controller(tmp_path)
+    c.registry.observe(hb(0), clock.t - 2.5)
+    c.registry.observe(hb(1), clock.t - 0.5)
+    c.phase = JobPhase.RUNNING
+    c.stragglers = {0: 1.0, 1: 2.5}
+    c.restarts_by_reason = {"dead": 2}
+    c.timers = [RestartTimer(1, "dead", 900.0, 904.0, 905.0, 905.5, 908.0, 909.0, 909.5)]
+    c.active_hang = Fault("collective_hang", (1,), ("node1",), "x", 1, False, 990.0)
+    c.latest_ckpt = {"name": "step-0000000010", "step": 10, "created_unix": 1.7e9, "writer_world_size": 2}
+    c.rejected = {"unauthenticated": 3}
+    reg = make_registry(c)
+    v = reg.get_sample_value
+    assert v("supervisor_job_phase", {"job": "j", "phase": "running"}) == 1.0
+    assert v("supervisor_job_phase", {"job": "j", "phase": "recovering"}) == 0.0
+    assert v("supervisor_alive_ranks", {"job": "j"}) == 2.0
+    assert v("supervisor_rank_heartbeat_age_seconds", {"job": "j", "rank": "0", "node": "node0"}) == 2.5
+    assert v("supervisor_straggler_score", {"job": "j", "rank": "1", "node": "node1"}) == 2.5
+    assert v("supervisor_hang_detected", {"job": "j", "kind": "collective_hang", "rank": "1", "node": "node1"}) == 1.0
+    assert v("supervisor_restarts_total", {"job": "j", "reason": "dead"}) == 2.0
+    assert v("supervisor_restart_phase_seconds_sum", {"job": "j", "phase": "detect"}) == 4.0
+    assert v("supervisor_restart_phase_seconds_bucket", {"job": "j", "phase": "detect", "le": "5.0"}) == 1.0
+    assert v("supervisor_restart_phase_seconds_bucket", {"job": "j", "phase": "detect", "le": "2.0"}) == 0.0
+    assert v("supervisor_last_checkpoint_step", {"job": "j"}) == 10.0
+    assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": "unauthenticated"}) == 3.0
+    assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": "oversized"}) == 0.0
+    clock.t += 10  # both ranks now silent past the 5 s timeout
+    assert v("supervisor_alive_ranks", {"job": "j"}) == 0.0
+    if shutil.which("promtool"):
+        text = generate_latest(reg)
+        proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_status_is_json_ready(tmp_path):
+    import json
+
+    c, clock = controller(tmp_path)
+    c.registry.observe(hb(0, watchdog="compute running 9s"), clock.t)
+    st = c.status()
+    json.dumps(st)
+    assert st["job"] == "j" and st["attempt"] == 2 and st["ranks"][0]["watchdog"] == "compute running 9s"
+    assert st["budget_remaining_s"] == 900.0
+
+
+def test_recover_walks_the_ladder_on_a_fake_platform(tmp_path):
+    import asyncio
+    import dataclasses
+    import time
+
+    c, clock = controller(tmp_path)
+    c.clock = time.monotonic  # the ladder waits on real time (grace periods)
+    clock.t = time.monotonic()
+
+    async def scenario():
+        await c._launch(["node0", "node1"], None)
+        c.registry.observe(hb(0), clock.t)
+        c.registry.observe(hb(1), clock.t)
+        c.intake = Intake(c)  # no transport: sends are dropped, as to a dead rank
+        fault = Fault("collective_hang", (1,), ("node1",), "rank 1 never entered", 1, False, clock.t - 5)
+        c.cfg = dataclasses.replace(c.cfg, restart=dataclasses.replace(c.cfg.restart, abort_grace_s=0.2, teardown_grace_s=0.2))
+        await c._recover(fault)
+
+    asyncio.run(scenario())
+    calls = c.platform.calls
+    # the aborted rank's node did not exit within the grace: kill it, then tear down, then relaunch
+    assert calls[0][0] == "launch" and ("kill_node", "node1") in calls and ("teardown",) in calls
+    assert calls[-1] == ("launch", 3, ("node0", "node1"))
+    assert c.attempt == 3 and c.phase == JobPhase.STARTING
+    events = [json_line["event"] for json_line in map(__import__("json").loads, (tmp_path / "logs" / "events.jsonl").read_text().splitlines())]
+    assert events[:1] == ["launched"] and "fault_detected" in events and "evidence_saved" in events
+    assert events.index("evidence_saved") < events.index("action")  # evidence before any kill
