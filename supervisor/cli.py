@@ -163,7 +163,15 @@ def _run_controller(cfg) -> int:
     print(f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} "
           f"(slots: {cfg.node_slots}); logs and events in {cfg.log_dir}; `supervisor status --log-dir {cfg.log_dir}`",
           file=sys.stderr)
-    return asyncio.run(Controller(cfg, platform).run())
+    try:
+        return asyncio.run(Controller(cfg, platform).run())
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # noqa: BLE001 - say what state things are in, then let it show
+        logging.getLogger("supervisor").exception(
+            "event=controller_crashed: the gang (if any) is still running in its own sessions; run the same "
+            "command again to adopt it (state: %s)", Path(cfg.log_dir) / "supervisor-state.json")
+        return 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:

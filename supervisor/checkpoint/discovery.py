@@ -38,6 +38,7 @@ from supervisor.checkpoint.errors import (
 )
 from supervisor.checkpoint.fsutil import remove_tree
 from supervisor.checkpoint.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse
+from supervisor.procfs import pid_alive
 
 Level = Literal["fast", "full"]
 LEVELS: tuple[Level, ...] = ("fast", "full")
@@ -342,16 +343,6 @@ def _partial_is_stale(tmp: Path, now: float, grace_s: float) -> bool:
             return now - tmp.stat().st_mtime > grace_s
         except OSError:
             return False
-    if host == socket.gethostname() and not _pid_alive(pid):
+    if host == socket.gethostname() and not pid_alive(pid):
         return True
     return now - created > grace_s
-
-
-def _pid_alive(pid: int) -> bool:
-    # A zombie passes kill -0; read its state instead (this machine's PID 1 reaps slowly).
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return False

@@ -57,6 +57,7 @@ from supervisor.protocol import (
 log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
 CHECKPOINT_POLL_S = 2.0
+LAUNCH_TRIES = 3
 STATE_FILE = "supervisor-state.json"
 EVENTS_FILE = "events.jsonl"
 
@@ -363,7 +364,17 @@ class Controller:
         if self.restore_from and self.restore_from in self.history.suspects:
             self.event("checkpoint_suspect", name=self.restore_from,
                        detail="the attempt that resumed from it died before its first step")
-        await self._launch(list(decision.nodes), decision.restore_from, timer)
+        self.attempt += 1  # every message and process of the next gang carries the new number
+        for attempt_no in range(1, LAUNCH_TRIES + 1):
+            try:
+                await self._launch(list(decision.nodes), decision.restore_from, timer)
+                return
+            except PlatformError as exc:
+                log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
+                self.event("launch_failed", attempt=self.attempt, error=str(exc), try_=attempt_no)
+                await self.platform.teardown(self.cfg.restart.teardown_grace_s)
+                await asyncio.sleep(min(30.0, 2.0 ** attempt_no))
+        self._finish(JobPhase.FAILED, f"the platform could not launch attempt {self.attempt} ({LAUNCH_TRIES} tries)")
 
     def _pick_checkpoint(self) -> str | None:
         # the newest that verifies and is not suspect (suspects were marked by plan_next)
@@ -405,8 +416,6 @@ class Controller:
         self.event("evidence_saved", attempt=self.attempt, path=str(path))
 
     async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
-        if timer is not None:
-            self.attempt += 1
         self.nodes = nodes
         self.restore_from = restore_from
         self.restored_step = 0

@@ -24,21 +24,9 @@ import time
 from pathlib import Path
 
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+from supervisor.procfs import pid_alive, proc_state
 
 log = logging.getLogger("supervisor.platform.local")
-
-
-def proc_state(pid: int) -> str | None:
-    """The kernel's state letter for ``pid`` (R, S, T, Z, ...), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    return proc_state(pid) not in (None, "Z", "X")
 
 
 class _Node:
