@@ -39,7 +39,7 @@ def test_completion():
 
 @pytest.mark.parametrize("nodes, kind, rung, node_failure", [
     ({"a": node("a"), "b": node("b", NodeState.EXITED, -9)}, "node_lost", RUNG_TEARDOWN, True),
-    ({"a": node("a"), "b": node("b", NodeState.LOST)}, "node_lost", RUNG_TEARDOWN, True),
+    ({"a": node("a"), "b": node("b", NodeState.LOST)}, "node_lost", RUNG_TEARDOWN, False),
     ({"a": node("a"), "b": node("b", NodeState.EXITED, 1)}, "rank_exit", RUNG_TEARDOWN, False),
     ({"a": node("a"), "b": node("b", NodeState.EXITED, 17)}, "crash", RUNG_TEARDOWN, False),
     ({"a": node("a"), "b": node("b", NodeState.EXITED, 18)}, "nonfinite", RUNG_TEARDOWN, False),
@@ -47,6 +47,12 @@ def test_completion():
 def test_node_exits(nodes, kind, rung, node_failure):
     f = classify(nodes, [], **KW)
     assert (f.kind, f.rung, f.node_failure, f.nodes, f.ranks) == (kind, rung, node_failure, ("b",), (1,))
+
+
+def test_adopted_node_that_finished_is_not_a_fault():
+    nodes = {"a": node("a"), "b": node("b", NodeState.LOST)}
+    assert classify(nodes, [], **KW, done_ranks={1}) is None
+    assert classify(nodes, [], **KW, done_ranks={0}).kind == "node_lost"
 
 
 def test_nodes_we_killed_or_that_finished_are_not_faults():

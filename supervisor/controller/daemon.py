@@ -252,6 +252,7 @@ class Controller:
             last_heard={r: rec.received for r, rec in reg.ranks.items()},
             phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
             rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
+            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == "done"},
         )
         if fault is not None:
             await self._recover(fault)

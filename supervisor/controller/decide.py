@@ -85,17 +85,28 @@ def classify(
     last_heard: Mapping[int, float],
     phase_started: Mapping[int, float],
     rank_nodes: Mapping[int, str],
+    done_ranks: frozenset[int] | set[int] = frozenset(),
 ) -> Fault | None:
-    """The fault to act on now, if any. Node failures win over findings (the gang is broken)."""
+    """The fault to act on now, if any. Node failures win over findings (the gang is broken).
+
+    A node that vanished without an exit code (an adopted agent: not our child) is a fault
+    unless all its ranks said they were done; it does not count toward excluding the node,
+    since its cause is unknown. A node killed by a signal we did not send does.
+    """
     for name, n in sorted(nodes.items()):
         if n.killed_by_us or n.state == NodeState.RUNNING:
             continue
         if n.state == NodeState.EXITED and n.exit_code == 0:
             continue  # finished; completion is decided when all have
         ranks = tuple(sorted(r for r, node in rank_nodes.items() if node == name))
-        if n.state == NodeState.LOST or (n.exit_code is not None and n.exit_code < 0):
-            how = "vanished" if n.exit_code is None else f"killed by signal {-n.exit_code}"
-            return Fault("node_lost", ranks, (name,), f"node {name} {how}", RUNG_TEARDOWN, True, now)
+        if n.state == NodeState.LOST and ranks and all(r in done_ranks for r in ranks):
+            continue  # an adopted agent that finished its work
+        if n.state == NodeState.LOST:
+            return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown)",
+                         RUNG_TEARDOWN, False, now)
+        if n.exit_code is not None and n.exit_code < 0:
+            return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
+                         RUNG_TEARDOWN, True, now)
         kind = _EXIT_KINDS.get(n.exit_code or 0, "rank_exit")
         return Fault(kind, ranks, (name,), f"node {name}: a rank exited with code {n.exit_code}",
                      RUNG_TEARDOWN, False, now)
