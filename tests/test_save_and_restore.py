@@ -353,3 +353,29 @@ def test_background_copy_holds_the_next_optimizer_step_until_done(tmp_path, monk
     mgr2.restore()
     for k, v in model2.state_dict().items():
         assert torch.equal(v, at_save[k]), k
+
+
+def test_restore_reads_whole_tensors_straight_into_place(tmp_path, monkeypatch):
+    """The fast path (no temporary tensor) is taken for whole contiguous tensors, DCP's own
+    path for the rest (0-dim optimizer steps here), and the result is exact either way."""
+    from supervisor.checkpoint.dcp_io import ManifestReader
+
+    mgr, model, opt, sched, cursor = tiny_job(tmp_path)
+    for _ in range(2):
+        train_step(model, opt, sched, cursor)
+    mgr.save(2)
+    expected_params, expected_opt = snapshot(model, opt)
+    counts = {}
+    real = ManifestReader.read_data
+
+    def spy(self, plan, planner):
+        out = real(self, plan, planner)
+        counts.update(direct=self.direct_reads, fallback=self.fallback_reads)
+        return out
+
+    monkeypatch.setattr(ManifestReader, "read_data", spy)
+    mgr2, model2, opt2, *_ = tiny_job(tmp_path, seed=8)
+    mgr2.restore()
+    assert counts["direct"] == 4 + 8 and counts["fallback"] == 4  # params + exp_avg(_sq); the 4 'step' scalars
+    params, opt_state = snapshot(model2, opt2)
+    assert all(torch.equal(params[k], v) for k, v in expected_params.items()) and opt_state == expected_opt
