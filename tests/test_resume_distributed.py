@@ -152,3 +152,22 @@ def test_async_saves_resume_bit_identical(tmp_path, controls, mode):
     assert latest_complete(tmp_path / "run-ckpt", "full").checkpoint.step in (5, 10)
     run_job(tmp_path, 2, args)
     assert_bit_identical(control, tmp_path / "run-log", tmp_path / "run-final.pt", control / "control-final.pt")
+
+
+def test_kill_and_resume_at_three_ranks_is_bit_identical(tmp_path):
+    """With 3+ ranks the all-reduce's summation order follows DDP's bucket layout, which DDP
+    rebuilds after each process's first iteration; the SDK's hook sums in float64 so the
+    resumed job still takes exactly the control's steps."""
+    common = ["--steps", "20", "--checkpoint-every", "5", "--global-batch", "12"]
+    control = tmp_path / "control"
+    run_job(control, 3, [*common, "--log-dir", str(control / "log"), "--final-state", str(control / "final.pt")])
+    args = [*common, "--checkpoint-dir", str(tmp_path / "ckpt"), "--log-dir", str(tmp_path / "log"),
+            "--final-state", str(tmp_path / "final.pt")]
+    run_job(tmp_path, 3, args, fault="kind=kill,rank=2,step=13", expect_ok=False)
+    run_job(tmp_path, 3, args)
+    c = losses_by_step(read_log(control / "log"))
+    r = losses_by_step(read_log(tmp_path / "log"))
+    assert sorted(r) == list(range(1, 21))
+    assert [s for s in r if r[s]["loss_hex"] != c[s]["loss_hex"]] == []
+    a, b = torch.load(control / "final.pt"), torch.load(tmp_path / "final.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)

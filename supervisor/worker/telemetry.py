@@ -67,7 +67,8 @@ class RankState:
         try:
             yield
         finally:
-            self.set_phase(previous if previous != name else "idle")
+            # back to an enclosing phase, but never back to init/restore: those are over
+            self.set_phase("idle" if previous in (name, "init", "restore") else previous)
 
     # ---------------------------------------------------------------- collectives
     def coll_enter(self, op: str) -> int:
