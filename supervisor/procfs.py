@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def proc_state(pid: int) -> str | None:
     """The kernel's state letter for ``pid`` (R, S, T, Z, ...), or None if it is gone."""
@@ -17,3 +19,33 @@ def proc_state(pid: int) -> str | None:
 
 def pid_alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children, grandchildren, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out

@@ -47,6 +47,20 @@ def run_job(tmp: Path, nproc: int, args: list[str], *, fault: str | None = None,
     return proc
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, every descendant, and their process groups (torchrun gives each
+    worker a session of its own, so killing the agent's group alone leaks the ranks)."""
+    from supervisor.procfs import descendants
+
+    for p in [pid, *descendants(pid)]:
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(p, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
 class BackgroundJob:
     """A torchrun job in its own session, killed (whole process group) when the test ends."""
 
@@ -73,16 +87,7 @@ class BackgroundJob:
         return self.output_path.read_text(errors="replace")
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        # stopped children must be continued to die
-        try:
-            os.killpg(self.proc.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        kill_tree(self.proc.pid)
         self.proc.wait(timeout=30)
         self.out.close()
 
@@ -98,6 +103,7 @@ class SupervisorRun:
         self.cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", nnodes, "--slots", str(slots),
                     "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.log_dir),
                     "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--hang-timeout-floor", "3",
+                    "--metrics-linger", "0",
                     *(extra or []), "--", PYTHON, str(TRAIN), *job_args]
         self.env = job_env(tmp, fault)
         self.start()
@@ -152,12 +158,13 @@ def kill_leftovers(log_dir: Path) -> None:
         state = json.loads((Path(log_dir) / "supervisor-state.json").read_text())
     except (OSError, ValueError):
         return
+    from supervisor.procfs import start_time
+
     for info in state.get("platform", {}).get("nodes", {}).values():
-        for sig in (signal.SIGKILL, signal.SIGCONT):
-            try:
-                os.killpg(int(info["pid"]), sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_tree(int(info["pid"]))
+        for pid, started in (info.get("ranks") or {}).items():
+            if start_time(int(pid)) == started:  # not a reused pid
+                kill_tree(int(pid))
 
 
 def read_heartbeat(log_dir: Path, rank: int) -> dict | None:

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from conftest import losses_by_step, read_log, run_job
+from conftest import kill_tree, losses_by_step, read_log, run_job
 from supervisor.protocol import Heartbeat, encode
 
 pytestmark = pytest.mark.slow
@@ -116,7 +116,7 @@ def test_kill_a_node_relaunches_smaller_from_last_checkpoint(supervisor_run, con
     run = supervisor_run(SLOW_JOB, slots=2, nnodes="1:2")
     wait_for_checkpoint(run, 10)
     state = json.loads((run.log_dir / "supervisor-state.json").read_text())
-    os.killpg(state["platform"]["nodes"]["node1"]["pid"], signal.SIGKILL)  # the whole node: agent and ranks
+    kill_tree(state["platform"]["nodes"]["node1"]["pid"])  # the whole node: the agent and its ranks
     assert run.wait() == 0, run.output()[-3000:]
     fault = run.wait_event("fault_detected")
     assert fault["kind"] == "node_lost" and fault["nodes"] == ["node1"]
@@ -132,7 +132,7 @@ def test_kill_a_node_uses_a_spare(supervisor_run, control):
     run = supervisor_run(SLOW_JOB, slots=3, nnodes="1:2")
     wait_for_checkpoint(run, 10)
     state = json.loads((run.log_dir / "supervisor-state.json").read_text())
-    os.killpg(state["platform"]["nodes"]["node1"]["pid"], signal.SIGKILL)
+    kill_tree(state["platform"]["nodes"]["node1"]["pid"])
     assert run.wait() == 0, run.output()[-3000:]
     relaunch = run.wait_event("launched", attempt=1)
     assert relaunch["nodes"] == ["node0", "node2"] and relaunch["world_size"] == 2
@@ -176,7 +176,7 @@ def test_kill_9_the_supervisor_then_a_new_one_adopts_the_gang(supervisor_run, co
     run = supervisor_run(job)
     run.wait_event("running")
     pids_before = json.loads((run.log_dir / "supervisor-state.json").read_text())["platform"]["nodes"]
-    os.killpg(run.proc.pid, signal.SIGKILL)  # only the supervisor: the agents are in their own sessions
+    os.kill(run.proc.pid, signal.SIGKILL)  # only the supervisor: the agents are in their own sessions
     run.proc.wait()
     steps_at_kill = len(run.rank_log(0))
     time.sleep(2.0)

@@ -3,8 +3,9 @@
 The embedded default: a job with several "nodes" on one machine and no cluster at all. Each
 agent runs ``python -m torch.distributed.run`` with c10d rendezvous on the controller's
 TCPStore (``--nnodes MIN:MAX``, ``--max-restarts 0``: recovery is the controller's job), in
-a new session so that killing a node kills its process group (the agent and its ranks) and
-so that a controller crash kills nothing. Agents' output goes to
+a new session so that a controller crash kills nothing. torchrun puts every rank in a session of its own,
+so the platform tracks each agent's descendants and signals the agent's group and every
+rank's: killing a node kills all its processes. Agents' output goes to
 ``LOG_DIR/attempt-K/NODE.log``.
 
 After a controller restart the gang is adopted from the state file: pids are checked in
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
-from supervisor.procfs import pid_alive, proc_state
+from supervisor.procfs import descendants, pid_alive, proc_state, start_time
 
 log = logging.getLogger("supervisor.platform.local")
 
@@ -38,6 +39,17 @@ class _Node:
         self.killed_by_us = False
         self.exit_code: int | None = None
         self.gone = False
+        # torchrun starts every worker in a session of its own, so killing the agent's process
+        # group does not reach the ranks: remember them (pid -> start time, against pid reuse)
+        self.ranks: dict[int, int | None] = {}
+
+    def track_ranks(self) -> None:
+        for pid in descendants(self.pid):
+            if pid not in self.ranks:
+                self.ranks[pid] = start_time(pid)
+
+    def live_ranks(self) -> list[int]:
+        return [pid for pid, started in self.ranks.items() if pid_alive(pid) and start_time(pid) == started]
 
 
 class LocalPlatform(Platform):
@@ -94,6 +106,8 @@ class LocalPlatform(Platform):
         result = {}
         for name, node in self.nodes.items():
             if not node.gone:
+                node.track_ranks()
+            if not node.gone:
                 if node.popen is not None:
                     code = node.popen.poll()
                     if code is not None:
@@ -112,12 +126,16 @@ class LocalPlatform(Platform):
         return result
 
     def _signal_group(self, node: _Node, sig: int) -> None:
-        try:
-            os.killpg(node.pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError as exc:
-            raise PlatformError(f"cannot signal {node.name}: {exc}") from exc
+        """Signal the node: the agent's process group and each rank's own session."""
+        if not node.gone:
+            node.track_ranks()
+        for pgid in (node.pid, *node.live_ranks()):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError as exc:
+                raise PlatformError(f"cannot signal {node.name}: {exc}") from exc
 
     async def kill_node(self, name: str) -> None:
         node = self.nodes.get(name)
@@ -138,20 +156,20 @@ class LocalPlatform(Platform):
         for node in live:
             self._signal_group(node, signal.SIGKILL)
         await self._wait_gone(live, timeout=10)
-        # ranks that outlived their agent (they are in the same process group)
-        for node in live:
+        for node in live:  # ranks that outlived their agent
             self._signal_group(node, signal.SIGKILL)
 
     async def _wait_gone(self, nodes: list[_Node], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await self.observe()
-            if all(n.gone for n in nodes):
+            if all(n.gone and not n.live_ranks() for n in nodes):
                 return
             await asyncio.sleep(0.05)
 
     def describe(self) -> dict:
-        return {"nodes": {n.name: {"pid": n.pid, "attempt": n.attempt} for n in self.nodes.values()}}
+        return {"nodes": {n.name: {"pid": n.pid, "attempt": n.attempt,
+                                   "ranks": {str(p): t for p, t in n.ranks.items()}} for n in self.nodes.values()}}
 
     async def adopt(self, saved: dict, attempt: int) -> bool:
         nodes = (saved or {}).get("nodes") or {}
@@ -160,6 +178,7 @@ class LocalPlatform(Platform):
             if name not in self._slots or info.get("attempt") != attempt:
                 continue
             node = _Node(name, attempt, int(info["pid"]), None)
+            node.ranks = {int(p): t for p, t in (info.get("ranks") or {}).items()}
             node.gone = not pid_alive(node.pid)
             self.nodes[name] = node
         return any(not n.gone for n in self.nodes.values())
