@@ -15,7 +15,7 @@ fi
 rm -rf "$OUT" && mkdir -p "$OUT" && touch "$OUT/.demo-out"
 export TMPDIR="$OUT" SUPERVISOR_FAULT="kind=kill,rank=1,step=60,attempt=0"
 supervisor launch --job demo --nnodes 1:2 --slots 3 --checkpoint-dir "$OUT/ckpt" --log-dir "$OUT/logs" \
-    --heartbeat-interval 0.5 --heartbeat-timeout 3 --hang-timeout-floor 5 \
+    --heartbeat-interval 0.5 --heartbeat-timeout 3 --hang-timeout-floor 5 --metrics-linger 0 \
     -- python examples/train.py --steps 150 --checkpoint-every 10 --mode fsdp --step-sleep 0.05 \
     >"$OUT/supervisor.log" 2>&1 &
 SV=$!

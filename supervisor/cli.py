@@ -156,6 +156,9 @@ def _run_controller(cfg) -> int:
     import asyncio
 
     from supervisor.controller.daemon import Controller
+
+    if cfg.platform.kind == "slurm":
+        return _run_slurm_controller(cfg)
     from supervisor.platforms.local import LocalPlatform
 
     platform = LocalPlatform(cfg.node_slots, Path(cfg.log_dir).resolve())
@@ -208,6 +211,7 @@ def _launch_config(args: argparse.Namespace):
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts},
         "health": {"phase_floor_s": args.hang_timeout_floor},
         "http": {"port": args.port},
+        "metrics_linger_s": args.metrics_linger,
     })
 
 
@@ -262,7 +266,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         if fault:
             env["SUPERVISOR_FAULT"] = fault
         cfg = dataclasses.replace(base, log_dir=str(out / name / "logs"), checkpoint_dir=str(out / name / "ckpt"),
-                                  env=env, http=dataclasses.replace(base.http, port=0),
+                                  env=env, http=dataclasses.replace(base.http, port=0), metrics_linger_s=0.0,
                                   intake=dataclasses.replace(base.intake, port=0))
         print(f"== {name}" + (f" with SUPERVISOR_FAULT={fault}" if fault else " (no fault)"), flush=True)
         runs[name] = (cfg, _run_controller(cfg))
@@ -388,6 +392,8 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-budget", type=float, default=900.0, help="seconds from fault to first step (default 900)")
     p.add_argument("--max-restarts", type=int, default=20)
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (default: a free one)")
+    p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
+                   help="after the job ends keep serving /metrics this long, for a last scrape (default 15)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
 
 
@@ -441,6 +447,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_status)
 
+    sub.add_parser(
+        "sbatch", add_help=False, help="submit a job to Slurm under the supervisor (supervisor sbatch --help)",
+        description="supervisor sbatch --nodes N [--min-nodes M] [--time T] [sbatch options] -- COMMAND ...")
+
     ck = sub.add_parser(
         "checkpoints", help="inspect, verify and prune checkpoints",
         description="Inspect, verify and prune the checkpoints under a checkpoint root. "
@@ -484,8 +494,177 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_slurm_controller(cfg) -> int:
+    """The controller inside a Slurm allocation: the batch host's address, the time-limit warning
+    signal (emergency checkpoint: the gang is stopped with SIGTERM), and the optional requeue."""
+    import asyncio
+    import dataclasses
+    import signal
+
+    from supervisor.controller.daemon import Controller
+    from supervisor.platforms.base import PlatformError
+    from supervisor.platforms.slurm import from_config, resolve_hosts
+
+    logging.getLogger("supervisor").setLevel(logging.INFO)
+    log_dir = Path(cfg.log_dir).resolve()
+    try:
+        platform = from_config(cfg, log_dir / "slurm")
+        cfg = resolve_hosts(cfg, platform)
+    except PlatformError as exc:
+        print(f"error: slurm: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    sc = cfg.platform.slurm
+    warning = signal.Signals["SIG" + sc.warning_signal.upper().removeprefix("SIG")]
+    print(f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} in Slurm job "
+          f"{platform.job_id} (nodes {platform.slots()}, batch host {platform.batch_host}, listening on "
+          f"{cfg.intake.host}); on {warning.name}: emergency checkpoint{' and requeue' if sc.requeue_on_warning else ''}; "
+          f"logs and events in {cfg.log_dir}", file=sys.stderr)
+    warned = []
+
+    async def main() -> int:
+        controller = Controller(cfg, platform)
+        loop = asyncio.get_running_loop()
+
+        def on_warning() -> None:
+            warned.append(time.time())
+            controller.event("slurm_warning_signal", signal=warning.name, action="emergency checkpoint: stop the gang "
+                             "with SIGTERM" + (", then requeue" if sc.requeue_on_warning else ""))
+            controller.request_stop(warning)  # teardown with restart.kill_grace_s: ranks save, then exit
+
+        if warning not in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(warning, on_warning)
+        code = await controller.run()
+        if warned and sc.requeue_on_warning:
+            try:
+                await platform.requeue()
+                controller.event("slurm_requeued", job_id=platform.job_id,
+                                 detail="the requeued job resumes from the newest verified checkpoint")
+                return EXIT_OK
+            except PlatformError as exc:
+                controller.event("slurm_requeue_failed", error=str(exc))
+                logging.getLogger("supervisor").error("event=slurm_requeue_failed error=%s", exc)
+        return code
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # noqa: BLE001
+        logging.getLogger("supervisor").exception(
+            "event=controller_crashed: the steps (if any) are still running; run the same command again in the "
+            "allocation to adopt them (state: %s)", log_dir / "supervisor-state.json")
+        return 1
+
+
+def cmd_sbatch(argv: Sequence[str]) -> int:
+    """supervisor sbatch [ours] [sbatch options] -- COMMAND...: write the batch script and the
+    job config (the command is argv in JSON: no shell ever sees it), then submit or print."""
+    from supervisor.config import ConfigError, from_dict
+    from supervisor.platforms.base import PlatformError
+    from supervisor.platforms.slurm import render_batch_script, submit
+
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        head, command = argv[:cut], argv[cut + 1:]
+    else:
+        head, command = argv, []
+    p = argparse.ArgumentParser(
+        prog="supervisor sbatch", description="Submit COMMAND to Slurm under the supervisor: one sbatch "
+        "--no-kill allocation, the supervisor on the batch host, one torchrun agent per node as an srun step. "
+        "Options this command does not know go to sbatch as given. Prints the job id.",
+        epilog="example: supervisor sbatch --nodes 4 --min-nodes 2 --time 2:00:00 --partition gpu -- "
+        "python train.py --steps 1000")
+    p.add_argument("--nodes", "-N", type=int, required=True, help="nodes to allocate (the gang's largest size)")
+    p.add_argument("--min-nodes", type=int, default=0, help="smallest gang worth running (default: --nodes)")
+    p.add_argument("--time", "-t", help="sbatch time limit, e.g. 2:00:00")
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--job", "--job-name", "-J", dest="job", default="job", help="job name (Slurm's and the supervisor's)")
+    p.add_argument("--checkpoint-dir", default="checkpoints")
+    p.add_argument("--log-dir", default="supervisor-logs")
+    p.add_argument("--config", metavar="JOB.yaml", help="a base job config; the options above override it")
+    p.add_argument("--host", default="auto", help="the address the nodes reach the supervisor at (default: the "
+                   "batch host's NodeAddr)")
+    p.add_argument("--warning-seconds", type=int, default=120,
+                   help="ask Slurm for the warning signal this long before the time limit (sbatch --signal)")
+    p.add_argument("--requeue", action="store_true", help="sbatch --requeue, and requeue the job after the warning "
+                   "signal's emergency checkpoint: it resumes from the newest verified checkpoint")
+    p.add_argument("--heartbeat-timeout", type=float, default=None)
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra environment for the ranks")
+    p.add_argument("--python", default=sys.executable, help="the python that runs the supervisor on the batch host")
+    p.add_argument("--dry-run", action="store_true", help="print the batch script, the config and the sbatch "
+                   "command; submit nothing")
+    args, sbatch_opts = p.parse_known_args(head)
+    stray = [a for a in sbatch_opts if not a.startswith("-")]
+    if stray and not all(i > 0 and sbatch_opts[i - 1].startswith("-") and "=" not in sbatch_opts[i - 1]
+                         for i, a in enumerate(sbatch_opts) if not a.startswith("-")):
+        print(f"error: unexpected arguments {stray}: put the training command after --", file=sys.stderr)
+        return EXIT_USAGE
+    if not command:
+        print("error: give the training command after --", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        import yaml
+
+        try:
+            base = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{args.config}: {exc}") from None
+        if not isinstance(base, dict):
+            raise ConfigError(f"{args.config}: the top level must be a mapping")
+        base.pop("command", None)
+        env = dict(base.get("env") or {})
+        for item in args.env:
+            k, sep, v = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--env {item!r}: need KEY=VALUE")
+            env[k] = v
+        plat = base.get("platform") or {}
+        slurm = dict(plat.get("slurm") or {}) | {"requeue_on_warning": args.requeue or bool(
+            (plat.get("slurm") or {}).get("requeue_on_warning"))}
+        raw = base | {
+            "job": args.job, "command": command, "nproc_per_node": args.nproc_per_node,
+            "nodes": {"min": args.min_nodes or args.nodes, "max": args.nodes},
+            "platform": plat | {"kind": "slurm", "host": args.host, "nodes": 0, "slurm": slurm},
+            "checkpoint_dir": str(Path(args.checkpoint_dir).resolve()), "log_dir": str(Path(args.log_dir).resolve()),
+            "intake": (base.get("intake") or {}) | {"host": args.host},
+            "http": (base.get("http") or {}) | {"host": args.host}, "env": env,
+        }
+        if args.heartbeat_timeout is not None:
+            raw["heartbeat"] = (base.get("heartbeat") or {}) | {"timeout_s": args.heartbeat_timeout}
+        cfg = from_dict(raw)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    rendered = render_batch_script(cfg, nodes=args.nodes, time_limit=args.time, warning_s=args.warning_seconds,
+                                   requeue=args.requeue, sbatch_opts=sbatch_opts, python=args.python,
+                                   workdir=str(Path.cwd()))
+    if args.dry_run:
+        print(rendered.script, end="")
+        print(f"# --- {rendered.config_path} ---")
+        print("\n".join("# " + line for line in rendered.config_json.splitlines()))
+        print(f"# --- submit with: {rendered.sbatch_command_text}")
+        return EXIT_OK
+    try:
+        job_id = submit(rendered)
+    except PlatformError as exc:
+        print(f"error: sbatch: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(job_id)
+    print(f"supervisor sbatch: job {job_id} submitted ({rendered.script_path}); events in {cfg.log_dir}/events.jsonl",
+          file=sys.stderr)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    raw = list(sys.argv[1:] if argv is None else argv)
+    verbose = [a for a in raw[:1] if a in ("-v", "--verbose")]
+    if raw[len(verbose):len(verbose) + 1] == ["sbatch"]:
+        # sbatch's own options pass through untouched: its parser lives with the wrapper
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s %(message)s")
+        return cmd_sbatch(raw[len(verbose) + 1:])
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,

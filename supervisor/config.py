@@ -36,21 +36,69 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """``platform.slurm``: how the slurm platform drives the allocation it runs in."""
+
+    job_id: str = ""
+    """The allocation (an ``sbatch --no-kill`` job) whose nodes run the gang; empty: ``$SLURM_JOB_ID``."""
+    command_timeout_s: float = 20.0
+    """Every Slurm command (squeue, scontrol, scancel, sinfo) is killed after this; its failure is a
+    platform error the controller logs and retries, never a hang."""
+    poll_interval_s: float = 2.0
+    """How often the live node list, node states and steps are read from Slurm."""
+    launch_timeout_s: float = 60.0
+    """From ``srun`` to its step being listed by Slurm, at most; past it the launch failed."""
+    kill_confirm_s: float = 10.0
+    """A cancelled step still listed after this is on a node that cannot answer (dead or frozen):
+    the node is reported stopped and is no longer offered as a slot."""
+    overlap: bool = True
+    """``srun --overlap``: a step on a frozen node keeps its CPUs; without it a relaunch on the same
+    nodes waits ("Requested nodes are busy")."""
+    srun_args: tuple[str, ...] = ()
+    """Extra ``srun`` options for every node's step (e.g. ``[--mem=0, --cpus-per-task=8]``)."""
+    bin_dir: str = ""
+    """Folder of the Slurm commands; empty: found on PATH."""
+    warning_signal: str = "USR1"
+    """The signal sbatch's ``--signal=B:SIG@T`` sends the supervisor before the time limit: it stops
+    the gang with SIGTERM (every rank writes its emergency checkpoint) and ends the supervisor."""
+    requeue_on_warning: bool = False
+    """After the warning signal's emergency checkpoint, ``scontrol requeue`` the job: the requeued
+    job resumes from the newest verified checkpoint."""
+
+    def __post_init__(self) -> None:
+        for name in ("command_timeout_s", "poll_interval_s", "launch_timeout_s", "kill_confirm_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"platform.slurm.{name}: must be > 0")
+        if self.job_id and not self.job_id.replace("_", "").isdigit():
+            raise ConfigError(f"platform.slurm.job_id: {self.job_id!r} is not a Slurm job id")
+        if self.warning_signal.upper().removeprefix("SIG") not in ("USR1", "USR2", "TERM", "INT", "HUP", "URG"):
+            raise ConfigError(f"platform.slurm.warning_signal: {self.warning_signal!r} is not one of USR1, USR2, "
+                              "TERM, INT, HUP, URG")
+
+
+@dataclass(frozen=True)
 class PlatformConfig:
     kind: str = "local"
-    """Where nodes run: ``local`` (process groups on this machine), ``slurm``, ``kubernetes``."""
+    """Where nodes run: ``local`` (process groups on this machine), ``slurm`` (srun steps inside the
+    allocation the supervisor runs in), ``kubernetes``."""
     nodes: int = 0
-    """local: node slots on this machine (capacity, spares included); 0 means ``nodes.max``."""
+    """local: node slots on this machine (capacity, spares included); 0 means ``nodes.max``.
+    slurm: unused (the slots are the allocation's live nodes)."""
     host: str = "127.0.0.1"
-    """local: the address agents rendezvous on and the controller listens on."""
+    """local: the address agents rendezvous on and the controller listens on. slurm: the address
+    the nodes reach the supervisor at; ``auto`` = the batch host's NodeAddr (then an ``auto``
+    ``intake.host``/``http.host`` takes it too)."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
     def __post_init__(self) -> None:
         if self.kind not in PLATFORMS:
             raise ConfigError(f"platform.kind: {self.kind!r} is not one of {', '.join(PLATFORMS)}")
-        if self.kind != "local":
-            raise ConfigError(f"platform.kind: {self.kind!r} is not implemented yet (only 'local')")
+        if self.kind not in ("local", "slurm"):
+            raise ConfigError(f"platform.kind: {self.kind!r} is not implemented yet (only 'local' and 'slurm')")
         if self.nodes < 0:
             raise ConfigError("platform.nodes: must be >= 0")
+        if self.host == "auto" and self.kind != "slurm":
+            raise ConfigError("platform.host: 'auto' is for the slurm platform only")
 
 
 @dataclass(frozen=True)
@@ -171,12 +219,17 @@ class JobConfig:
     intake: ListenConfig = field(default_factory=ListenConfig)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for every rank."""
+    metrics_linger_s: float = 15.0
+    """After the job ends, keep serving /metrics this long (a signal cuts it short), so that
+    Prometheus scrapes the final phase at least once."""
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ConfigError("command: must be a non-empty list of arguments")
         if not self.job or len(self.job) > 64 or not all(c.isalnum() or c in "-_." for c in self.job):
             raise ConfigError("job: 1-64 characters of letters, digits, '-', '_', '.'")
+        if self.metrics_linger_s < 0:
+            raise ConfigError("metrics_linger_s: must be >= 0")
         if self.nproc_per_node < 1:
             raise ConfigError("nproc_per_node: must be >= 1")
         if self.platform.nodes and self.platform.nodes < self.nodes.min:

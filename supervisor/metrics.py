@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from supervisor.controller.decide import JobPhase, RestartTimer
-from supervisor.protocol import REJECT_REASONS
+from supervisor.controller.decide import TERMINAL, JobPhase, RestartTimer
+from supervisor.protocol import PHASES, REJECT_REASONS
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
@@ -44,14 +44,20 @@ class ControllerCollector:
         straggler = GaugeMetricFamily("supervisor_straggler_score",
                                       "Rank's exposed work time over its peers' median (1 is typical)",
                                       labels=["job", "rank", "node"])
+        rank_phase = GaugeMetricFamily("supervisor_rank_phase",
+                                       "1 for each rank's phase in its last heartbeat, 0 for the others",
+                                       labels=["job", "rank", "node", "phase"])
         for r, rec in sorted(c.registry.ranks.items()):
             labels = [job, str(r), rec.hb.node]
             age.add_metric(labels, max(0.0, now - rec.received))
             step.add_metric(labels, rec.hb.step)
+            for p in PHASES:
+                rank_phase.add_metric(labels + [p], 1.0 if rec.hb.phase == p else 0.0)
             if r in c.stragglers:
                 straggler.add_metric(labels, c.stragglers[r])
         yield age
         yield step
+        yield rank_phase
         yield straggler
         hang = GaugeMetricFamily("supervisor_hang_detected",
                                  "1 while a detected fault is being handled, labelled with its kind and culprit",
@@ -62,6 +68,21 @@ class ControllerCollector:
                 node = c.registry.ranks[r].hb.node if r in c.registry.ranks else ",".join(fault.nodes)
                 hang.add_metric([job, fault.kind, str(r), node], 1.0)
         yield hang
+        last = GaugeMetricFamily("supervisor_last_fault_info",
+                                 "1 for each culprit of the most recent fault, kept after it was handled",
+                                 labels=["job", "kind", "rank", "node", "attempt"])
+        when = GaugeMetricFamily("supervisor_last_fault_timestamp_seconds",
+                                 "Unix time the most recent fault was detected", labels=["job"])
+        if c.last_fault is not None:
+            for r, node in c.last_fault_culprits:
+                last.add_metric([job, c.last_fault.kind, str(r), node, str(c.last_fault_attempt)], 1.0)
+            when.add_metric([job], c.last_fault_unix)
+        yield last
+        yield when
+        t = c.current_timer
+        yield _gauge("supervisor_restart_in_progress",
+                     "1 from a fault's detection to the relaunched gang's first step", job,
+                     1.0 if t is not None and not t.done and c.phase not in TERMINAL else 0.0)
         restarts = CounterMetricFamily("supervisor_restarts", "Restarts by the fault that caused them",
                                        labels=["job", "reason"])
         for reason, n in sorted(c.restarts_by_reason.items()):

@@ -33,7 +33,7 @@ def test_defaults():
     ({"command": ["x"], "nodes": {"min": "two"}}, r"nodes.min: must be an integer"),
     ({"command": ["x"], "heartbeat": {"interval_s": 1, "timeout_s": 1.5}}, r"heartbeat.timeout_s: must be >= 2"),
     ({"command": ["x"], "platform": {"kind": "mesos"}}, r"platform.kind"),
-    ({"command": ["x"], "platform": {"kind": "slurm"}}, r"not implemented yet"),
+    ({"command": ["x"], "platform": {"kind": "kubernetes"}}, r"not implemented yet"),
     ({"command": ["x"], "platform": {"nodes": 1}, "nodes": {"min": 2, "max": 2}}, r"platform.nodes"),
     ({"command": ["x"], "job": "a b"}, r"job:"),
     ({"command": ["x"], "env": {"SUPERVISOR_TOKEN": "x"}}, r"env.SUPERVISOR_TOKEN"),

@@ -150,3 +150,20 @@ def test_straggler_scores():
         two.observe(hb(0, seq=step, step=step, last_step_s=1, last_compute_s=0.1, world=2), float(step))
         two.observe(hb(1, seq=step, step=step, last_step_s=1, last_compute_s=0.3, world=2), float(step))
     assert straggler_scores(two)[1] == pytest.approx(3.0)
+
+
+def test_straggler_scores_match_the_definition_at_scale():
+    import random
+    import statistics as st
+
+    rng = random.Random(3)
+    r = Registry(0, 300)
+    for step in range(1, 5):
+        for rank in range(300):
+            r.observe(hb(rank, seq=step, step=step, last_step_s=1, last_compute_s=rng.uniform(0.1, 0.5), world=300),
+                      float(step))
+    scores = straggler_scores(r)
+    meds = {q: st.median(rec.work_times) for q, rec in r.ranks.items()}
+    for rank in (0, 17, 299):
+        peers = st.median(v for q, v in meds.items() if q != rank)
+        assert scores[rank] == pytest.approx(meds[rank] / peers)

@@ -16,6 +16,7 @@ their own sessions, so a ``kill -9`` of the controller leaves training untouched
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -58,6 +59,8 @@ log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
 CHECKPOINT_POLL_S = 2.0
 LAUNCH_TRIES = 3
+CALIBRATE_S = 2.0
+RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = "supervisor-state.json"
 EVENTS_FILE = "events.jsonl"
 
@@ -119,6 +122,11 @@ class Controller:
         self.addr_by_rank: dict[int, Any] = {}
         self.findings: list = []
         self.active_hang: Fault | None = None
+        # the most recent fault, kept after it was handled (metrics: supervisor_last_fault_*)
+        self.last_fault: Fault | None = None
+        self.last_fault_culprits: list[tuple[int, str]] = []
+        self.last_fault_attempt = -1
+        self.last_fault_unix = 0.0
         self.stragglers: dict[int, float] = {}
         self.timeouts = Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=cfg.health.startup_timeout_s,
                                  checkpoint_s=cfg.health.checkpoint_timeout_s)
@@ -133,6 +141,7 @@ class Controller:
         self._stop = asyncio.Event()
         self._last_ckpt_poll = 0.0
         self._step_marks: list[tuple[float, int]] = []
+        self._last_calibration = -CALIBRATE_S
         self.ready = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -144,12 +153,13 @@ class Controller:
         transport, self.intake = await loop.create_datagram_endpoint(
             lambda: Intake(self), local_addr=(self.cfg.intake.host, (saved or {}).get("intake_port", self.intake_port)))
         self.intake_port = transport.get_extra_info("sockname")[1]
+        _grow_receive_buffer(transport.get_extra_info("socket"))
         from supervisor.controller.http import start_http
 
         runner = await start_http(self, self.cfg.http.host, (saved or {}).get("http_port", self.http_port))
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, self._request_stop, sig)
+                loop.add_signal_handler(sig, self.request_stop, sig)
             except (NotImplementedError, RuntimeError):
                 pass
         try:
@@ -158,6 +168,13 @@ class Controller:
                 await self._first_launch(saved)
             self.ready = True
             await self._reconcile_loop()
+            if self.phase in TERMINAL and not self._stop.is_set():
+                try:
+                    # keep serving /metrics so Prometheus records the final phase (the
+                    # SupervisorJobFailed alert reads it; SupervisorDown stays quiet on success)
+                    await asyncio.wait_for(self._stop.wait(), self.cfg.metrics_linger_s)
+                except asyncio.TimeoutError:
+                    pass
         finally:
             transport.close()
             await runner.cleanup()
@@ -165,7 +182,8 @@ class Controller:
         self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason)
         return code
 
-    def _request_stop(self, sig: int) -> None:
+    def request_stop(self, sig: int) -> None:
+        """Tear the gang down (SIGTERM, restart.kill_grace_s: ranks write an emergency checkpoint) and exit."""
         log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
         self._stop.set()
@@ -240,13 +258,19 @@ class Controller:
             self._finish(JobPhase.COMPLETED, "every rank finished")
             return
         self._track_progress(now)
-        step_times = [t for rec in reg.ranks.values() for t in rec.step_times]
-        h = self.cfg.health
-        self.timeouts = calibrate(step_times, heartbeat_s=self.cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s,
-                                  checkpoint_s=h.checkpoint_timeout_s, factor=h.phase_factor, floor_s=h.phase_floor_s,
-                                  ceiling_s=h.phase_ceiling_s)
-        self.stragglers = straggler_scores(reg)
+        if now - self._last_calibration >= CALIBRATE_S:
+            # step-time statistics move slowly: every few seconds is enough, and at 16k ranks
+            # recomputing them on every tick would cost more than the detectors themselves
+            self._last_calibration = now
+            step_times = [t for rec in reg.ranks.values() for t in rec.step_times]
+            h = self.cfg.health
+            self.timeouts = calibrate(step_times, heartbeat_s=self.cfg.heartbeat.timeout_s,
+                                      startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
+                                      factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s)
+            self.stragglers = straggler_scores(reg)
         self.findings = detect(reg, now, self.timeouts, launched_at=self.launched_at)
+        if not self.findings and all(n.state == NodeState.RUNNING for n in self.node_status.values()):
+            return
         fault = classify(
             self.node_status, self.findings, now=now,
             last_heard={r: rec.received for r, rec in reg.ranks.items()},
@@ -315,6 +339,11 @@ class Controller:
         now = self.clock()
         self.phase = JobPhase.RECOVERING
         self.active_hang = fault
+        self.last_fault, self.last_fault_attempt, self.last_fault_unix = fault, self.attempt, time.time()
+        self.last_fault_culprits = [
+            (r, self.registry.ranks[r].hb.node if r in self.registry.ranks else ",".join(fault.nodes))
+            for r in fault.ranks or (-1,)
+        ]
         timer = RestartTimer(self.attempt, fault.kind, fault.fault_at, now)
         self.current_timer = timer
         self.timers.append(timer)
@@ -341,6 +370,13 @@ class Controller:
         self.event("action", attempt=self.attempt, action="tear_down", reason=fault.kind)
         await self.platform.teardown(self.cfg.restart.teardown_grace_s)
         timer.torn_down_at = self.clock()
+        if not fault.node_failure:
+            # a platform may learn only while tearing down that a node cannot answer (Slurm: a
+            # cancel it could not confirm): count that node, and only it, as failed
+            stopped = tuple(sorted(n for n, st in (await self.platform.observe()).items() if st.stopped))
+            if stopped:
+                fault = dataclasses.replace(fault, nodes=stopped, node_failure=True)
+                self.event("nodes_unresponsive", attempt=self.attempt, nodes=list(stopped), reason=fault.kind)
         self._poll_checkpoints(force=True)
         made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
         straggler_nodes = []
@@ -520,7 +556,8 @@ class Controller:
 
     # ------------------------------------------------------------------ persistence
     def event(self, name: str, /, **fields: Any) -> None:
-        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+        now = time.time()
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
                "event": name, "job": self.cfg.job} | fields
         with open(self.log_dir / EVENTS_FILE, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
@@ -549,6 +586,20 @@ class Controller:
             log.warning("event=state_file_ignored path=%s reason=another job", self.state_path)
             return None
         return saved
+
+
+def _grow_receive_buffer(sock) -> None:
+    """Room for bursts of heartbeats while a tick runs; beyond net.core.rmem_max only as root."""
+    if sock is None:
+        return
+    for opt in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+        if opt is None:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, RECEIVE_BUFFER_BYTES)
+            return
+        except OSError:
+            continue
 
 
 def _free_port(host: str) -> int:
