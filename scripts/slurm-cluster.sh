@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# A real multi-node Slurm cluster on this one machine, for the tests and for trying the
+# slurm platform: Debian's slurm-wlm 22.05 + munge, one slurmctld and N slurmd daemons
+# (NodeName=n[1-N], all on 127.0.0.1, ports 6821...), each slurmd in its own cgroup-v2 folder
+# so that a whole node can be killed (cgroup.kill) or frozen (cgroup.freeze).
+#
+#   scripts/slurm-cluster.sh install          apt-get install slurmctld slurmd slurm-client munge (if missing)
+#   scripts/slurm-cluster.sh start            (re)start a fresh cluster; waits until every node is idle
+#   scripts/slurm-cluster.sh stop             end every job, daemon and task of the cluster; wait until gone
+#   scripts/slurm-cluster.sh status           sinfo; exit 1 if the controller does not answer
+#   scripts/slurm-cluster.sh env              print `export SLURM_CONF=...` for the clients
+#   scripts/slurm-cluster.sh kill-node NODE   kill the node: slurmd, step daemons and tasks (cgroup.kill)
+#   scripts/slurm-cluster.sh freeze-node NODE / thaw-node NODE      hang / resume the whole node
+#   scripts/slurm-cluster.sh restart-node NODE                      kill what is left, start its slurmd, resume it
+#   scripts/slurm-cluster.sh stop-controller / start-controller     slurmctld only (steps keep running)
+#
+# Settings (environment): SLURM_CLUSTER_DIR (default /tmp/es-slurm: config, state, logs),
+# SLURM_CLUSTER_NODES (3), SLURM_CLUSTER_CPUS (CPUs per node, 4), SLURM_CLUSTER_PORT (slurmctld, 6817;
+# the nodes use PORT+4...). Runs as root (slurmd must). Nothing is installed into /etc: the
+# clients find the cluster through SLURM_CONF=$SLURM_CLUSTER_DIR/slurm.conf.
+set -euo pipefail
+
+DIR=${SLURM_CLUSTER_DIR:-/tmp/es-slurm}
+NODES=${SLURM_CLUSTER_NODES:-3}
+CPUS=${SLURM_CLUSTER_CPUS:-4}
+PORT=${SLURM_CLUSTER_PORT:-6817}
+CONF="$DIR/slurm.conf"
+SOCK="$DIR/munge/munge.socket"
+export SLURM_CONF="$CONF"
+
+die() { echo "slurm-cluster: $*" >&2; exit 1; }
+say() { echo "slurm-cluster: $*" >&2; }
+
+node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
+
+cgroup2_root() {
+    # the cgroup-v2 mount: /sys/fs/cgroup on a pure v2 system, /sys/fs/cgroup/unified on a hybrid one
+    awk '$3 == "cgroup2" { print $2; exit }' /proc/mounts
+}
+CGROOT="$(cgroup2_root || true)"
+CGDIR="${CGROOT:+$CGROOT/es-slurm-$(basename "$DIR")}"
+
+# A pid is alive unless /proc says it is gone or a zombie (PID 1 here reaps slowly).
+alive() { local s; s=$(awk '{ sub(/.*\) /, ""); print $1 }' "/proc/$1/stat" 2>/dev/null) || return 1; [[ -n $s && $s != Z && $s != X ]]; }
+
+wait_gone() {  # PID... : up to 15 s
+    local pid t
+    for ((t = 0; t < 150; t++)); do
+        local any=0
+        for pid in "$@"; do alive "$pid" && any=1; done
+        ((any)) || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+pidfile_pid() { [[ -s $1 ]] && cat "$1" || true; }
+
+install() {
+    local missing=()
+    for bin in slurmctld slurmd srun munged; do command -v "$bin" >/dev/null || missing+=("$bin"); done
+    if ((${#missing[@]} == 0)); then say "slurm and munge are installed"; return 0; fi
+    [[ $(id -u) == 0 ]] || die "installing needs root (missing: ${missing[*]})"
+    say "installing slurmctld slurmd slurm-client munge (missing: ${missing[*]})"
+    # package scripts must not start system-wide daemons: this cluster runs its own
+    local prc=/usr/sbin/policy-rc.d had_prc=0
+    [[ -e $prc ]] && had_prc=1 && cp -p "$prc" "$prc.es-slurm-save"
+    printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod 755 "$prc"
+    local pkgs=(slurmctld slurmd slurm-client munge)
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" >"/tmp/es-slurm-apt.log" 2>&1; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >>"/tmp/es-slurm-apt.log" 2>&1 || true
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${pkgs[@]}" >>"/tmp/es-slurm-apt.log" 2>&1 \
+            || { ((had_prc)) && mv "$prc.es-slurm-save" "$prc" || rm -f "$prc"; die "apt-get install failed: see /tmp/es-slurm-apt.log"; }
+    fi
+    if ((had_prc)); then mv "$prc.es-slurm-save" "$prc"; else rm -f "$prc"; fi
+    # a package may still have started the system munged / slurmd: this cluster does not use them
+    for bin in slurmctld slurmd; do command -v "$bin" >/dev/null || die "$bin missing after install"; done
+    say "installed: $(slurmctld -V)"
+}
+
+write_config() {
+    local last=$((PORT + 3 + NODES))
+    mkdir -p "$DIR"/{munge,state,log,run,tmp,spool}
+    chmod 700 "$DIR/munge"
+    local n; for n in $(node_names); do mkdir -p "$DIR/spool/$n"; done
+    cat >"$CONF" <<CONF
+# written by scripts/slurm-cluster.sh: $NODES nodes on this machine
+ClusterName=es
+SlurmctldHost=localhost
+SlurmctldPort=$PORT
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$SOCK,cred_expire=20
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmctldPidFile=$DIR/run/slurmctld.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+TmpFS=$DIR/tmp
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SlurmdParameters=config_overrides
+ReturnToService=1
+SlurmdTimeout=10
+SlurmctldTimeout=10
+MessageTimeout=5
+KillWait=5
+InactiveLimit=0
+MinJobAge=600
+SchedulerParameters=sched_interval=2
+NodeName=n[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$((PORT + 4))-$last] CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+}
+
+start_munge() {
+    local key="$DIR/munge/munge.key"
+    [[ -s $key ]] || { dd if=/dev/urandom of="$key" bs=1024 count=1 status=none; chmod 400 "$key"; }
+    rm -f "$SOCK" "$SOCK.lock"
+    setsid munged -F --force -S "$SOCK" --key-file="$key" --pid-file="$DIR/munge/munged.pid" \
+        --seed-file="$DIR/munge/munged.seed" --log-file="$DIR/log/munged.log" </dev/null >>"$DIR/log/munged.out" 2>&1 &
+    echo $! >"$DIR/run/munged.pid"
+    local t; for ((t = 0; t < 100; t++)); do [[ -S $SOCK ]] && return 0; sleep 0.1; done
+    die "munged did not start: $(tail -5 "$DIR/log/munged.log" "$DIR/log/munged.out" 2>/dev/null)"
+}
+
+start_controller() {
+    setsid slurmctld -D -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 &
+    echo $! >"$DIR/run/slurmctld.main.pid"
+    local t; for ((t = 0; t < 150; t++)); do
+        timeout 5 scontrol ping 2>/dev/null | grep -q "is UP" && return 0
+        alive "$(cat "$DIR/run/slurmctld.main.pid")" || break
+        sleep 0.1
+    done
+    die "slurmctld did not answer: $(tail -5 "$DIR/log/slurmctld.log" "$DIR/log/slurmctld.out" 2>/dev/null)"
+}
+
+start_node() {  # NODE: its slurmd in its own cgroup (when cgroup v2 is writable)
+    local n=$1 cg=""
+    if [[ -n $CGDIR ]] && mkdir -p "$CGDIR/$n" 2>/dev/null && [[ -w $CGDIR/$n/cgroup.procs ]]; then cg="$CGDIR/$n"; fi
+    mkdir -p "$DIR/spool/$n"
+    CG="$cg" setsid bash -c '[[ -n $CG ]] && echo $$ > "$CG/cgroup.procs"; exec slurmd -D -N "$0" -f "$1"' \
+        "$n" "$CONF" </dev/null >>"$DIR/log/slurmd-$n.out" 2>&1 &
+    echo $! >"$DIR/run/slurmd-$n.main.pid"
+}
+
+wait_idle() {  # every node idle (or mixed/allocated: just responding), 30 s at most
+    local t out
+    for ((t = 0; t < 300; t++)); do
+        out=$(timeout 5 sinfo -h -N -o "%N %t" 2>/dev/null || true)
+        if [[ -n $out ]] && ! grep -qvE ' (idle|mix|alloc)$' <<<"$out" && (($(wc -l <<<"$out") == NODES)); then return 0; fi
+        sleep 0.1
+    done
+    die "nodes not idle after 30 s: $(timeout 5 sinfo -N 2>&1 | tr '\n' ' ')"
+}
+
+start() {
+    [[ $(id -u) == 0 ]] || die "the cluster needs root (slurmd runs the tasks as any user)"
+    for bin in slurmctld slurmd munged srun; do command -v "$bin" >/dev/null || die "$bin is missing: run '$0 install'"; done
+    stop quiet
+    rm -rf "$DIR/state" "$DIR/spool" "$DIR/run"
+    write_config
+    start_munge
+    start_controller
+    local n; for n in $(node_names); do start_node "$n"; done
+    wait_idle
+    say "up: $NODES nodes (SLURM_CONF=$CONF)${CGDIR:+, node cgroups under $CGDIR}"
+    timeout 5 sinfo -N >&2 || true
+}
+
+node_cg() {
+    local n=$1
+    [[ -n $CGDIR && -d $CGDIR/$n ]] || die "node $n has no cgroup (cgroup v2 not writable here?)"
+    echo "$CGDIR/$n"
+}
+
+kill_node() {
+    local n=$1 cg pids
+    cg=$(node_cg "$n")
+    echo 0 >"$cg/cgroup.freeze" 2>/dev/null || true
+    echo 1 >"$cg/cgroup.kill"
+    local t; for ((t = 0; t < 100; t++)); do
+        pids=$(cat "$cg/cgroup.procs" 2>/dev/null || true)
+        [[ -z $pids ]] && return 0
+        sleep 0.05
+    done
+    say "warning: processes left in $cg: $pids"
+}
+
+stop() {
+    local quiet=${1:-}
+    local pids=() n f pid
+    # jobs first (their tasks live in the node cgroups, which are killed below anyway)
+    if [[ -f $CONF ]] && [[ -S $SOCK ]]; then timeout 5 scancel --quiet --user=root 2>/dev/null || true; fi
+    for n in $(node_names) $(ls "$CGDIR" 2>/dev/null || true); do
+        if [[ -n $CGDIR && -d $CGDIR/$n ]]; then
+            echo 0 >"$CGDIR/$n/cgroup.freeze" 2>/dev/null || true
+            echo 1 >"$CGDIR/$n/cgroup.kill" 2>/dev/null || true
+        fi
+    done
+    for f in "$DIR"/run/slurmd-*.pid "$DIR"/run/slurmd-*.main.pid "$DIR"/run/slurmctld.pid "$DIR"/run/slurmctld.main.pid "$DIR"/run/munged.pid "$DIR"/munge/munged.pid; do
+        [[ -f $f ]] || continue
+        pid=$(pidfile_pid "$f")
+        [[ -n $pid ]] && alive "$pid" && { kill -CONT "$pid" 2>/dev/null || true; kill -TERM "$pid" 2>/dev/null || true; pids+=("$pid"); }
+    done
+    if ((${#pids[@]})); then
+        wait_gone "${pids[@]}" || { for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done; wait_gone "${pids[@]}" || true; }
+    fi
+    if [[ -n $CGDIR && -d $CGDIR ]]; then
+        for n in "$CGDIR"/*/; do [[ -d $n ]] && rmdir "$n" 2>/dev/null || true; done
+        rmdir "$CGDIR" 2>/dev/null || true
+    fi
+    [[ -n $quiet ]] || say "stopped"
+}
+
+case "${1:-}" in
+    install) install ;;
+    start) start ;;
+    stop) stop ;;
+    status) timeout 10 sinfo -N || die "the controller does not answer (SLURM_CONF=$CONF)" ;;
+    env) echo "export SLURM_CONF=$CONF" ;;
+    kill-node) [[ -n ${2:-} ]] || die "kill-node NODE"; kill_node "$2" ;;
+    freeze-node) [[ -n ${2:-} ]] || die "freeze-node NODE"; echo 1 >"$(node_cg "$2")/cgroup.freeze" ;;
+    thaw-node) [[ -n ${2:-} ]] || die "thaw-node NODE"; echo 0 >"$(node_cg "$2")/cgroup.freeze" ;;
+    restart-node)
+        [[ -n ${2:-} ]] || die "restart-node NODE"
+        if [[ -n $CGDIR && -d $CGDIR/$2 ]]; then kill_node "$2"; fi
+        start_node "$2"
+        for ((t = 0; t < 100; t++)); do
+            timeout 5 scontrol update nodename="$2" state=resume >/dev/null 2>&1 || true
+            timeout 5 sinfo -h -n "$2" -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)$' && exit 0
+            sleep 0.2
+        done
+        die "node $2 did not come back: $(timeout 5 sinfo -n "$2" 2>&1)" ;;
+    stop-controller)
+        pid=$(pidfile_pid "$DIR/run/slurmctld.main.pid"); [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null; wait_gone "$pid" || kill -KILL "$pid" ;;
+    start-controller) start_controller ;;
+    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,1 @@
+"""Thin clients for the schedulers the platforms drive (no scheduler logic here)."""

@@ -1,0 +1,694 @@
+"""The ``slurm`` platform: every node is a torchrun agent in its own ``srun`` step.
+
+The supervisor runs inside one ``sbatch --no-kill`` allocation (on its batch host) and
+starts, for attempt k, one step per node::
+
+    srun --jobid=J --nodes=1 --ntasks=1 --nodelist=NODE --overlap --job-name=sv-JOB-aK-NODE \\
+         python -m torch.distributed.run --nnodes=MIN:MAX --rdzv-backend=c10d ... -- COMMAND
+
+One step per node gives every node its own life: ``kill_node`` is ``scancel J.STEP`` of that
+node's step (and the end of its ``srun`` client), the exit of one ``srun`` client is that
+node's exit code, and a relaunch names exactly the nodes it wants.
+
+Traps this module is built around (measured on Slurm 22.05, see docs/slurm.md):
+
+* After a node leaves the allocation ``SLURM_JOB_NODELIST``/``SLURM_NNODES`` are stale: a plain
+  ``srun`` fails and ``srun -N3`` waits forever. The live node list is always read from
+  ``squeue -j J -o %N``, and ``srun`` runs with every ``SLURM_*``/``SRUN_*`` input variable
+  removed from its environment and explicit ``--jobid --nodes --ntasks --nodelist``.
+* A frozen node blocks a new step on its CPUs ("Requested nodes are busy") until it returns:
+  steps run with ``--overlap``.
+* A dead or frozen node cannot confirm a cancel: Slurm notices it only after ``SlurmdTimeout``.
+  A cancelled step still listed after ``kill_confirm_s`` marks its node *unresponsive*: it is
+  reported ``stopped`` (the controller then counts a node failure) and no longer offered as a
+  slot, so the relaunch goes to the live nodes.
+* Every Slurm command runs under ``command_timeout_s``; a failure is a :class:`PlatformError`
+  (launch, kill) or a logged, rate-limited warning (the periodic observation: with slurmctld
+  down the steps keep running and the controller keeps watching heartbeats).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+from supervisor.platforms.clients import commands
+from supervisor.procfs import pid_alive, proc_state
+
+log = logging.getLogger("supervisor.platform.slurm")
+
+# srun's output when the node under a step is lost rather than the step's command failing
+_NODE_FAILURE = re.compile(
+    r"Node failure on|Communication connection failure|Task launch for \S+ failed on node|Unable to contact slurm "
+    r"node|Zero Bytes were transmitted|Job step aborted: Waiting up to|Lost connection", re.I)
+_STEP_GONE = re.compile(r"Invalid job id specified|already completing or completed|Job/step already completing|"
+                        r"does not exist|Job step .* not found", re.I)
+_BAD_NODE_STATES = ("down", "drain", "fail", "future", "unknown", "power", "reboot", "maint", "inval")
+
+
+# ---------------------------------------------------------------------------- hostlists
+def expand_hostlist(expr: str) -> list[str]:
+    """``n[1-3,5],gpu07`` -> ``[n1, n2, n3, n5, gpu07]`` (Slurm's hostlist syntax, nested ranges
+    in one bracket per name, zero padding kept)."""
+    out: list[str] = []
+    for part in _split_top(expr.strip()):
+        if not part:
+            continue
+        m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", part)
+        if m is None:
+            if "[" in part or "]" in part:
+                raise ValueError(f"unsupported hostlist {part!r}")
+            out.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        tails = _expand_ranges(ranges)
+        for tail in tails:
+            for name in expand_hostlist(suffix) if "[" in suffix else [suffix]:
+                out.append(f"{prefix}{tail}{name}")
+    return out
+
+
+def _split_top(expr: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in expr:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    out = []
+    for item in ranges.split(","):
+        lo, sep, hi = item.partition("-")
+        if not sep:
+            out.append(lo)
+            continue
+        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
+            raise ValueError(f"bad hostlist range {item!r}")
+        width = len(lo)
+        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
+    return out
+
+
+def srun_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """The environment of an ``srun`` client: the allocation's stale SLURM_* inputs removed."""
+    keep = {"SLURM_CONF"}
+    env = {k: v for k, v in base.items()
+           if k in keep or not k.startswith(("SLURM_", "SRUN_", "SBATCH_", "SALLOC_"))}
+    env.update(extra)
+    return env
+
+
+def srun_exit_code(code: int) -> int:
+    """srun returns 128+N when a task was killed by signal N: report that as -N (like Popen)."""
+    if 128 < code < 160:
+        return -(code - 128)
+    return code
+
+
+# ---------------------------------------------------------------------------- state
+@dataclass
+class _Node:
+    name: str
+    attempt: int
+    step_name: str
+    log_path: Path
+    popen: subprocess.Popen | None = None
+    srun_pid: int | None = None
+    step_id: str | None = None          # "J.S" once Slurm lists it
+    killed_by_us: bool = False
+    exit_code: int | None = None
+    lost: bool = False
+    gone: bool = False                  # the srun client has ended (or, adopted, the step vanished)
+    cancelled_at: float | None = None
+
+
+@dataclass
+class _View:
+    """What Slurm said at the last successful poll."""
+
+    at: float = 0.0
+    job_state: str = ""
+    alloc_nodes: list[str] = field(default_factory=list)
+    steps: dict[str, tuple[str, str]] = field(default_factory=dict)   # step name -> (step id, nodes)
+    node_states: dict[str, str] = field(default_factory=dict)
+
+
+class SlurmPlatform(Platform):
+    kind = "slurm"
+
+    def __init__(self, job_id: str, log_dir: Path, *, job: str = "job", python: str = sys.executable,
+                 command_timeout_s: float = 20.0, poll_interval_s: float = 2.0, launch_timeout_s: float = 60.0,
+                 kill_confirm_s: float = 10.0, overlap: bool = True, srun_args: Sequence[str] = (),
+                 bin_dir: str = "", base_env: Mapping[str, str] | None = None) -> None:
+        if not job_id:
+            raise PlatformError("no Slurm job: run inside an sbatch allocation (SLURM_JOB_ID) or set "
+                                "platform.slurm.job_id")
+        self.job_id = str(job_id)
+        self.log_dir = Path(log_dir)
+        self.job = job
+        self.python = python
+        self.timeout = command_timeout_s
+        self.poll_interval = poll_interval_s
+        self.launch_timeout = launch_timeout_s
+        self.kill_confirm = kill_confirm_s
+        self.overlap = overlap
+        self.srun_args = list(srun_args)
+        self.bin_dir = bin_dir
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.restart_count = self.base_env.get("SLURM_RESTART_COUNT", "0")
+        self.nodes: dict[str, _Node] = {}
+        self.unresponsive: set[str] = set()
+        self.view = _View()
+        self.addrs: dict[str, str] = {}
+        self.batch_host = ""
+        self.last_error = ""
+        self._last_error_logged = 0.0
+        self._poll_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ commands
+    def _bin(self, name: str) -> str:
+        return str(Path(self.bin_dir) / name) if self.bin_dir else name
+
+    def _cmd_env(self) -> dict[str, str]:
+        return srun_env(self.base_env, {})
+
+    async def _run(self, name: str, *args: str, check: bool = True) -> commands.Result:
+        return await commands.run([self._bin(name), *args], timeout=self.timeout, env=self._cmd_env(), check=check)
+
+    def start(self) -> "SlurmPlatform":
+        """Read the allocation once (synchronously, at start-up): nodes, addresses, batch host."""
+        res = commands.run_sync([self._bin("scontrol"), "show", "job", "-o", self.job_id], timeout=self.timeout,
+                                env=self._cmd_env())
+        fields = _kv(res.stdout)
+        state = fields.get("JobState", "")
+        if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+            raise PlatformError(f"Slurm job {self.job_id} is {state or 'unknown'}, not running")
+        self.batch_host = fields.get("BatchHost", "")
+        self.restart_count = fields.get("Restarts", self.restart_count)
+        nodes = expand_hostlist(fields.get("NodeList", ""))
+        self.view = _View(at=time.monotonic(), job_state=state, alloc_nodes=nodes)
+        self._read_addrs_sync(nodes)
+        log.info("event=slurm_allocation job=%s nodes=%s batch_host=%s", self.job_id, nodes, self.batch_host)
+        return self
+
+    def _read_addrs_sync(self, nodes: list[str]) -> None:
+        if not nodes:
+            return
+        res = commands.run_sync([self._bin("scontrol"), "show", "node", "-o", ",".join(nodes)], timeout=self.timeout,
+                                env=self._cmd_env())
+        for line in res.stdout.splitlines():
+            f = _kv(line)
+            if f.get("NodeName"):
+                self.addrs[f["NodeName"]] = f.get("NodeAddr") or f["NodeName"]
+                self.view.node_states[f["NodeName"]] = f.get("State", "").lower()
+
+    def node_addr(self, name: str) -> str:
+        return self.addrs.get(name, name)
+
+    # ------------------------------------------------------------------ observation
+    async def poll(self, force: bool = False) -> _View:
+        """Refresh the live node list, node states and steps; PlatformError if Slurm does not answer."""
+        async with self._poll_lock:
+            now = time.monotonic()
+            if not force and now - self.view.at < self.poll_interval:
+                return self.view
+            job = await self._run("squeue", "-h", "-j", self.job_id, "-o", "%T|%N")
+            line = job.stdout.strip().splitlines()
+            if not line:
+                view = _View(at=time.monotonic(), job_state="GONE")
+            else:
+                state, _, nodelist = line[0].partition("|")
+                view = _View(at=0.0, job_state=state.strip(), alloc_nodes=expand_hostlist(nodelist.strip()))
+                steps = await self._run("squeue", "-h", "-s", "-j", self.job_id, "-o", "%i|%j|%N")
+                for row in steps.stdout.splitlines():
+                    parts = row.strip().split("|")
+                    if len(parts) == 3:
+                        view.steps[parts[1]] = (parts[0], parts[2])
+                if view.alloc_nodes:
+                    states = await self._run("sinfo", "-h", "-N", "-n", ",".join(view.alloc_nodes), "-o", "%N|%T")
+                    for row in states.stdout.splitlines():
+                        name, _, st = row.strip().partition("|")
+                        view.node_states[name] = st.lower()
+                view.at = time.monotonic()
+            self.view = view
+            if self.last_error:
+                log.warning("event=slurm_answering_again job=%s (after: %s)", self.job_id, self.last_error)
+                self.last_error = ""
+            for name, st in view.node_states.items():
+                if st.endswith("*") or st.startswith(_BAD_NODE_STATES):
+                    if name not in self.unresponsive:
+                        log.warning("event=node_unresponsive node=%s slurm_state=%s", name, st)
+                    self.unresponsive.add(name)
+            for name in [n for n in self.nodes if n not in view.alloc_nodes and view.job_state != "GONE"]:
+                self.unresponsive.add(name)
+            return view
+
+    async def _poll_quietly(self) -> None:
+        try:
+            await self.poll()
+        except PlatformError as exc:
+            self.last_error = str(exc)
+            now = time.monotonic()
+            if now - self._last_error_logged > 30:
+                self._last_error_logged = now
+                log.error("event=slurm_unavailable job=%s error=%s (the steps keep running; state kept; retrying)",
+                          self.job_id, exc)
+            self.view.at = now  # do not hammer a controller that is down: retry after poll_interval
+
+    def slots(self) -> list[str]:
+        """The allocation's live nodes (Slurm's current list, not SLURM_JOB_NODELIST), less the
+        nodes found unresponsive."""
+        return [n for n in self.view.alloc_nodes if n not in self.unresponsive]
+
+    async def observe(self) -> dict[str, NodeStatus]:
+        await self._poll_quietly()
+        result = {}
+        for name, node in self.nodes.items():
+            self._update(node)
+            if node.gone:
+                state = NodeState.LOST if node.lost or node.exit_code is None else NodeState.EXITED
+            else:
+                state = NodeState.RUNNING
+            result[name] = NodeStatus(
+                name=name, attempt=node.attempt, state=state,
+                exit_code=None if state == NodeState.LOST else node.exit_code,
+                killed_by_us=node.killed_by_us, pid=node.srun_pid,
+                stopped=name in self.unresponsive or (not node.gone and node.popen is not None
+                                                      and proc_state(node.popen.pid) == "T"),
+            )
+        return result
+
+    def _update(self, node: _Node) -> None:
+        if node.step_id is None and node.step_name in self.view.steps:
+            node.step_id = self.view.steps[node.step_name][0]
+        if node.gone:
+            return
+        if node.popen is not None:
+            code = node.popen.poll()
+            if code is None:
+                return
+            node.gone = True
+            node.exit_code = srun_exit_code(code)
+            if code != 0 and (node.name in self.unresponsive or self._log_says_node_failed(node)):
+                node.lost = True
+            if code != 0:
+                log.warning("event=step_ended node=%s attempt=%d step=%s srun_exit=%d lost=%s", node.name,
+                            node.attempt, node.step_id, code, node.lost)
+        else:  # adopted: no client of ours; the step's presence is all we know
+            alive = node.srun_pid is not None and pid_alive(node.srun_pid)
+            if not alive and self.view.at and node.step_name not in self.view.steps and not self.last_error:
+                node.gone, node.lost = True, True
+
+    def _log_says_node_failed(self, node: _Node) -> bool:
+        try:
+            with open(node.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(node.log_path) - 8192))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            return False
+        return bool(_NODE_FAILURE.search("\n".join(ln for ln in tail.splitlines() if ln.startswith("srun:"))))
+
+    # ------------------------------------------------------------------ launch
+    def agent_argv(self, spec: LaunchSpec, node: str, host_node: str) -> list[str]:
+        port = spec.rdzv_endpoint.rsplit(":", 1)[1]
+        endpoint = f"{self.node_addr(host_node)}:{port}"
+        srun = [
+            self._bin("srun"), f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+            f"--job-name={self.step_name(spec.attempt, node)}", "--kill-on-bad-exit=0", "--input=none",
+            "--unbuffered", *(["--overlap"] if self.overlap else []), *self.srun_args,
+        ]
+        agent = [
+            self.python, "-m", "torch.distributed.run",
+            f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={spec.rdzv_id}",
+            # the host node's agent serves the rendezvous store; every other agent is its client
+            f"--rdzv-conf=join_timeout=120,last_call_timeout=1,is_host={'1' if node == host_node else '0'}",
+            "--max-restarts=0", "--monitor-interval=0.2", "--no-python",
+        ]
+        return [*srun, *agent, *spec.command]
+
+    def step_name(self, attempt: int, node: str) -> str:
+        return f"sv-{self.job}-a{attempt}-{node}"
+
+    async def launch(self, spec: LaunchSpec) -> None:
+        view = await self.poll(force=True)
+        missing = [n for n in spec.nodes if n not in view.alloc_nodes]
+        if missing:
+            raise PlatformError(f"nodes {missing} are not in allocation {self.job_id} (live: {view.alloc_nodes})")
+        if any(n not in self.addrs for n in spec.nodes):
+            await self._read_addrs(list(spec.nodes))
+        host_node = self.batch_host if self.batch_host in spec.nodes else spec.nodes[0]
+        out_dir = self.log_dir / f"attempt-{spec.attempt}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes = {}
+        for name in spec.nodes:
+            node = _Node(name, spec.attempt, self.step_name(spec.attempt, name), out_dir / f"{name}.log")
+            tmp = out_dir / f"{name}-tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            env = srun_env(self.base_env, dict(spec.env) | {
+                "SUPERVISOR_NODE": name,
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
+                "TMPDIR": str(tmp),
+            })
+            argv = self.agent_argv(spec, name, host_node)
+            out = open(node.log_path, "ab")
+            try:
+                node.popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+            except OSError as exc:
+                await self._abort_launch()
+                raise PlatformError(f"cannot start srun for {name}: {exc.strerror or exc}") from None
+            finally:
+                out.close()
+            node.srun_pid = node.popen.pid
+            self.nodes[name] = node
+            log.info("event=node_launched node=%s attempt=%d srun_pid=%d step_name=%s", name, spec.attempt,
+                     node.srun_pid, node.step_name)
+        await self._wait_steps_listed()
+
+    async def _read_addrs(self, nodes: list[str]) -> None:
+        res = await self._run("scontrol", "show", "node", "-o", ",".join(nodes))
+        for line in res.stdout.splitlines():
+            f = _kv(line)
+            if f.get("NodeName"):
+                self.addrs[f["NodeName"]] = f.get("NodeAddr") or f["NodeName"]
+
+    async def _wait_steps_listed(self) -> None:
+        deadline = time.monotonic() + self.launch_timeout
+        while True:
+            view = await self.poll(force=True)
+            for node in self.nodes.values():
+                self._update(node)
+                if node.gone and node.step_id is None and node.exit_code not in (0, None):
+                    tail = _tail_file(node.log_path)
+                    await self._abort_launch()
+                    raise PlatformError(f"srun for {node.name} exited {node.exit_code} before its step started: {tail}")
+            if all(n.step_id is not None or n.gone for n in self.nodes.values()):
+                return
+            if time.monotonic() > deadline:
+                waiting = [n.name for n in self.nodes.values() if n.step_id is None]
+                tails = "; ".join(f"{n}: {_tail_file(self.nodes[n].log_path)}" for n in waiting)
+                await self._abort_launch()
+                raise PlatformError(f"steps for {waiting} not started after {self.launch_timeout:g}s ({tails})")
+            await asyncio.sleep(0.1 if view.steps else 0.2)
+
+    async def _abort_launch(self) -> None:
+        try:
+            await self.teardown(1.0)
+        except PlatformError as exc:
+            log.error("event=launch_cleanup_failed error=%s", exc)
+
+    # ------------------------------------------------------------------ killing
+    async def _scancel(self, step_ids: list[str], sig: str | None) -> None:
+        if not step_ids:
+            return
+        args = ["--quiet", *([f"--signal={sig}"] if sig else []), *step_ids]
+        res = await self._run("scancel", *args, check=False)
+        if res.returncode != 0:
+            # a step that ended meanwhile is not an error; anything else (no controller) is
+            errors = [ln for ln in res.stderr.splitlines() if ln.strip() and not _STEP_GONE.search(ln)]
+            if errors:
+                raise PlatformError(f"`scancel {' '.join(args)}` failed (exit {res.returncode}): "
+                                    f"{' '.join(errors)[-400:]}")
+
+    def _listed_ids(self, nodes: list[_Node]) -> list[str]:
+        """Step ids worth cancelling: those Slurm still lists (all we know of, if it does not answer)."""
+        for n in nodes:
+            self._update(n)
+        return [n.step_id for n in nodes if n.step_id and (n.step_name in self.view.steps or self.last_error)]
+
+    def _kill_client(self, node: _Node) -> None:
+        pid = node.popen.pid if node.popen is not None else node.srun_pid
+        if pid is None:
+            return
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    async def kill_node(self, name: str) -> None:
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        node.killed_by_us = True
+        await self._kill([node])
+
+    async def _kill(self, nodes: list[_Node]) -> None:
+        """SIGKILL the steps and cancel them, end our srun clients, wait for Slurm to confirm.
+
+        A failed scancel is logged, not raised: the clients are ended anyway and a step that
+        Slurm still lists after kill_confirm_s marks its node unresponsive."""
+        try:
+            await self.poll(force=True)
+        except PlatformError as exc:
+            self.last_error = str(exc)
+        ids = self._listed_ids([n for n in nodes if n.name not in self.unresponsive])
+        try:
+            await self._scancel(ids, "KILL")
+            await self._scancel(ids, None)
+        except PlatformError as exc:
+            log.warning("event=scancel_failed steps=%s error=%s", ids, exc)
+        now = time.monotonic()
+        for n in nodes:
+            n.cancelled_at = n.cancelled_at or now
+            self._kill_client(n)
+        await self._confirm_gone(nodes)
+
+    async def _confirm_gone(self, nodes: list[_Node]) -> None:
+        """Wait until our clients ended and Slurm no longer lists the steps; a step still listed
+        after kill_confirm_s is on a node that cannot answer."""
+        deadline = time.monotonic() + self.kill_confirm
+        while True:
+            for n in nodes:
+                self._update(n)
+            try:
+                view = await self.poll(force=True)
+            except PlatformError as exc:
+                self.last_error = str(exc)
+                log.error("event=kill_unconfirmed error=%s", exc)
+                return
+            listed = [n for n in nodes if n.step_name in view.steps]
+            if not listed and all(n.gone or n.popen is None for n in nodes):
+                return
+            if time.monotonic() > deadline:
+                for n in listed:
+                    if n.name not in self.unresponsive:
+                        log.warning("event=node_unresponsive node=%s step=%s (cancelled %.1fs ago, still listed)",
+                                    n.name, n.step_id, time.monotonic() - (n.cancelled_at or 0))
+                    self.unresponsive.add(n.name)
+                    n.gone, n.lost = True, True
+                return
+            await asyncio.sleep(0.1)
+
+    async def teardown(self, grace_s: float) -> None:
+        try:
+            await self.poll(force=True)
+        except PlatformError as exc:
+            self.last_error = str(exc)
+        for n in self.nodes.values():
+            self._update(n)
+        live = [n for n in self.nodes.values() if not n.gone or n.step_name in self.view.steps]
+        if not live:
+            return
+        for n in live:
+            n.killed_by_us = True
+        ids = self._listed_ids([n for n in live if n.name not in self.unresponsive])
+        try:
+            await self._scancel(ids, "CONT")
+            await self._scancel(ids, "TERM")  # ranks write their emergency checkpoint, if they can
+        except PlatformError as exc:
+            log.warning("event=scancel_failed steps=%s error=%s (signalling through the srun clients)", ids, exc)
+            for n in live:  # srun forwards SIGTERM to its step
+                if n.popen is not None and n.popen.poll() is None:
+                    try:
+                        n.popen.send_signal(signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            for n in live:
+                self._update(n)
+            if all(n.gone for n in live):
+                break
+            await asyncio.sleep(0.05)
+        await self._kill(live)
+
+    async def requeue(self) -> None:
+        """``scontrol requeue`` this job: Slurm ends it and queues it again (same job id)."""
+        await self._run("scontrol", "requeue", self.job_id)
+
+    # ------------------------------------------------------------------ adoption
+    def describe(self) -> dict:
+        return {
+            "job_id": self.job_id, "restart_count": str(self.restart_count), "unresponsive": sorted(self.unresponsive),
+            "nodes": {n.name: {"attempt": n.attempt, "step_name": n.step_name, "step_id": n.step_id,
+                               "srun_pid": n.srun_pid, "log": str(n.log_path)} for n in self.nodes.values()},
+        }
+
+    async def adopt(self, saved: dict, attempt: int) -> bool:
+        saved = saved or {}
+        if str(saved.get("job_id")) != self.job_id or str(saved.get("restart_count", "0")) != str(self.restart_count):
+            return False  # another allocation (or this job requeued): nothing of it survives
+        try:
+            view = await self.poll(force=True)
+        except PlatformError as exc:
+            log.error("event=adopt_failed error=%s", exc)
+            return False
+        self.unresponsive |= set(saved.get("unresponsive", []))
+        self.nodes = {}
+        for name, info in (saved.get("nodes") or {}).items():
+            if info.get("attempt") != attempt:
+                continue
+            node = _Node(name, attempt, info["step_name"], Path(info.get("log") or self.log_dir / f"{name}.log"),
+                         srun_pid=info.get("srun_pid"), step_id=info.get("step_id"))
+            node.gone = info["step_name"] not in view.steps
+            node.lost = node.gone
+            self.nodes[name] = node
+        return any(not n.gone for n in self.nodes.values())
+
+
+def _kv(line: str) -> dict[str, str]:
+    """``scontrol -o`` output: ``Key=Value Key=Value ...`` (values without spaces)."""
+    out = {}
+    for tok in line.split():
+        k, sep, v = tok.partition("=")
+        if sep:
+            out[k] = v
+    return out
+
+
+def _tail_file(path: Path, n: int = 600) -> str:
+    try:
+        data = path.read_bytes()[-n:].decode(errors="replace")
+    except OSError:
+        return "(no output)"
+    return " ".join(data.split()) or "(no output)"
+
+
+def from_config(cfg, log_dir: Path, env: Mapping[str, str] | None = None) -> SlurmPlatform:
+    """The platform of a JobConfig with ``platform.kind: slurm`` (reads the allocation now)."""
+    env = dict(os.environ if env is None else env)
+    s = cfg.platform.slurm
+    job_id = s.job_id or env.get("SLURM_JOB_ID", "")
+    return SlurmPlatform(
+        job_id, log_dir, job=cfg.job, command_timeout_s=s.command_timeout_s, poll_interval_s=s.poll_interval_s,
+        launch_timeout_s=s.launch_timeout_s, kill_confirm_s=s.kill_confirm_s, overlap=s.overlap,
+        srun_args=s.srun_args, bin_dir=s.bin_dir, base_env=env,
+    ).start()
+
+
+def resolve_hosts(cfg, platform: SlurmPlatform):
+    """Replace ``auto`` in platform.host / intake.host / http.host by the batch host's NodeAddr."""
+    import dataclasses
+
+    if "auto" not in (cfg.platform.host, cfg.intake.host, cfg.http.host):
+        return cfg
+    here = platform.base_env.get("SLURMD_NODENAME") or platform.batch_host
+    if not here:
+        raise PlatformError("platform.host is 'auto' but the batch host is unknown: set platform.host")
+    if here not in platform.addrs:
+        platform._read_addrs_sync([here])
+    addr = platform.node_addr(here)
+    pick = (lambda h: addr if h == "auto" else h)
+    return dataclasses.replace(
+        cfg, platform=dataclasses.replace(cfg.platform, host=pick(cfg.platform.host)),
+        intake=dataclasses.replace(cfg.intake, host=pick(cfg.intake.host)),
+        http=dataclasses.replace(cfg.http, host=pick(cfg.http.host)))
+
+
+# ---------------------------------------------------------------------------- the sbatch wrapper
+@dataclass(frozen=True)
+class BatchScript:
+    script: str
+    script_path: Path
+    config_json: str
+    config_path: Path
+    sbatch_argv: tuple[str, ...]
+
+    @property
+    def sbatch_command_text(self) -> str:
+        import shlex
+
+        return shlex.join(self.sbatch_argv)
+
+
+_SAFE = re.compile(r"^[A-Za-z0-9_./:@%=+,-]+$")
+
+
+def render_batch_script(cfg, *, nodes: int, time_limit: str | None, warning_s: int, requeue: bool,
+                        sbatch_opts: Sequence[str], python: str, workdir: str, sbatch: str = "sbatch",
+                        stamp: str | None = None) -> BatchScript:
+    """The batch script and the job config of ``supervisor sbatch``.
+
+    The training command travels only as a JSON list in the config file, which
+    ``supervisor run --config`` reads: the script's shell text holds nothing but quoted paths, so
+    quotes, spaces and ``$(...)`` in the arguments reach the ranks exactly as given.
+    """
+    import json
+    import shlex
+
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    sub_dir = Path(cfg.log_dir) / "slurm-submit"
+    config_path = sub_dir / f"{cfg.job}-{stamp}.json"
+    script_path = sub_dir / f"{cfg.job}-{stamp}.sbatch"
+    config_json = json.dumps(cfg.to_dict(), indent=1, default=list) + "\n"
+    signal_name = cfg.platform.slurm.warning_signal.upper().removeprefix("SIG")
+    ours = [f"--job-name={cfg.job}", f"--nodes={nodes}", "--ntasks-per-node=1", "--no-kill",
+            f"--signal=B:{signal_name}@{int(warning_s)}", "--requeue" if requeue else "--no-requeue",
+            f"--output={Path(cfg.log_dir) / 'slurm-%j.out'}", "--open-mode=append"]
+    if time_limit:
+        ours.append(f"--time={time_limit}")
+    header = [f"#SBATCH {o}" for o in ours if _SAFE.match(o)]
+    argv_opts = [o for o in ours if not _SAFE.match(o)] + list(sbatch_opts)
+    lines = [
+        "#!/bin/bash",
+        f"# Written by `supervisor sbatch` ({time.strftime('%Y-%m-%d %H:%M:%S')}). The supervisor runs here, on the",
+        "# batch host; it starts one torchrun agent per node as an srun step inside this --no-kill",
+        "# allocation. The training command is argv in the JSON config (read by `supervisor run`):",
+        "# no shell ever parses it.",
+        *header,
+    ]
+    if sbatch_opts:
+        lines.append(f"# sbatch options given on the command line: {shlex.join(sbatch_opts)}")
+    lines += [
+        "set -eu",
+        f"cd {shlex.quote(workdir)}",
+        "export PYTHONUNBUFFERED=1",
+        f"exec {shlex.quote(python)} -m supervisor run --config {shlex.quote(str(config_path))}",
+        "",
+    ]
+    argv = (sbatch, "--parsable", *argv_opts, str(script_path))
+    return BatchScript("\n".join(lines), script_path, config_json, config_path, argv)
+
+
+def submit(rendered: BatchScript, *, timeout: float = 60.0, env: Mapping[str, str] | None = None) -> str:
+    """Write the script and config, run sbatch, return the job id."""
+    rendered.script_path.parent.mkdir(parents=True, exist_ok=True)
+    rendered.config_path.write_text(rendered.config_json)
+    rendered.script_path.write_text(rendered.script)
+    rendered.script_path.chmod(0o755)
+    res = commands.run_sync(list(rendered.sbatch_argv), timeout=timeout, env=env)
+    job_id = res.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise PlatformError(f"sbatch printed no job id: {res.stdout.strip()!r} {res.stderr.strip()!r}")
+    return job_id
