@@ -108,8 +108,8 @@ class ControllerCollector:
             agegauge.add_metric([job], max(0.0, time.time() - ck["created_unix"]))
         yield agegauge
         save = GaugeMetricFamily("supervisor_checkpoint_save_seconds",
-                                 "Time ranks were blocked in their last checkpoint phase (max over ranks)", labels=["job"])
-        blocked = [rec.last_checkpoint_s for rec in c.registry.ranks.values() if rec.last_checkpoint_s]
+                                 "How long the last checkpoint save blocked the training loop (max over ranks)", labels=["job"])
+        blocked = [rec.hb.ckpt_s for rec in c.registry.ranks.values() if rec.hb.ckpt_s > 0]
         if blocked:
             save.add_metric([job], max(blocked))
         yield save

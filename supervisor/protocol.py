@@ -109,6 +109,8 @@ class Heartbeat:
     last_step_s: float = 0.0
     ckpt_step: int = -1
     ckpt_state: str = "idle"
+    ckpt_s: float = 0.0
+    """How long the rank's last checkpoint save blocked its training loop."""
     loss_ok: bool = True
     watchdog: str = ""
     stack_file: str = ""
@@ -171,6 +173,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "last_step_s": (float, 0, 1e9),
     "ckpt_step": (int, -1, _BIG),
     "ckpt_state": (str, 0, 32),
+    "ckpt_s": (float, 0, 1e9),
     "loss_ok": (bool, 0, 0),
     "watchdog": (str, 0, 512),
     "stack_file": (str, 0, 1024),

@@ -92,8 +92,8 @@ def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
 
 def test_metrics_read_the_controller_state(tmp_path):
     c, clock = controller(tmp_path)
-    c.registry.observe(hb(0), clock.t - 2.5)
-    c.registry.observe(hb(1), clock.t - 0.5)
+    c.registry.observe(hb(0, ckpt_s=0.25), clock.t - 2.5)
+    c.registry.observe(hb(1, ckpt_s=0.75), clock.t - 0.5)
     c.phase = JobPhase.RUNNING
     c.stragglers = {0: 1.0, 1: 2.5}
     c.restarts_by_reason = {"dead": 2}
@@ -114,6 +114,7 @@ def test_metrics_read_the_controller_state(tmp_path):
     assert v("supervisor_restart_phase_seconds_bucket", {"job": "j", "phase": "detect", "le": "5.0"}) == 1.0
     assert v("supervisor_restart_phase_seconds_bucket", {"job": "j", "phase": "detect", "le": "2.0"}) == 0.0
     assert v("supervisor_last_checkpoint_step", {"job": "j"}) == 10.0
+    assert v("supervisor_checkpoint_save_seconds", {"job": "j"}) == 0.75
     assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": "unauthenticated"}) == 3.0
     assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": "oversized"}) == 0.0
     clock.t += 10  # both ranks now silent past the 5 s timeout

@@ -18,8 +18,6 @@ class RankRecord:
     step_changed: float
     step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
     work_times: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
-    last_checkpoint_s: float = 0.0
-    """How long the rank's last checkpoint phase lasted (the time a save blocked it)."""
 
 
 class Registry:
@@ -42,8 +40,6 @@ class Registry:
             return
         if hb.seq <= rec.hb.seq and hb.pid == rec.hb.pid:
             return  # reordered or replayed datagram: keep the newer state
-        if rec.hb.phase == "checkpoint" and hb.phase != "checkpoint":
-            rec.last_checkpoint_s = rec.hb.phase_s + max(0.0, now - rec.received)
         if hb.step != rec.hb.step:
             rec.step_changed = now
             if hb.last_step_s > 0:

@@ -289,10 +289,12 @@ class Worker:
         if ckpt is None:
             return not verdict.stop
         if verdict.stop:
+            t0 = time.perf_counter()
             with self.phase("checkpoint"):
                 self.state.ckpt_state = "writing"
                 result = ckpt.save(step)
                 self.state.ckpt_state, self.state.ckpt_step = "idle", step
+            self.state.ckpt_s = time.perf_counter() - t0
             log.warning("event=emergency_checkpoint step=%d path=%s", step, result.path)
             return False
         due = verdict.save_due or (self.checkpoint_every_steps and step % self.checkpoint_every_steps == 0)
@@ -301,9 +303,11 @@ class Worker:
         return True
 
     def _save(self, ckpt: CheckpointManager, step: int) -> None:
+        t0 = time.perf_counter()
         with self.phase("checkpoint"):
             self.state.ckpt_state = "staging" if self.async_save else "writing"
             result = ckpt.save(step, blocking=not self.async_save)
+        self.state.ckpt_s = time.perf_counter() - t0
         self._last_save_time = time.monotonic()
         if self.async_save:
             self.state.ckpt_state = "writing"

@@ -29,6 +29,7 @@ class Snapshot:
     last_step_s: float
     ckpt_step: int
     ckpt_state: str
+    ckpt_s: float
     loss_ok: bool
     watchdog: str
     stack_file: str
@@ -50,6 +51,7 @@ class RankState:
         self.last = (0.0, 0.0, 0.0, 0.0)  # data, compute, collective, step seconds
         self.ckpt_step = -1
         self.ckpt_state = "idle"
+        self.ckpt_s = 0.0  # how long the last save blocked the training loop
         self.loss_ok = True
         self.watchdog = ""
         self.stack_file = ""
@@ -117,6 +119,7 @@ class RankState:
                 last_step_s=self.last[3],
                 ckpt_step=self.ckpt_step,
                 ckpt_state=self.ckpt_state,
+                ckpt_s=self.ckpt_s,
                 loss_ok=self.loss_ok,
                 watchdog=self.watchdog,
                 stack_file=self.stack_file,
