@@ -35,4 +35,5 @@ if rank == 0:
     net = model.module if distributed else model
     torch.save({"loss": mean_loss, "grads": {n: p.grad for n, p in net.named_parameters()}}, out)
 if distributed:
+    dist.barrier()  # nobody tears its process group down while a peer still uses it
     dist.destroy_process_group()
