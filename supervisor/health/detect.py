@@ -89,6 +89,11 @@ class Finding:
                 "detail": self.detail, "culprit": self.culprit}
 
 
+_PHASE_KINDS = {"init": Kind.STARTUP_STALL, "restore": Kind.STARTUP_STALL, "data": Kind.DATA_STALL,
+                "compute": Kind.HANG, "collective": Kind.HANG, "checkpoint": Kind.CHECKPOINT_STALL}
+"""The phases with a timeout (``Timeouts.for_phase``) and the finding past it."""
+
+
 def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: float,
            rank_nodes: dict[int, str] | None = None) -> list[Finding]:
     rank_nodes = rank_nodes or {}
@@ -113,21 +118,35 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
         if missing:
             add(Kind.NOT_STARTED, missing, f"no heartbeat {now - launched_at:.0f}s after launch (> {timeouts.startup_s:.0f}s)")
 
-    # 2. silent
+    # 2. silent; the same pass over every rank notes who waits in a collective, who is past
+    # its phase timeout and who reported a non-finite loss (rules 3-5 below, in order)
+    heartbeat_s, collective_s = timeouts.heartbeat_s, timeouts.collective_s
+    limits = {p: timeouts.for_phase(p) for p in _PHASE_KINDS}
     alive = {}
+    waiting = {}
+    overdue: list[int] = []
+    nan: list[int] = []
     for rank, rec in registry.ranks.items():
-        silent = now - rec.received
-        if rec.hb.phase == "done":
+        hb = rec.hb
+        if hb.phase == "done":
             continue
-        if silent > timeouts.heartbeat_s:
-            add(Kind.DEAD, [rank], f"silent for {silent:.1f}s (> {timeouts.heartbeat_s:.1f}s) at step {rec.hb.step}, "
-                f"last phase {rec.hb.phase}")
-        else:
-            alive[rank] = rec
+        silent = now - rec.received
+        if silent > heartbeat_s:
+            add(Kind.DEAD, [rank], f"silent for {silent:.1f}s (> {heartbeat_s:.1f}s) at step {hb.step}, "
+                f"last phase {hb.phase}")
+            continue
+        alive[rank] = rec
+        if silent < 0.0:
+            silent = 0.0
+        if hb.coll_inside and hb.coll_s + silent > collective_s:  # _coll_waited
+            waiting[rank] = rec
+        limit = limits.get(hb.phase)
+        if limit is not None and hb.phase_s + silent > limit:  # _phase_elapsed
+            overdue.append(rank)
+        if not hb.loss_ok:
+            nan.append(rank)
 
     # 3. collective hang and its culprit
-    waiting = {r: rec for r, rec in alive.items()
-               if rec.hb.coll_inside and _coll_waited(rec, now) > timeouts.collective_s}
     if waiting:
         n = max(rec.hb.coll_seq for rec in waiting.values())
         in_n = sorted(r for r, rec in waiting.items() if rec.hb.coll_seq == n)
@@ -158,21 +177,16 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
         victims = set()
 
     # 4. phase timeouts (victims of a named culprit are not hung themselves)
-    for rank, rec in alive.items():
+    for rank in overdue:
         if rank in victims:
             continue
+        rec = alive[rank]
         phase = rec.hb.phase
-        limit = timeouts.for_phase(phase)
-        elapsed = _phase_elapsed(rec, now)
-        if limit is None or elapsed <= limit:
-            continue
-        kind = {"data": Kind.DATA_STALL, "checkpoint": Kind.CHECKPOINT_STALL, "init": Kind.STARTUP_STALL,
-                "restore": Kind.STARTUP_STALL}.get(phase, Kind.HANG)
-        add(kind, [rank], f"phase {phase} running {elapsed:.1f}s (> {limit:.1f}s) at step {rec.hb.step}"
+        add(_PHASE_KINDS[phase], [rank], f"phase {phase} running {_phase_elapsed(rec, now):.1f}s "
+            f"(> {limits[phase]:.1f}s) at step {rec.hb.step}"
             + (f"; watchdog: {rec.hb.watchdog}" if rec.hb.watchdog else ""))
 
     # 5. non-finite loss
-    nan = [r for r, rec in alive.items() if not rec.hb.loss_ok]
     if nan:
         add(Kind.NONFINITE, nan, "non-finite loss reported")
     return findings
