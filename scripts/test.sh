@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/install-prometheus.sh   # Debian prometheus + alertmanager for the alert tests (no-op when installed)
 # Debian slurm-wlm + munge for the real multi-node Slurm tests (the test fixture starts and
-# stops the cluster itself); the cluster needs root, so elsewhere those tests skip with the reason.
-if [ "$(id -u)" = 0 ]; then ./scripts/slurm-cluster.sh install; fi
+# stops the cluster itself; it needs root). Opt-in until they are stable on a loaded machine.
+if [ "${SUPERVISOR_SLURM_TESTS:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then ./scripts/slurm-cluster.sh install; fi
 export PATH="$PWD/.venv/bin:$PATH"
 lint-imports
 # pytest exits 5 when it collects no test: that fails this script (and CI) too.
