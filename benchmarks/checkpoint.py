@@ -37,6 +37,9 @@ import threading
 import time
 import warnings
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 from typing import Callable
 
 import torch
@@ -136,14 +139,7 @@ def split_round_robin(items: list, n: int) -> list[list]:
 
 
 def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "supervisor/checkpoint"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head + (" (supervisor/checkpoint has uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return _common.git_state("supervisor/checkpoint")
 
 
 # ------------------------------------------------------------------------ the bench

@@ -68,6 +68,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -566,14 +569,7 @@ def fmt_rcvbuf(b: int) -> str:
 
 
 def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "supervisor"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head + (" (supervisor/ has uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    return _common.git_state("supervisor")
 
 
 def main(argv: list[str] | None = None) -> int:
