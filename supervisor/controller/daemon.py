@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.checkpoint import latest_complete
+from supervisor.checkpoint.discovery import parse_name
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     EXIT_CODES,
@@ -389,7 +390,8 @@ class Controller:
             first_step_done=first_step_done, slots=self.platform.slots(), previous_nodes=self.nodes,
             nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
-            latest_checkpoint=self._pick_checkpoint(), straggler_nodes=straggler_nodes,
+            # the scan just above (suspects excluded); plan_next drops it if it has become suspect
+            latest_checkpoint=self.latest_ckpt["name"] if self.latest_ckpt else None, straggler_nodes=straggler_nodes,
         )
         self.active_hang = None
         if isinstance(decision, Stop):
@@ -412,14 +414,6 @@ class Controller:
                 await self.platform.teardown(self.cfg.restart.teardown_grace_s)
                 await asyncio.sleep(min(30.0, 2.0 ** attempt_no))
         self._finish(JobPhase.FAILED, f"the platform could not launch attempt {self.attempt} ({LAUNCH_TRIES} tries)")
-
-    def _pick_checkpoint(self) -> str | None:
-        # the newest that verifies and is not suspect (suspects were marked by plan_next)
-        try:
-            found = latest_complete(self.ckpt_root, "fast", exclude=self.history.suspects).checkpoint
-        except Exception:  # noqa: BLE001
-            return None
-        return found.name if found else None
 
     async def _nodes_exit(self, nodes, timeout: float) -> bool:
         deadline = self.clock() + timeout
@@ -455,12 +449,8 @@ class Controller:
     async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
         self.nodes = nodes
         self.restore_from = restore_from
-        self.restored_step = 0
-        if restore_from and self.latest_ckpt and self.latest_ckpt["name"] == restore_from:
-            self.restored_step = self.latest_ckpt["step"]
-        elif restore_from:
-            parsed = restore_from.split("-")
-            self.restored_step = int(parsed[1]) if len(parsed) > 1 and parsed[1].isdigit() else 0
+        parsed = parse_name(restore_from) if restore_from else None  # verify() ties a name to its step
+        self.restored_step = parsed[0] if parsed else 0
         self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
         world = len(nodes) * self.cfg.nproc_per_node
         self.registry.reset(self.attempt, world)
