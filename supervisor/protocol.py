@@ -35,7 +35,7 @@ MAGIC = b"SV1"
 MAC_BYTES = 16
 MAX_DATAGRAM = 4096
 MAX_RANK = 1 << 20
-PHASES = ("init", "restore", "data", "compute", "collective", "checkpoint", "idle", "done")
+PHASES = ("init", "restore", "data", "compute", "collective", "checkpoint", "idle", "done", "failed")
 
 REJECT_MALFORMED = "malformed"
 REJECT_OVERSIZED = "oversized"
@@ -122,6 +122,10 @@ class Heartbeat:
     loss_ok: bool = True
     watchdog: str = ""
     stack_file: str = ""
+    error: str = ""
+    """Phase ``failed``: the exception that is ending this rank (type and message, truncated)."""
+    error_peer: bool = False
+    """The error is a communication failure caused by another rank (a peer that died or hung)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
@@ -195,6 +199,8 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "loss_ok": (bool, 0, 0),
     "watchdog": (str, 0, 512),
     "stack_file": (str, 0, 1024),
+    "error": (str, 0, 512),
+    "error_peer": (bool, 0, 0),
 }
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s"}
 _INT, _FLOAT, _BOOL, _STR = range(4)

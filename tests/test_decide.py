@@ -55,6 +55,25 @@ def test_adopted_node_that_finished_is_not_a_fault():
     assert classify(nodes, [], **KW, done_ranks={0}).kind == "node_lost"
 
 
+def test_the_culprit_node_is_named_not_the_one_that_lost_its_peer():
+    # rank 1 killed by SIGKILL; rank 0 failed "connection reset by peer"; both agents exited 1
+    both = {"a": node("a", NodeState.EXITED, 1), "b": node("b", NodeState.EXITED, 1)}
+    reset = {0: "RuntimeError: Read error: Connection reset by peer"}
+    f = classify(both, [], **KW, failed_ranks={0: True}, failed_errors=reset)
+    assert (f.nodes, f.ranks, f.secondary) == (("b",), (1,), False)
+    # rank 1 failed on its own error, rank 0 lost its peer: rank 1 is the culprit
+    f = classify(both, [], **KW, failed_ranks={0: True, 1: False},
+                 failed_errors=reset | {1: "ValueError: bad batch"})
+    assert f.nodes == ("b",) and "ValueError: bad batch" in f.detail
+    # only the victim's agent has exited so far: a fault, but secondary (the caller waits)
+    f = classify({"a": node("a", NodeState.EXITED, 1), "b": node("b")}, [], **KW, failed_ranks={0: True},
+                 failed_errors=reset)
+    assert f.nodes == ("a",) and f.secondary and "Connection reset by peer" in f.detail
+    # a rank that failed on its own error is never secondary
+    f = classify({"a": node("a", NodeState.EXITED, 1), "b": node("b")}, [], **KW, failed_ranks={0: False})
+    assert f.nodes == ("a",) and not f.secondary
+
+
 def test_nodes_we_killed_or_that_finished_are_not_faults():
     assert classify({"a": node("a", NodeState.EXITED, -9, ours=True), "b": node("b", NodeState.EXITED, 0)}, [], **KW) is None
 

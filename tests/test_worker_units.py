@@ -270,3 +270,42 @@ def test_snapshot_reports_collective_in_flight():
     assert (s.phase, s.coll_inside) == ("compute", False)
     assert state.take_collective_busy() == {"compute": 2.0}  # wall time, not 2 x 2 s
     assert state.take_collective_busy() == {}
+
+
+# ----------------------------------------------------------------- a rank's last word
+
+RAISES = """
+import sys
+from supervisor.worker import Worker
+w = Worker.from_env().start()
+w.state.step = 7
+raise {exc}
+"""
+
+
+@pytest.mark.parametrize("exc, peer", [
+    ('RuntimeError("[pair.cc:537] Read error [127.0.0.1]:26511: Connection reset by peer. Check the logs '
+     'of the remote worker")', True),
+    ('ValueError("bad batch shape (3, 4)")', False),
+])
+def test_an_uncaught_exception_sends_a_last_heartbeat_that_names_it(exc, peer):
+    import subprocess
+    import sys
+
+    srv = udp_server()
+    env = dict(os.environ, SUPERVISOR_HEARTBEAT_ADDR="127.0.0.1:%d" % srv.getsockname()[1],
+               SUPERVISOR_TOKEN=TOKEN.decode(), RANK="0", WORLD_SIZE="1", SUPERVISOR_HEARTBEAT_INTERVAL="30")
+    proc = subprocess.run([sys.executable, "-c", RAISES.format(exc=exc)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and exc.split("(")[0] in proc.stderr  # the traceback is still printed
+    beats = []
+    srv.settimeout(1)
+    try:
+        while True:
+            beats.append(decode_heartbeat(srv.recv(8192), TOKEN))
+    except socket.timeout:
+        pass
+    srv.close()
+    last = beats[-1]
+    assert (last.phase, last.step, last.error_peer) == ("failed", 7, peer)
+    assert last.error.startswith(exc.split("(")[0] + ": ")

@@ -61,6 +61,8 @@ TICK_S = 0.2
 CHECKPOINT_POLL_S = 2.0
 LAUNCH_TRIES = 3
 CALIBRATE_S = 2.0
+# How long a fault seen only through ranks that lost a peer waits for the culprit to show up.
+SECONDARY_GRACE_S = 2.0
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = "supervisor-state.json"
 EVENTS_FILE = "events.jsonl"
@@ -143,6 +145,7 @@ class Controller:
         self._last_ckpt_poll = 0.0
         self._step_marks: list[tuple[float, int]] = []
         self._last_calibration = -CALIBRATE_S
+        self._secondary_since: float | None = None
         self.ready = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -278,7 +281,17 @@ class Controller:
             phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
             rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
             done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == "done"},
+            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
+            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
         )
+        if fault is not None and fault.secondary:
+            # only ranks that lost a peer have failed so far: give the culprit's node a moment
+            # to exit too, so that it (not its victim) is named and counted against its node
+            if self._secondary_since is None:
+                self._secondary_since = now
+            if now - self._secondary_since < SECONDARY_GRACE_S:
+                return
+        self._secondary_since = None
         if fault is not None:
             await self._recover(fault)
 

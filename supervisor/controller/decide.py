@@ -62,6 +62,8 @@ class Fault:
     rung: int
     node_failure: bool
     fault_at: float
+    secondary: bool = False
+    """Every failed rank said a peer broke it: the culprit has probably not shown up yet."""
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "ranks": list(self.ranks), "nodes": list(self.nodes), "detail": self.detail,
@@ -86,13 +88,22 @@ def classify(
     phase_started: Mapping[int, float],
     rank_nodes: Mapping[int, str],
     done_ranks: frozenset[int] | set[int] = frozenset(),
+    failed_ranks: Mapping[int, bool] | None = None,
+    failed_errors: Mapping[int, str] | None = None,
 ) -> Fault | None:
     """The fault to act on now, if any. Node failures win over findings (the gang is broken).
 
     A node that vanished without an exit code (an adopted agent: not our child) is a fault
     unless all its ranks said they were done; it does not count toward excluding the node,
     since its cause is unknown. A node killed by a signal we did not send does.
+
+    ``failed_ranks`` maps the ranks that reported their own end (phase ``failed``) to whether
+    a peer caused it; ``failed_errors`` holds their messages for the fault's detail. A fault
+    whose failed ranks all lost a peer is ``secondary``: the caller may wait a moment for
+    the culprit's node to exit too.
     """
+    failed = failed_ranks or {}
+    candidates = []
     for name, n in sorted(nodes.items()):
         if n.killed_by_us or n.state == NodeState.RUNNING:
             continue
@@ -101,6 +112,23 @@ def classify(
         ranks = tuple(sorted(r for r, node in rank_nodes.items() if node == name))
         if n.state == NodeState.LOST and ranks and all(r in done_ranks for r in ranks):
             continue  # an adopted agent that finished its work
+        # The culprit first: a node killed by a signal, or with a rank that died without a
+        # word; then one whose rank failed on its own error; last, one whose ranks all lost a
+        # peer (when one rank is killed, the others fail "connection reset by peer" at once,
+        # and their agent may exit first).
+        reported = [r for r in ranks if r in failed]
+        if (n.exit_code is not None and n.exit_code < 0) or not ranks or len(reported) < len(ranks):
+            order = 0
+        elif not all(failed[r] for r in reported):
+            order = 1
+        else:
+            order = 2
+        candidates.append((order, name, n, ranks))
+    if candidates:
+        order, name, n, ranks = min(candidates, key=lambda c: (c[0], c[1]))
+        errors = "; ".join(f"rank {r}: {failed_errors.get(r, '')}"[:240] for r in ranks if r in failed) \
+            if failed_errors else ""
+        suffix = f" ({errors})" if errors else ""
         if n.state == NodeState.LOST:
             return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown)",
                          RUNG_TEARDOWN, False, now)
@@ -108,8 +136,8 @@ def classify(
             return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
                          RUNG_TEARDOWN, True, now)
         kind = _EXIT_KINDS.get(n.exit_code or 0, "rank_exit")
-        return Fault(kind, ranks, (name,), f"node {name}: a rank exited with code {n.exit_code}",
-                     RUNG_TEARDOWN, False, now)
+        return Fault(kind, ranks, (name,), f"node {name}: a rank exited with code {n.exit_code}{suffix}",
+                     RUNG_TEARDOWN, False, now, secondary=order == 2)
     findings = [f for f in findings if f.kind != Kind.NONFINITE]  # the job stops itself on NaN
     if not findings:
         return None

@@ -63,6 +63,20 @@ EXIT_NONFINITE = 18
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: the scheduler sees "terminated", not "completed"
 
 
+# What a rank sees when *another* rank died or hung under it: gloo's "Connection reset by
+# peer ... Check the logs of the remote worker", NCCL's remote errors, a store that vanished.
+_PEER_MARKERS = ("by peer", "remote worker", "remote process", "broken pipe", "ncclremoteerror",
+                 "connection closed", "connection refused", "communicator was aborted")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a communication failure caused by a peer rather than by this rank."""
+    if isinstance(exc, (dist.DistNetworkError, dist.DistStoreError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, (RuntimeError, OSError)) and any(m in text for m in _PEER_MARKERS)
+
+
 class NonFiniteLoss(RuntimeError):
     """The loss was NaN or infinite on at least one rank; no optimizer step was taken."""
 
@@ -118,6 +132,7 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.heartbeat.start()
         self.watchdog.start()
+        self._install_excepthook()
         log.info(
             "event=worker_started rank=%d world_size=%d attempt=%d supervised=%s faults=%s",
             self.session.rank, self.session.world_size, self.session.attempt, self.session.supervised,
@@ -133,6 +148,34 @@ class Worker:
         if self._timing:
             self._timing.close()
             self._timing = None
+
+    def _install_excepthook(self) -> None:
+        """An uncaught exception ends the rank with a last heartbeat that names it.
+
+        When one rank is killed, its peers fail a moment later with "connection reset by
+        peer"; their agents may exit first. The supervisor needs to tell the culprit (silent,
+        or failed on its own) from the ranks that merely lost their peer.
+        """
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+            try:
+                self.report_failure(exc)
+            finally:
+                previous(kind, exc, tb)
+
+        sys.excepthook = hook
+
+    def report_failure(self, exc: BaseException) -> None:
+        """Tell the supervisor this rank is ending on ``exc`` (idempotent, never raises)."""
+        try:
+            peer = is_peer_failure(exc)
+            self.state.set_failed(f"{type(exc).__name__}: {exc}", peer)
+            log.error("event=rank_failed rank=%d peer_failure=%s error=%s", self.session.rank, peer,
+                      f"{type(exc).__name__}: {exc}"[:300])
+            self.heartbeat.beat_now()
+        except Exception:  # noqa: BLE001 - reporting must not mask the original exception
+            pass
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if not self.stop_requested:

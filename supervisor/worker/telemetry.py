@@ -33,6 +33,8 @@ class Snapshot:
     loss_ok: bool
     watchdog: str
     stack_file: str
+    error: str
+    error_peer: bool
 
 
 class RankState:
@@ -55,6 +57,8 @@ class RankState:
         self.loss_ok = True
         self.watchdog = ""
         self.stack_file = ""
+        self.error = ""
+        self.error_peer = False
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -71,6 +75,14 @@ class RankState:
         finally:
             # back to an enclosing phase, but never back to init/restore: those are over
             self.set_phase("idle" if previous in (name, "init", "restore") else previous)
+
+    def set_failed(self, error: str, peer: bool) -> None:
+        """The rank is ending on an exception: say which, and whether a peer caused it."""
+        with self._lock:
+            self.error = error[:512]
+            self.error_peer = peer
+            self.phase = "failed"
+            self.phase_since = self._clock()
 
     # ---------------------------------------------------------------- collectives
     def coll_enter(self, op: str) -> int:
@@ -123,4 +135,6 @@ class RankState:
                 loss_ok=self.loss_ok,
                 watchdog=self.watchdog,
                 stack_file=self.stack_file,
+                error=self.error,
+                error_peer=self.error_peer,
             )
