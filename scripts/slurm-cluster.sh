@@ -12,6 +12,8 @@
 #   scripts/slurm-cluster.sh kill-node NODE   kill the node: slurmd, step daemons and tasks (cgroup.kill)
 #   scripts/slurm-cluster.sh freeze-node NODE / thaw-node NODE      hang / resume the whole node
 #   scripts/slurm-cluster.sh restart-node NODE                      kill what is left, start its slurmd, resume it
+#   scripts/slurm-cluster.sh heal             cancel every job; thaw and restart any node that is not idle
+#                                             or whose slurmd is gone; wait until all are idle (between tests)
 #   scripts/slurm-cluster.sh stop-controller / start-controller     slurmctld only (steps keep running)
 #
 # Settings (environment): SLURM_CLUSTER_DIR (default /tmp/es-slurm: config, state, logs),
@@ -224,6 +226,47 @@ stop() {
     [[ -n $quiet ]] || say "stopped"
 }
 
+restart_node() {  # NODE
+    local n=$1 t
+    if [[ -n $CGDIR && -d $CGDIR/$n ]]; then kill_node "$n"; fi
+    start_node "$n"
+    for ((t = 0; t < 100; t++)); do
+        timeout 5 scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+        timeout 5 sinfo -h -n "$n" -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)$' && return 0
+        sleep 0.2
+    done
+    say "node $n did not come back: $(timeout 5 sinfo -n "$n" 2>&1)"
+    return 1
+}
+
+heal() {
+    # No job left and every node idle with a live slurmd: what each test may assume. A node
+    # killed or frozen by the previous test is thawed and restarted; a slurmd that died is
+    # restarted before slurmctld notices (SlurmdTimeout), so the next job does not land on it.
+    timeout 5 scancel --quiet --user=root 2>/dev/null || true
+    local n state out t pid
+    for n in $(node_names); do
+        if [[ -n $CGDIR && -d $CGDIR/$n ]]; then echo 0 >"$CGDIR/$n/cgroup.freeze" 2>/dev/null || true; fi
+        pid=$(pidfile_pid "$DIR/run/slurmd-$n.main.pid")
+        if [[ -z $pid ]] || ! alive "$pid"; then say "heal: slurmd of $n is gone: restarting it"; restart_node "$n" || true; fi
+    done
+    for ((t = 0; t < 900; t++)); do  # 90 s
+        out=$(timeout 5 sinfo -h -N -o "%N %t" 2>/dev/null || true)
+        if [[ -n $out ]] && ! grep -qv ' idle$' <<<"$out" && (($(wc -l <<<"$out") == NODES)) \
+            && [[ -z $(timeout 5 squeue -h 2>/dev/null) ]]; then
+            return 0
+        fi
+        if ((t % 30 == 29)); then  # every 3 s: restart what is down, drained or not responding
+            timeout 5 scancel --quiet --user=root 2>/dev/null || true
+            while read -r n state; do
+                case $state in idle | mix | alloc | comp | "") ;; *) say "heal: $n is $state: restarting it"; restart_node "$n" || true ;; esac
+            done <<<"$out"
+        fi
+        sleep 0.1
+    done
+    die "cluster not healthy after 90 s: $(timeout 5 sinfo -N 2>&1 | tr '\n' ' ') jobs: $(timeout 5 squeue -h 2>&1 | tr '\n' ' ')"
+}
+
 case "${1:-}" in
     install) install ;;
     start) start ;;
@@ -233,16 +276,8 @@ case "${1:-}" in
     kill-node) [[ -n ${2:-} ]] || die "kill-node NODE"; kill_node "$2" ;;
     freeze-node) [[ -n ${2:-} ]] || die "freeze-node NODE"; echo 1 >"$(node_cg "$2")/cgroup.freeze" ;;
     thaw-node) [[ -n ${2:-} ]] || die "thaw-node NODE"; echo 0 >"$(node_cg "$2")/cgroup.freeze" ;;
-    restart-node)
-        [[ -n ${2:-} ]] || die "restart-node NODE"
-        if [[ -n $CGDIR && -d $CGDIR/$2 ]]; then kill_node "$2"; fi
-        start_node "$2"
-        for ((t = 0; t < 100; t++)); do
-            timeout 5 scontrol update nodename="$2" state=resume >/dev/null 2>&1 || true
-            timeout 5 sinfo -h -n "$2" -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)$' && exit 0
-            sleep 0.2
-        done
-        die "node $2 did not come back: $(timeout 5 sinfo -n "$2" 2>&1)" ;;
+    restart-node) [[ -n ${2:-} ]] || die "restart-node NODE"; restart_node "$2" || exit 1 ;;
+    heal) heal ;;
     stop-controller)
         pid=$(pidfile_pid "$DIR/run/slurmctld.main.pid"); [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null; wait_gone "$pid" || kill -KILL "$pid" ;;
     start-controller) start_controller ;;

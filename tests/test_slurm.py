@@ -27,11 +27,8 @@ from supervisor.platforms.base import LaunchSpec, NodeState, PlatformError
 from supervisor.platforms.slurm import SlurmPlatform
 
 pytestmark = pytest.mark.slow
-if os.environ.get("SUPERVISOR_SLURM_TESTS") != "1":
-    # Every test here passed on a real 3-node cluster, but not yet reliably in one run on a
-    # loaded 2-core machine (kill/freeze timings): opt in until they are stable in CI.
-    pytest.skip("real-cluster Slurm tests are opt-in: SUPERVISOR_SLURM_TESTS=1 scripts/test.sh",
-                allow_module_level=True)
+if os.environ.get("SUPERVISOR_SLURM_TESTS") == "0":
+    pytest.skip("real-cluster Slurm tests switched off (SUPERVISOR_SLURM_TESTS=0)", allow_module_level=True)
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 CLUSTER_DIR = os.environ.get("SLURM_CLUSTER_DIR", "/tmp/es-slurm")
@@ -81,18 +78,8 @@ class Cluster:
         raise AssertionError(f"job {job_id} still {self.job(job_id).get('JobState')} after {timeout}s")
 
     def healthy(self) -> None:
-        """No job left; every node idle (a killed or frozen node is restarted and resumed)."""
-        self.cmd("scancel", "--user=root", check=False)
-        for node, state in self.node_states().items():
-            if state not in ("idle", "mix", "alloc", "comp"):
-                self.sh("thaw-node", node, check=False)
-                self.sh("restart-node", node)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if all(s == "idle" for s in self.node_states().values()):
-                return
-            time.sleep(0.3)
-        raise AssertionError(f"nodes not idle: {self.node_states()}")
+        """No job left; every node idle with a live slurmd (a killed or frozen node is restarted)."""
+        self.sh("heal", timeout=150)
 
 
 @pytest.fixture(scope="module")
@@ -197,9 +184,16 @@ def test_platform_finds_a_killed_node_unresponsive_and_drops_it(slurm, tmp_path)
         await p.launch(spec(0, ["n1", "n2", "n3"], ["sleep", "120"]))
         slurm.sh("kill-node", "n2")
         await p.teardown(1.0)
+        # Either its cancelled step is still listed after kill_confirm_s (unresponsive at once), or
+        # slurmctld declared the node down first (SlurmdTimeout, on a loaded machine) and it left
+        # the allocation: both drop it, within the node timeout.
+        deadline = time.monotonic() + 20
         st = await p.observe()
-        assert "n2" in p.unresponsive and st["n2"].stopped and st["n2"].state == NodeState.LOST
-        assert p.slots() == ["n1", "n3"]
+        while p.slots() != ["n1", "n3"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            st = await p.observe()
+        assert p.slots() == ["n1", "n3"] and "n2" in p.unresponsive
+        assert st["n2"].stopped and st["n2"].state == NodeState.LOST
         # the relaunch on the live nodes starts at once (explicit nodes, --overlap)
         t0 = time.monotonic()
         await p.launch(spec(1, ["n1", "n3"], ["sleep", "120"]))
