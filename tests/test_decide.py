@@ -69,6 +69,16 @@ def test_the_culprit_node_is_named_not_the_one_that_lost_its_peer():
     f = classify({"a": node("a", NodeState.EXITED, 1), "b": node("b")}, [], **KW, failed_ranks={0: True},
                  failed_errors=reset)
     assert f.nodes == ("a",) and f.secondary and "Connection reset by peer" in f.detail
+    # the culprit's whole node died: no agent exit, only silence. Its silence wins over the
+    # victim's exit; the victim's own silence (it said it failed) is no culprit
+    dead = Finding(Kind.DEAD, (1,), ("b",), "silent for 3.2s")
+    victim_silent = Finding(Kind.DEAD, (0,), ("a",), "silent for 3.1s")
+    f = classify({"a": node("a", NodeState.EXITED, 1), "b": node("b")}, [victim_silent, dead], **KW,
+                 failed_ranks={0: True}, failed_errors=reset)
+    assert (f.kind, f.nodes, f.ranks, f.secondary) == ("dead", ("b",), (1,), False)
+    f = classify({"a": node("a", NodeState.EXITED, 1), "b": node("b")}, [victim_silent], **KW,
+                 failed_ranks={0: True}, failed_errors=reset)
+    assert f.kind == "rank_exit" and f.secondary
     # a rank that failed on its own error is never secondary
     f = classify({"a": node("a", NodeState.EXITED, 1), "b": node("b")}, [], **KW, failed_ranks={0: False})
     assert f.nodes == ("a",) and not f.secondary

@@ -107,6 +107,86 @@ def test_restore_falls_back_past_a_corrupt_newest(tmp_path):
     assert [s.name for s in res.skipped] == ["step-0000000002"] and "checksum" in res.skipped[0].reason
 
 
+def flip_inside_tensor(ckpt: Path, tensor: torch.Tensor) -> None:
+    """Flip one byte in the middle of ``tensor``'s raw bytes inside the checkpoint's data files."""
+    raw = tensor.detach().contiguous().numpy().tobytes()
+    for shard in ckpt.glob("*.distcp"):
+        data = bytearray(shard.read_bytes())
+        at = data.find(raw)
+        if at >= 0:
+            data[at + len(raw) // 2] ^= 0x01
+            shard.write_bytes(bytes(data))
+            return
+    raise AssertionError("tensor bytes not found in any shard")
+
+
+def test_a_flipped_bit_inside_a_tensor_is_caught_while_loading_and_the_older_checkpoint_wins(tmp_path):
+    mgr, model, opt, sched, cursor = tiny_job(tmp_path)
+    train_step(model, opt, sched, cursor)
+    mgr.save(1)
+    at_step_1 = {k: v.clone() for k, v in model.state_dict().items()}
+    train_step(model, opt, sched, cursor)
+    mgr.save(2)
+    flip_inside_tensor(tmp_path / "step-0000000002", model[0].weight)
+    assert latest_complete(tmp_path, "fast").checkpoint.step == 2  # sizes intact: only a checksum tells
+    mgr2, model2, *_ = tiny_job(tmp_path, seed=7)
+    res = mgr2.restore()
+    assert res.step == 1 and [s.name for s in res.skipped] == ["step-0000000002"]
+    assert "checksum" in res.skipped[0].reason
+    # the corrupt load wrote into the model before the mismatch was known; step 1 overwrote all of it
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, at_step_1[k]), k
+
+
+@pytest.mark.parametrize("flip", [None, "weight", "gap"])
+def test_big_tensors_are_checksummed_in_the_same_pass_that_reads_them(tmp_path, monkeypatch, flip):
+    from supervisor.checkpoint import CheckpointManager
+    from supervisor.checkpoint import dcp_io
+
+    readers = []
+    init = dcp_io.ManifestReader.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        readers.append(self)
+
+    monkeypatch.setattr(dcp_io.ManifestReader, "__init__", spy)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512)  # 1 MiB of weights: read straight into place
+    CheckpointManager(tmp_path, model=model).save(1)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt = tmp_path / "step-0000000001"
+    if flip == "weight":
+        flip_inside_tensor(ckpt, model.weight)
+    elif flip == "gap":  # a byte of the zip/pickle framing between tensors, not tensor data
+        shard = next(ckpt.glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[10] ^= 0x01
+        shard.write_bytes(bytes(data))
+    torch.manual_seed(1)
+    other = torch.nn.Linear(512, 512)
+    mgr = CheckpointManager(tmp_path, model=other)
+    if flip is None:
+        assert mgr.restore().step == 1
+        assert all(torch.equal(v, expected[k]) for k, v in other.state_dict().items())
+        assert readers[-1].verified_inline and not readers[-1].verified_whole
+    else:
+        with pytest.raises(CheckpointLoadError, match="found corrupt only while loading|fails"):
+            mgr.restore()
+
+
+def test_the_only_checkpoint_corrupt_inside_a_tensor_is_an_error_not_a_fresh_start(tmp_path):
+    mgr, model, opt, sched, cursor = tiny_job(tmp_path)
+    train_step(model, opt, sched, cursor)
+    mgr.save(1)
+    flip_inside_tensor(tmp_path / "step-0000000001", model[2].weight)
+    mgr2, *_ = tiny_job(tmp_path, seed=7)
+    with pytest.raises(CheckpointLoadError, match="found corrupt only while loading.*Rebuild"):
+        mgr2.restore()
+    mgr3, *_ = tiny_job(tmp_path, seed=7)  # a new process, told to leave it out: a fresh start
+    assert mgr3.restore(exclude=["step-0000000001"]) is None
+
+
 def test_fresh_start_returns_none(tmp_path):
     mgr, *_ = tiny_job(tmp_path / "empty")
     assert mgr.restore() is None

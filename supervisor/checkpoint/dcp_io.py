@@ -38,7 +38,8 @@ from torch.distributed.checkpoint.utils import _create_file_view
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.futures import Future
 
-from supervisor.checkpoint.errors import UnsafePathError
+from supervisor.checkpoint.checksum import hash_file, new_hasher
+from supervisor.checkpoint.errors import UnsafePathError, VerificationError
 from supervisor.checkpoint.fsutil import HashingFile
 
 AfterFile = Callable[[str], None]
@@ -131,13 +132,29 @@ class HashingWriter(FileSystemWriter):
 
 
 class ManifestReader(FileSystemReader):
-    """DCP reader that refuses any storage file the manifest does not list (and reads fast)."""
+    """DCP reader that refuses any storage file the manifest does not list (and reads fast).
 
-    def __init__(self, path: Path, allowed: set[str]) -> None:
+    With ``digests`` (relative path -> expected digest, in ``algorithm``), every storage file
+    this reader reads from is verified in the same pass: the file is read from start to end
+    once, each tensor that can be read straight into place is, the bytes between them go
+    through a small scratch buffer, and all of it feeds the checksum. A file the plan reads
+    only a small part of (a resharded load) is checksummed whole first instead. A mismatch
+    raises :class:`VerificationError` before the file's tensors are committed and sets
+    ``corrupt``; tensors already read from it hold bad bytes, so the caller must load
+    another checkpoint over them (or rebuild the model).
+    """
+
+    def __init__(self, path: Path, allowed: set[str], *, digests: dict[str, str] | None = None,
+                 algorithm: str = "") -> None:
         super().__init__(path)
         self.allowed = allowed
+        self.digests = digests
+        self.algorithm = algorithm
+        self.corrupt: str | None = None
         self.direct_reads = 0
         self.fallback_reads = 0
+        self.verified_inline: list[str] = []
+        self.verified_whole: list[str] = []
 
     def read_data(self, plan, planner):
         per_file: dict[str, list] = {}
@@ -145,17 +162,31 @@ class ManifestReader(FileSystemReader):
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for relative_path, reqs in per_file.items():
             with open(Path(self.path) / relative_path, "rb") as stream:
-                for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
+                reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+                placed: dict[int, tuple[int, int, torch.Tensor]] = {}  # request -> (offset, bytes, target)
+                targets: dict[int, torch.Tensor] = {}
+                for i, req in enumerate(reqs):
+                    if req.type == LoadItemType.BYTE_IO:
+                        continue
+                    targets[i] = planner.resolve_tensor(req).detach()
+                    where = self._locate(stream, self.storage_data[req.storage_index], req, targets[i])
+                    if where is not None:
+                        placed[i] = (*where, targets[i])
+                if self.digests is not None:
+                    self._verify_while_reading(stream, relative_path, placed)
+                else:
+                    for offset, nbytes, target in placed.values():
+                        _read_into(stream, offset, nbytes, target, relative_path)
+                self.direct_reads += len(placed)
+                for i, req in enumerate(reqs):
                     info = self.storage_data[req.storage_index]
                     if req.type == LoadItemType.BYTE_IO:
                         view = _create_file_view(stream, info.offset, info.length)
                         data = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
                         planner.load_bytes(req, io.BytesIO(data.read(-1)))
                         continue
-                    target = planner.resolve_tensor(req).detach()
-                    if self._read_direct(stream, info, req, target):
-                        self.direct_reads += 1
-                    else:
+                    target = targets[i]
+                    if i not in placed:
                         self.fallback_reads += 1
                         view = _create_file_view(stream, info.offset, info.length)
                         data = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
@@ -172,38 +203,81 @@ class ManifestReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
+    def _verify_while_reading(self, stream, relative_path: str, placed: dict) -> None:
+        expected = self.digests.get(relative_path) if self.digests is not None else None
+        if expected is None:
+            raise VerificationError(f"{relative_path} has no checksum in the manifest", path=str(self.path))
+        size = os.fstat(stream.fileno()).st_size
+        segments = sorted(placed.values(), key=lambda p: p[0])
+        disjoint = all(a[0] + a[1] <= b[0] for a, b in zip(segments, segments[1:]))
+        if disjoint and sum(n for _, n, _ in segments) * 2 >= size:
+            # one pass: tensors straight into place, the bytes between them through a scratch buffer
+            hasher = new_hasher(self.algorithm)
+            scratch = memoryview(bytearray(min(size, 8 << 20) or 1))
+            pos = 0
+            stream.seek(0)
+            for offset, nbytes, target in [*segments, (size, 0, None)]:
+                while pos < offset:
+                    n = stream.readinto(scratch[: min(len(scratch), offset - pos)])
+                    if not n:
+                        raise VerificationError(f"{relative_path} ended early (truncated?)", path=str(self.path))
+                    hasher.update(scratch[:n])
+                    pos += n
+                if target is not None:
+                    dest = _read_into(stream, offset, nbytes, target, relative_path)
+                    hasher.update(dest)
+                    pos = offset + nbytes
+            digest = hasher.hexdigest()
+            self.verified_inline.append(relative_path)
+        else:
+            # a small part of a big file (resharding): checksum it whole, then read the part
+            _, digest = hash_file(Path(self.path) / relative_path, self.algorithm)
+            for offset, nbytes, target in segments:
+                _read_into(stream, offset, nbytes, target, relative_path)
+            self.verified_whole.append(relative_path)
+        if digest != expected:
+            self.corrupt = relative_path
+            raise VerificationError(f"{relative_path} fails its {self.algorithm} checksum (corrupt)",
+                                    path=str(self.path))
+
     @staticmethod
-    def _read_direct(stream, info, req, target: torch.Tensor) -> bool:
+    def _locate(stream, info, req, target: torch.Tensor) -> tuple[int, int] | None:
+        """(file offset, byte count) of the tensor's raw bytes when it can be read straight into
+        ``target`` (the whole saved chunk, same dtype and shape, contiguous, no transform)."""
         if info.transform_descriptors or target.device.type != "cpu" or not target.is_contiguous():
-            return False
+            return None
         if target.dim() == 0 or target.numel() == 0 or any(o != 0 for o in req.storage_offsets):
-            return False
+            return None
         try:
             view = _create_file_view(stream, info.offset, info.length)
             meta = torch.load(view, map_location="meta", weights_only=True)  # the pickle only: no data
             view.seek(0)
             records = [r for r in torch._C.PyTorchFileReader(view).get_all_records() if r.startswith("data/")]
             if len(records) != 1 or not isinstance(meta, torch.Tensor):
-                return False
+                return None
             view.seek(0)
             zipped = torch._C.PyTorchFileReader(view)
             size, offset = zipped.get_record_size(records[0]), zipped.get_record_offset(records[0])
         except (RuntimeError, ValueError, OSError, EOFError):
-            return False
+            return None
         nbytes = target.numel() * target.element_size()
         if (meta.dtype != target.dtype or tuple(meta.shape) != tuple(target.shape) or tuple(req.lengths) != tuple(meta.shape)
                 or not meta.is_contiguous() or meta.storage_offset() != 0 or size != nbytes
                 or offset + size > info.length):
-            return False
-        dest = memoryview(target.view(torch.uint8).numpy()).cast("B")
-        stream.seek(info.offset + offset)
-        filled = 0
-        while filled < nbytes:
-            n = stream.readinto(dest[filled:])
-            if not n:
-                raise OSError(f"{info.relative_path}: file ended {nbytes - filled} bytes early")
-            filled += n
-        return True
+            return None
+        return info.offset + offset, nbytes
+
+
+def _read_into(stream, offset: int, nbytes: int, target: torch.Tensor, name: str) -> memoryview:
+    dest = memoryview(target.view(torch.uint8).numpy()).cast("B")
+    stream.seek(offset)
+    filled = 0
+    while filled < nbytes:
+        n = stream.readinto(dest[filled:])
+        if not n:
+            raise OSError(f"{name}: file ended {nbytes - filled} bytes early")
+        filled += n
+    return dest
 
     def read_metadata(self, *args, **kwargs):
         metadata = super().read_metadata(*args, **kwargs)

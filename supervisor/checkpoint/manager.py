@@ -523,6 +523,7 @@ class CheckpointManager:
         self._wait_previous()
         skipped: list[Skipped] = []
         excluded = set(exclude)
+        overwritten: str | None = None
         explicit = Path(path) if path is not None and self.rank == 0 else None
         preferred = prefer if self.rank == 0 and prefer and prefer not in excluded else None
         while True:
@@ -540,11 +541,20 @@ class CheckpointManager:
             if choice is None:
                 if skipped and self.rank == 0:
                     log.warning("event=no_verified_checkpoint root=%s skipped=%d", self.root, len(skipped))
+                if overwritten is not None:
+                    raise CheckpointLoadError(
+                        f"no checkpoint verifies, and {overwritten} was found corrupt only while loading: the "
+                        "model and optimizer hold some of its tensors. Rebuild them (a new process) before "
+                        f"training from scratch, with restore(exclude=[{overwritten!r}]) or that checkpoint "
+                        "removed (the supervisor excludes it by itself).",
+                        path=str(self.root))
                 return None
             is_explicit = choice[2]
             ckpt_path, manifest = Path(choice[0]), Manifest.from_dict(choice[1])
             if self.verify_on_restore == "full":
-                mine = sorted(manifest.files)[self.rank :: self.world_size]
+                # the small files (DCP metadata, trainer state) are checksummed up front, shared
+                # among ranks; the tensor files are checksummed by the reader as it loads them
+                mine = sorted(f for f in manifest.files if not _is_tensor_file(f))[self.rank :: self.world_size]
                 err = None
                 try:
                     verify(ckpt_path, "full", only=mine, manifest=manifest)
@@ -559,7 +569,20 @@ class CheckpointManager:
                         raise CheckpointLoadError(errors[0], path=str(ckpt_path))
                     excluded.add(ckpt_path.name)
                     continue
-            rng_mode = self._load(ckpt_path, manifest)
+            try:
+                rng_mode = self._load(ckpt_path, manifest)
+            except _CorruptWhileLoading as exc:
+                # some tensors now hold bytes of a corrupt file: only a full load of another
+                # checkpoint may follow (it overwrites every tensor), never a fresh start
+                overwritten = ckpt_path.name
+                skipped.append(Skipped(ckpt_path.name, exc.reason))
+                if self.rank == 0:
+                    log.warning("event=checkpoint_skipped name=%s reason=%s (found while loading)", ckpt_path.name,
+                                exc.reason)
+                if is_explicit:
+                    raise CheckpointLoadError(exc.reason, path=str(ckpt_path)) from None
+                excluded.add(ckpt_path.name)
+                continue
             if self.rank == 0:
                 log.info(
                     "event=checkpoint_restored step=%d path=%s writer_world_size=%d world_size=%d rng=%s skipped=%d",
@@ -592,13 +615,19 @@ class CheckpointManager:
 
     def _load(self, ckpt_path: Path, manifest: Manifest) -> str:
         error: str | None = None
+        corrupt: str | None = None
         try:
             if self.model is not None:
                 app = self._app_state()
-                dcp.load(
-                    app, storage_reader=ManifestReader(ckpt_path, set(manifest.files)),
-                    process_group=self._pg, no_dist=self._pg is None,
+                full = self.verify_on_restore == "full"
+                reader = ManifestReader(
+                    ckpt_path, set(manifest.files), algorithm=manifest.checksum_algorithm,
+                    digests={rel: e.digest for rel, e in manifest.files.items()} if full else None,
                 )
+                try:
+                    dcp.load(app, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
+                finally:
+                    corrupt = reader.corrupt
                 if self.optimizer is not None:
                     set_state_dict(
                         self.model, self.optimizer,
@@ -615,9 +644,13 @@ class CheckpointManager:
                 self._load_trainer_state(ckpt_path, manifest)
             except (CheckpointError, OSError, ValueError, KeyError, RuntimeError) as exc:
                 error = f"trainer state: {_describe(exc)}"
-        errors = [e for e in self._all_gather(error) if e]
-        if errors:
-            raise CheckpointLoadError(errors[0], path=str(ckpt_path))
+        outcomes = [o for o in self._all_gather((error, corrupt)) if o[0]]
+        if outcomes:
+            bad = [o for o in outcomes if o[1]]
+            if bad:
+                raise _CorruptWhileLoading(f"{bad[0][1]} fails its {manifest.checksum_algorithm} checksum (corrupt)",
+                                           path=str(ckpt_path))
+            raise CheckpointLoadError(outcomes[0][0], path=str(ckpt_path))
         return self._restore_rng(ckpt_path, manifest)
 
     def _load_trainer_state(self, ckpt_path: Path, manifest: Manifest) -> None:
@@ -712,6 +745,15 @@ def _to_bytes(obj: Any) -> bytes:
 def _from_file(path: Path) -> Any:
     # weights_only: tensors, containers and primitives only; a checkpoint never runs code.
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+class _CorruptWhileLoading(CheckpointLoadError):
+    """A tensor file failed its checksum during the load: the model holds some of its bytes."""
+
+
+def _is_tensor_file(rel: str) -> bool:
+    """DCP's tensor data files (``__R_N.distcp``), checksummed while they are read."""
+    return rel.endswith(".distcp")
 
 
 def _describe(exc: BaseException) -> str:

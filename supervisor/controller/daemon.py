@@ -61,7 +61,8 @@ TICK_S = 0.2
 CHECKPOINT_POLL_S = 2.0
 LAUNCH_TRIES = 3
 CALIBRATE_S = 2.0
-# How long a fault seen only through ranks that lost a peer waits for the culprit to show up.
+# How long, at least, a fault seen only through ranks that lost a peer waits for the culprit
+# to show up (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen).
 SECONDARY_GRACE_S = 2.0
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = "supervisor-state.json"
@@ -289,7 +290,8 @@ class Controller:
             # to exit too, so that it (not its victim) is named and counted against its node
             if self._secondary_since is None:
                 self._secondary_since = now
-            if now - self._secondary_since < SECONDARY_GRACE_S:
+            # (a whole node that died or froze shows only as silence: up to the heartbeat timeout)
+            if now - self._secondary_since < max(SECONDARY_GRACE_S, self.cfg.heartbeat.timeout_s + 1.0):
                 return
         self._secondary_since = None
         if fault is not None:

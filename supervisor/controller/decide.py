@@ -99,8 +99,9 @@ def classify(
 
     ``failed_ranks`` maps the ranks that reported their own end (phase ``failed``) to whether
     a peer caused it; ``failed_errors`` holds their messages for the fault's detail. A fault
-    whose failed ranks all lost a peer is ``secondary``: the caller may wait a moment for
-    the culprit's node to exit too.
+    whose failed ranks all lost a peer is ``secondary``: the caller may wait for the culprit
+    to show, either as its node's exit or as a silent rank (a dead or frozen node), which
+    then wins.
     """
     failed = failed_ranks or {}
     candidates = []
@@ -124,21 +125,29 @@ def classify(
         else:
             order = 2
         candidates.append((order, name, n, ranks))
+    # A rank that said it failed and then went quiet is not a silent culprit: it is gone, and
+    # its node's exit (or its peers') says so.
+    findings = [f for f in findings if f.kind != Kind.NONFINITE  # the job stops itself on NaN
+                and not (f.kind == Kind.DEAD and all(r in failed for r in f.ranks))]
     if candidates:
         order, name, n, ranks = min(candidates, key=lambda c: (c[0], c[1]))
-        errors = "; ".join(f"rank {r}: {failed_errors.get(r, '')}"[:240] for r in ranks if r in failed) \
-            if failed_errors else ""
-        suffix = f" ({errors})" if errors else ""
-        if n.state == NodeState.LOST:
-            return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown)",
-                         RUNG_TEARDOWN, False, now)
-        if n.exit_code is not None and n.exit_code < 0:
-            return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
-                         RUNG_TEARDOWN, True, now)
-        kind = _EXIT_KINDS.get(n.exit_code or 0, "rank_exit")
-        return Fault(kind, ranks, (name,), f"node {name}: a rank exited with code {n.exit_code}{suffix}",
-                     RUNG_TEARDOWN, False, now, secondary=order == 2)
-    findings = [f for f in findings if f.kind != Kind.NONFINITE]  # the job stops itself on NaN
+        silent_culprits = [f for f in findings if f.kind in (Kind.DEAD, Kind.NOT_STARTED)]
+        if order < 2 or not silent_culprits:
+            errors = "; ".join(f"rank {r}: {failed_errors.get(r, '')}"[:240] for r in ranks if r in failed) \
+                if failed_errors else ""
+            suffix = f" ({errors})" if errors else ""
+            if n.state == NodeState.LOST:
+                return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown)",
+                             RUNG_TEARDOWN, False, now)
+            if n.exit_code is not None and n.exit_code < 0:
+                return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
+                             RUNG_TEARDOWN, True, now)
+            kind = _EXIT_KINDS.get(n.exit_code or 0, "rank_exit")
+            return Fault(kind, ranks, (name,), f"node {name}: a rank exited with code {n.exit_code}{suffix}",
+                         RUNG_TEARDOWN, False, now, secondary=order == 2)
+        # only peers of the culprit have failed, and the culprit is a silent rank (its whole
+        # node died or froze, so no agent exit tells of it): name it
+        findings = silent_culprits
     if not findings:
         return None
     # Prefer named culprits; among them, the silent ones (they cannot be aborted).
