@@ -487,7 +487,9 @@ class SlurmPlatform(Platform):
                 self.last_error = str(exc)
                 log.error("event=kill_unconfirmed error=%s", exc)
                 return
-            listed = [n for n in nodes if n.step_name in view.steps]
+            # a node already found unresponsive (its state ends in '*', or it left the
+            # allocation) cannot confirm: Slurm may list its step until it gives the node up
+            listed = [n for n in nodes if n.step_name in view.steps and n.name not in self.unresponsive]
             if not listed and all(n.gone or n.popen is None for n in nodes):
                 return
             if time.monotonic() > deadline:
