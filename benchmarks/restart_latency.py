@@ -391,8 +391,11 @@ def analyse_cold(name: str, logs: Path, load) -> SvRun:
     return run
 
 
-def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, rc, load) -> SvRun:
+def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, rc, load,
+                  agent_logs: Path | None = None) -> SvRun:
+    """``agent_logs``: where the platform put ``attempt-K/NODE.log`` (default ``logs``)."""
     run = SvRun(name, kind, rc=rc, load=load)
+    agents = agent_logs or logs
     events = read_jsonl(logs / "events.jsonl")
     recs = rank_records(logs / "ranks")
     launched0 = et(event(events, "launched", attempt=0))
@@ -402,7 +405,7 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
     if t_fault_ext is not None:
         run.t_fault, run.fault_source = t_fault_ext, "killpg time"
     else:
-        injected = log_times(sorted((logs / "attempt-0").glob("*.log")), "event=fault_injected")
+        injected = log_times(sorted((agents / "attempt-0").glob("*.log")), "event=fault_injected")
         if injected:
             run.t_fault, run.fault_source = injected[0], "fault_injected log line"
         else:  # skip-collective logs nothing: the end of the step before it, plus the step sleep
@@ -421,8 +424,8 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
         run.ctrl["total_s"] = rc_ev["total_s"]
         run.ctrl["time"] = iso_epoch(rc_ev["time"])
     t_det = et(det)
-    restored = log_times(sorted((logs / "attempt-1").glob("*.log")), "event=checkpoint_restored")
-    hint = log_times(sorted((logs / "attempt-1").glob("*.log")), "event=restore_point_from_supervisor")
+    restored = log_times(sorted((agents / "attempt-1").glob("*.log")), "event=checkpoint_restored")
+    hint = log_times(sorted((agents / "attempt-1").glob("*.log")), "event=restore_point_from_supervisor")
     if restored and hint:
         run.restore_load = restored[0] - hint[0]
     t_restored = restored[0] if restored else None

@@ -54,7 +54,12 @@ SCRIPT = REPO / "scripts" / "slurm-cluster.sh"
 CLUSTER_DIR = os.environ.get("SLURM_CLUSTER_DIR", "/tmp/es-slurm")
 JOB = [*rl.JOB, "--global-batch", "12"]  # 3 ranks: 4 samples each
 FAULTS = ("node-kill", "node-freeze", "rank-stop")
-DETECTOR = {"node-kill": "node gone", "node-freeze": "heartbeat timeout", "rank-stop": "heartbeat timeout"}
+DETECTOR = {  # what should notice the fault first, per platform
+    ("node-kill", "local"): "agent exit",
+    ("node-kill", "slurm"): "heartbeat timeout (the node's agent dies with it)",
+    ("node-freeze", "local"): "heartbeat timeout", ("node-freeze", "slurm"): "heartbeat timeout",
+    ("rank-stop", "local"): "heartbeat timeout", ("rank-stop", "slurm"): "heartbeat timeout",
+}
 SLURM_NODE = {"node-kill": "n2", "node-freeze": "n3"}
 LOCAL_NODE = {"node-kill": "node1", "node-freeze": "node2"}
 CONFIG = {"platform": {"kind": "slurm"},
@@ -131,8 +136,15 @@ def slurm_run(work: Path, name: str, fault: str) -> rl.SvRun:
             state = job_state(job_id)
     finally:
         cluster("heal", timeout=150)  # cancel the job if it is still there; thaw and restart the node
-    run = rl.analyse_fault(name, fault, logs, t_fault, 0 if state == "COMPLETED" else state, load0 + os.getloadavg())
-    run.note = f"job {job_id} {state}; relaunched on {world(logs)} nodes"
+    return analyse_slurm(name, fault, logs, t_fault, 0 if state == "COMPLETED" else state, load0 + os.getloadavg(),
+                         f"job {job_id} {state}")
+
+
+def analyse_slurm(name: str, fault: str, logs: Path, t_fault: float | None, rc, load, what: str) -> rl.SvRun:
+    run = rl.analyse_fault(name, fault, logs, t_fault, rc, load, agent_logs=logs / "slurm")
+    if t_fault is not None:
+        run.fault_source = f"this script, before `slurm-cluster.sh {fault.split('-')[1]}-node`"
+    run.note = f"{what}; relaunched on {world(logs)} nodes"
     return run
 
 
@@ -151,7 +163,7 @@ def local_run(work: Path, name: str, fault: str) -> rl.SvRun:
         state = json.loads((logs / "supervisor-state.json").read_text())
         agent = int(state["platform"]["nodes"][LOCAL_NODE[fault]]["pid"])
         pids = [agent, *rl.descendants(agent)]  # the ranks live in sessions of their own
-        sig = signal.SIGKILL if fault == "node-kill" else signal.SIGSTOP
+        sig = local_signal(fault)
         t_fault = time.time()
         for pid in pids:
             try:
@@ -160,9 +172,15 @@ def local_run(work: Path, name: str, fault: str) -> rl.SvRun:
                 pass
     rc, leaked = rl.finish(p, logs, 240)
     run = rl.analyse_fault(name, fault, logs, t_fault, rc, load0 + os.getloadavg())
+    if t_fault is not None:
+        run.fault_source = f"this script, before os.killpg({sig.name})"
     run.leaked = leaked
     run.note = f"relaunched on {world(logs)} nodes"
     return run
+
+
+def local_signal(fault: str) -> signal.Signals:
+    return signal.SIGKILL if fault == "node-kill" else signal.SIGSTOP
 
 
 def world(logs: Path) -> str:
@@ -202,7 +220,7 @@ def build_report(args, runs: dict[tuple[str, str], list[rl.SvRun]], started: str
             ratio = ""
             if plat == "local" and totals.get("slurm") and totals.get("local"):
                 ratio = f"{totals['slurm'] / totals['local']:.2f}x"
-            L.append(f"| {fault} | {plat} | {DETECTOR[fault]} ({', '.join(kinds) or '—'}) | {f2(ph['detect'])} | "
+            L.append(f"| {fault} | {plat} | {DETECTOR[fault, plat]} ({', '.join(kinds) or '—'}) | {f2(ph['detect'])} | "
                      f"{f2(ph['teardown'])} | {f2(ph['schedule'])} | {f2(ph['rendezvous'])} | {f2(ph['restore'])} | "
                      f"{f2(ph['first_step'])} | {f2(totals[plat])} | {ratio} | "
                      f"{', '.join(sorted({r.note.rsplit('on ', 1)[-1] for r in rs})) or '—'} |")
@@ -264,7 +282,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "restart_latency_slurm.md")
     p.add_argument("--work", type=Path, help="keep every run's files here (default: a temp dir, removed)")
     p.add_argument("--from-results", type=Path, metavar="RESULTS.json",
-                   help="rebuild the report from a kept work dir's results.json (runs nothing)")
+                   help="rebuild the report from a kept work dir's results.json, re-reading its logs (runs nothing)")
     args = p.parse_args()
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if set(args.faults) - set(FAULTS):
@@ -273,6 +291,21 @@ def main() -> int:
         saved = json.loads(args.from_results.read_text())
         args.rounds, args.faults = saved["rounds"], saved["faults"]
         runs = {tuple(k.split("|")): [rl.SvRun(**r) for r in v] for k, v in saved["runs"].items()}
+        work = args.from_results.parent
+        for (fault, plat), rs in runs.items():  # re-read the kept logs: an analysis fix needs no rerun
+            for i, r in enumerate(rs):
+                logs = work / r.name / "logs"
+                if not logs.is_dir():
+                    continue
+                external = r.t_fault if r.fault_source.startswith(("this script", "killpg")) else None
+                if plat == "slurm":
+                    rs[i] = analyse_slurm(r.name, fault, logs, external, r.rc, tuple(r.load), r.note.split(";")[0])
+                else:
+                    fresh = rl.analyse_fault(r.name, fault, logs, external, r.rc, tuple(r.load))
+                    if external is not None:
+                        fresh.fault_source = f"this script, before os.killpg({local_signal(fault).name})"
+                    fresh.leaked, fresh.note = r.leaked, r.note
+                    rs[i] = fresh
         report = build_report(args, runs, saved["started"], saved["wall"], saved["loads"])
         args.out.write_text(report)
         print(report)

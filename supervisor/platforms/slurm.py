@@ -514,18 +514,27 @@ class SlurmPlatform(Platform):
             return
         for n in live:
             n.killed_by_us = True
-        ids = self._listed_ids([n for n in live if n.name not in self.unresponsive])
+        healthy = [n for n in live if n.name not in self.unresponsive]
+        ids = self._listed_ids(healthy)
+        # With a node of the job unresponsive, `scancel --signal` on the healthy steps waits on
+        # it too (measured: MessageTimeout, 5 s on the test cluster, on a frozen node): signal
+        # through our own srun clients instead, which forward SIGCONT/SIGTERM to their step.
+        direct = bool(self.unresponsive) and bool(healthy) and all(n.popen is not None for n in healthy)
         try:
+            if direct:
+                raise PlatformError(f"nodes {sorted(self.unresponsive)} unresponsive")
             await self._scancel(ids, "CONT")
             await self._scancel(ids, "TERM")  # ranks write their emergency checkpoint, if they can
         except PlatformError as exc:
-            log.warning("event=scancel_failed steps=%s error=%s (signalling through the srun clients)", ids, exc)
-            for n in live:  # srun forwards SIGTERM to its step
+            if not direct:
+                log.warning("event=scancel_failed steps=%s error=%s (signalling through the srun clients)", ids, exc)
+            for n in live:  # srun forwards SIGCONT and SIGTERM to its step
                 if n.popen is not None and n.popen.poll() is None:
-                    try:
-                        n.popen.send_signal(signal.SIGTERM)
-                    except ProcessLookupError:
-                        pass
+                    for sig in (signal.SIGCONT, signal.SIGTERM):
+                        try:
+                            n.popen.send_signal(sig)
+                        except ProcessLookupError:
+                            pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             for n in live:
