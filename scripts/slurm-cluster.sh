@@ -243,6 +243,7 @@ heal() {
     # No job left and every node idle with a live slurmd: what each test may assume. A node
     # killed or frozen by the previous test is thawed and restarted; a slurmd that died is
     # restarted before slurmctld notices (SlurmdTimeout), so the next job does not land on it.
+    timeout 10 scontrol ping 2>/dev/null | grep -q "is UP" || die "heal: slurmctld does not answer (not started? run '$0 start')"
     timeout 5 scancel --quiet --user=root 2>/dev/null || true
     local n state out t pid
     for n in $(node_names); do
