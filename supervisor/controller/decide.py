@@ -137,8 +137,8 @@ def classify(
                 if failed_errors else ""
             suffix = f" ({errors})" if errors else ""
             if n.state == NodeState.LOST:
-                return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown)",
-                             RUNG_TEARDOWN, False, now)
+                return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown){suffix}",
+                             RUNG_TEARDOWN, False, now, secondary=order == 2)
             if n.exit_code is not None and n.exit_code < 0:
                 return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
                              RUNG_TEARDOWN, True, now)
