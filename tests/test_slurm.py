@@ -193,12 +193,14 @@ def test_platform_finds_a_killed_node_unresponsive_and_drops_it(slurm, tmp_path)
             await asyncio.sleep(0.5)
             st = await p.observe()
         assert p.slots() == ["n1", "n3"] and "n2" in p.unresponsive
-        assert st["n2"].stopped and st["n2"].state == NodeState.LOST
+        # we cancelled it: ended (our srun client's exit code) or lost (Slurm still lists it)
+        assert st["n2"].stopped and st["n2"].state in (NodeState.LOST, NodeState.EXITED)
         # the relaunch on the live nodes starts at once (explicit nodes, --overlap)
         t0 = time.monotonic()
         await p.launch(spec(1, ["n1", "n3"], ["sleep", "120"]))
         assert time.monotonic() - t0 < 15
-        assert sorted(steps(slurm, job_id)) == ["sv-k-a0-n2", "sv-k-a1-n1", "sv-k-a1-n3"]
+        # the dead node's cancelled step may still be listed (until slurmctld gives n2 up)
+        assert sorted(set(steps(slurm, job_id)) - {"sv-k-a0-n2"}) == ["sv-k-a1-n1", "sv-k-a1-n3"]
         await p.teardown(1.0)
 
     asyncio.run(scenario())
