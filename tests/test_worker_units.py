@@ -8,6 +8,8 @@ import socket
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from supervisor.protocol import (
     MAX_DATAGRAM,
@@ -147,6 +149,52 @@ def test_schema_violations(mutate):
     with pytest.raises(ProtocolError) as exc:
         decode_heartbeat(frame, TOKEN)
     assert exc.value.reason in ("schema", "malformed")
+
+
+def _framed(d) -> bytes:
+    import hashlib
+    import hmac
+
+    body = json.dumps(d).encode() if not isinstance(d, bytes) else d
+    return b"SV1" + hmac.new(TOKEN, body, hashlib.sha256).digest()[:16] + body
+
+
+def _verdict(decode):
+    try:
+        return decode()
+    except ProtocolError as exc:
+        return exc.reason
+
+
+_VALUES = [0, 1, -1, 2, 7, 2**31, 2**63, 1e9, 1e10, 0.5, -0.5, True, False, None, "", "compute", "x" * 600, [], {}]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(hb().to_payload())), st.sampled_from(_VALUES)), max_size=4),
+       st.lists(st.sampled_from(sorted(hb().to_payload())), max_size=2))
+def test_the_fast_decoder_accepts_exactly_what_the_schema_checks_accept(changes, dropped):
+    # decode_heartbeat (msgspec, one pass) against the plain path (json + from_payload)
+    d = hb().to_payload()
+    for k, v in changes:
+        d[k] = v
+    for k in dropped:
+        d.pop(k, None)
+    frame = _framed(d)
+    fast = _verdict(lambda: decode_heartbeat(frame, TOKEN))
+    plain = _verdict(lambda: Heartbeat.from_payload(decode_frame(frame, TOKEN)))
+    assert fast == plain
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"[1, 2]", "schema"),
+    (b"\xff\xfe{}", "malformed"),
+    (b'{"type": "hb"', "malformed"),
+    (json.dumps({**hb().to_payload(), "rank": True}).encode(), "schema"),
+])
+def test_odd_payloads(body, reason):
+    with pytest.raises(ProtocolError) as exc:
+        decode_heartbeat(_framed(body), TOKEN)
+    assert exc.value.reason == reason
 
 
 def test_control_messages():
