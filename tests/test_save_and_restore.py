@@ -185,6 +185,9 @@ def test_the_only_checkpoint_corrupt_inside_a_tensor_is_an_error_not_a_fresh_sta
         mgr2.restore()
     mgr3, *_ = tiny_job(tmp_path, seed=7)  # a new process, told to leave it out: a fresh start
     assert mgr3.restore(exclude=["step-0000000001"]) is None
+    mgr4, *_ = tiny_job(tmp_path, seed=7)  # asked for exactly that one: an error that says what happened
+    with pytest.raises(CheckpointLoadError, match="checksum.*found while loading.*rebuild"):
+        mgr4.restore(path=tmp_path / "step-0000000001")
 
 
 def test_fresh_start_returns_none(tmp_path):

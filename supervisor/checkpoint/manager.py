@@ -580,7 +580,9 @@ class CheckpointManager:
                     log.warning("event=checkpoint_skipped name=%s reason=%s (found while loading)", ckpt_path.name,
                                 exc.reason)
                 if is_explicit:
-                    raise CheckpointLoadError(exc.reason, path=str(ckpt_path)) from None
+                    raise CheckpointLoadError(f"{exc.reason}; found while loading: the model and optimizer hold "
+                                              "some of its tensors, rebuild them before training",
+                                              path=str(ckpt_path)) from None
                 excluded.add(ckpt_path.name)
                 continue
             if self.rank == 0:
