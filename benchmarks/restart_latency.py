@@ -45,6 +45,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -345,17 +346,45 @@ def sv_launch(work: Path, name: str, *, fault: str | None = None, slots: int = 2
     return p, logs, ckpt
 
 
-def wait_mid_run(p: subprocess.Popen, logs: Path, ckpt: Path, timeout: float = 180) -> bool:
-    """Until step FAULT_STEP-1 is logged by rank 0 and a complete checkpoint exists."""
+def wait_mid_run(p: "subprocess.Popen | Callable[[], bool]", logs: Path, ckpt: Path, timeout: float = 180) -> bool:
+    """Until step FAULT_STEP-1 is logged by rank 0 and a complete checkpoint exists, or the run
+    ended (``p`` exited, or ``p()`` says so)."""
+    ended = p if callable(p) else (lambda: p.poll() is not None)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and p.poll() is None:
+    while time.monotonic() < deadline and not ended():
         recs = read_jsonl(logs / "ranks" / "rank-0.jsonl")
         if recs and recs[-1]["step"] >= FAULT_STEP - 1 and recs[-1]["attempt"] == 0:
-            found = latest_complete(ckpt).checkpoint
+            found = latest_complete(ckpt).checkpoint if ckpt.exists() else None
             if found is not None and found.step >= EVERY:
                 return True
         time.sleep(0.01)
     return False
+
+
+def signal_node(logs: Path, node: str, sig: int) -> float:
+    """Signal a local node at once: its agent (pid from the state file) and its ranks, each in a
+    session of its own (killpg of the agent alone would not reach them). Returns the time sent."""
+    state = json.loads((logs / "supervisor-state.json").read_text())
+    agent = int(state["platform"]["nodes"][node]["pid"])
+    pids = [agent, *descendants(agent)]
+    sent = time.time()
+    for pid in pids:
+        try:
+            os.killpg(os.getpgid(pid), sig)
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+def publish(report: str, out: Path, work: Path, keep: bool, kept_note: str) -> None:
+    """Write the report, print it, and remove the work dir unless asked to keep it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    print()
+    print(report)
+    print(f"\nwritten to {out}" + (f"; {kept_note} in {work}" if keep else ""))
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def finish(p: subprocess.Popen, logs: Path, timeout: float) -> tuple[int | None, int | None]:
@@ -462,15 +491,7 @@ def sv_fault_run(work: Path, name: str, kind: str) -> SvRun:
         p, logs, ckpt = sv_launch(work, name, slots=3)
         t_fault = None
         if wait_mid_run(p, logs, ckpt):
-            state = json.loads((logs / "supervisor-state.json").read_text())
-            agent = int(state["platform"]["nodes"]["node1"]["pid"])
-            ranks = descendants(agent)  # in sessions of their own: killpg(agent) alone would not reach them
-            t_fault = time.time()
-            for pid in [agent, *ranks]:  # the whole node at once: its agent and its rank
-                try:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            t_fault = signal_node(logs, "node1", signal.SIGKILL)
         rc, leaked = finish(p, logs, 240)
         run = analyse_fault(name, kind, logs, t_fault, rc, load0 + os.getloadavg())
         run.leaked = leaked
@@ -964,14 +985,8 @@ def main() -> int:
         "sv": {k: [asdict(r) for r in v] for k, v in sv.items()}, "colds": [asdict(r) for r in colds],
         "warms": [asdict(r) for r in warms], "tr": {"|".join(k): [asdict(t) for t in v] for k, v in tr.items()},
         "loads": loads, "started": started, "wall": wall}, indent=1))
-    report = build_report(args, sv, colds, warms, tr, loads, started, wall)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    print()
-    print(report)
-    print(f"\nwritten to {args.out}" + (f"; every run's files and results.json in {work}" if args.work else ""))
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
+    publish(build_report(args, sv, colds, warms, tr, loads, started, wall), args.out, work, bool(args.work),
+            "every run's files and results.json")
     return 0
 
 

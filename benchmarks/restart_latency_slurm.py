@@ -92,19 +92,6 @@ def job_state(job_id: str) -> str:
     return fields.get("JobState", "UNKNOWN")
 
 
-def wait_mid_run(logs: Path, ckpt: Path, ended, timeout: float = 240) -> bool:
-    """Until rank 0 logged step FAULT_STEP-1 of attempt 0 and a complete checkpoint exists."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not ended():
-        recs = rl.read_jsonl(logs / "ranks" / "rank-0.jsonl")
-        if recs and recs[-1]["step"] >= rl.FAULT_STEP - 1 and recs[-1]["attempt"] == 0:
-            found = rl.latest_complete(ckpt).checkpoint if ckpt.exists() else None
-            if found is not None and found.step >= rl.EVERY:
-                return True
-        time.sleep(0.01)
-    return False
-
-
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
 
 
@@ -126,7 +113,7 @@ def slurm_run(work: Path, name: str, fault: str) -> rl.SvRun:
     t_fault = None
     try:
         if fault in SLURM_NODE:
-            if wait_mid_run(logs, ckpt, lambda: job_state(job_id) in TERMINAL):
+            if rl.wait_mid_run(lambda: job_state(job_id) in TERMINAL, logs, ckpt, timeout=240):
                 t_fault = time.time()
                 cluster(f"{fault.split('-')[1]}-node", SLURM_NODE[fault])
         deadline = time.monotonic() + 300
@@ -159,17 +146,9 @@ def local_run(work: Path, name: str, fault: str) -> rl.SvRun:
     load0 = os.getloadavg()
     p = rl.start(cmd, env=rl.job_env(d, spec), out=d / "supervisor-output.txt", cwd=d)
     t_fault = None
-    if fault in LOCAL_NODE and wait_mid_run(logs, ckpt, lambda: p.poll() is not None):
-        state = json.loads((logs / "supervisor-state.json").read_text())
-        agent = int(state["platform"]["nodes"][LOCAL_NODE[fault]]["pid"])
-        pids = [agent, *rl.descendants(agent)]  # the ranks live in sessions of their own
-        sig = local_signal(fault)
-        t_fault = time.time()
-        for pid in pids:
-            try:
-                os.killpg(os.getpgid(pid), sig)
-            except ProcessLookupError:
-                pass
+    sig = local_signal(fault)
+    if fault in LOCAL_NODE and rl.wait_mid_run(p, logs, ckpt, timeout=240):
+        t_fault = rl.signal_node(logs, LOCAL_NODE[fault], sig)
     rc, leaked = rl.finish(p, logs, 240)
     run = rl.analyse_fault(name, fault, logs, t_fault, rc, load0 + os.getloadavg())
     if t_fault is not None:
@@ -192,11 +171,11 @@ def world(logs: Path) -> str:
 # report
 
 def build_report(args, runs: dict[tuple[str, str], list[rl.SvRun]], started: str, wall: float,
-                 loads: list[float]) -> str:
+                 loads: list[float], commit: str) -> str:
     f2, med = rl.f2, rl.med
     L = ["# Restart latency on Slurm per fault, beside the local platform", ""]
     L.append(f"Command: `python benchmarks/restart_latency_slurm.py --rounds {args.rounds} --faults "
-             f"{','.join(args.faults)}` ({started}, {wall / 60:.1f} min; commit {git_state('supervisor')}).")
+             f"{','.join(args.faults)}` ({started}, {wall / 60:.1f} min; commit {commit}).")
     L.append("")
     loads_txt = (f"1-min load average over the runs: min {min(loads):.2f}, median {rl.statistics.median(loads):.2f}, "
                  f"max {max(loads):.2f}" if loads else "load average not recorded")
@@ -306,7 +285,8 @@ def main() -> int:
                         fresh.fault_source = f"this script, before os.killpg({local_signal(fault).name})"
                     fresh.leaked, fresh.note = r.leaked, r.note
                     rs[i] = fresh
-        report = build_report(args, runs, saved["started"], saved["wall"], saved["loads"])
+        report = build_report(args, runs, saved["started"], saved["wall"], saved["loads"],
+                              saved.get("commit", "unknown"))
         args.out.write_text(report)
         print(report)
         return 0
@@ -323,6 +303,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     rl.WORK = work
     started = time.strftime("%Y-%m-%d %H:%M %Z")
+    commit = git_state("supervisor")  # what is measured, also when the report is rebuilt later
     t0 = time.monotonic()
     runs: dict[tuple[str, str], list[rl.SvRun]] = {}
     loads: list[float] = []
@@ -341,15 +322,10 @@ def main() -> int:
     wall = time.monotonic() - t0
     (work / "results.json").write_text(json.dumps({
         "rounds": args.rounds, "faults": args.faults, "started": started, "wall": wall, "loads": loads,
+        "commit": commit,
         "runs": {"|".join(k): [asdict(r) for r in v] for k, v in runs.items()}}, indent=1))
-    report = build_report(args, runs, started, wall, loads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
-    print()
-    print(report)
-    print(f"\nwritten to {args.out}" + (f"; every run's files in {work}" if args.work else ""))
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
+    rl.publish(build_report(args, runs, started, wall, loads, commit), args.out, work, bool(args.work),
+               "every run's files and results.json")
     return 0
 
 
