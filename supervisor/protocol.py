@@ -16,7 +16,9 @@ or range is rejected with a reason (counted by the controller, never acted upon)
 directions use the same frame: heartbeats (``type: hb``) go up, control messages come back to
 the heartbeat's source address: ``dump`` (write every thread's stack to the rank's log, the
 evidence taken before anything is killed) and ``abort`` (dump, then SIGKILL yourself). The controller fences every
-message by ``attempt``; a worker obeys an abort only for its own attempt and rank.
+message by ``attempt``; a worker obeys an abort only for its own attempt and rank. Control messages
+are numbered (``seq``, :class:`ControlSequencer`): a rank obeys only a number above the last one
+it accepted (no replay), and only from the address its heartbeats go to.
 
 Neither ``supervisor.worker`` nor the controller imports the other; both import this module.
 """
@@ -28,6 +30,8 @@ import functools
 import hashlib
 import hmac
 import json
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -261,7 +265,65 @@ def decode_heartbeat(frame: bytes, token: bytes) -> Heartbeat:
     return _build(values)
 
 
-def control_message(kind: str, *, attempt: int, rank: int, reason: str = "") -> dict[str, Any]:
-    if kind not in ("ack", "abort", "dump"):
+CONTROL_KINDS = ("ack", "abort", "dump")
+REJECT_REPLAYED = "replayed"
+"""A rank's reason for a control message numbered at or below the last one it accepted."""
+
+
+class ControlSequencer:
+    """Numbers one controller's control messages (``seq``); a rank accepts only a number above
+    the last one it accepted, so a captured frame cannot be replayed.
+
+    The numbers are strictly increasing and start at the wall clock in nanoseconds: a controller
+    restarted after a crash, whose adopted ranks accepted its predecessor's numbers, numbers
+    above them without any saved state (unless the clock was set back by more than the outage).
+    """
+
+    def __init__(self, floor: int = 0) -> None:
+        self.last = floor
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self.last = max(self.last + 1, time.time_ns())
+            return self.last
+
+
+_CONTROL_SEQ = ControlSequencer()
+
+
+def control_message(kind: str, *, attempt: int, rank: int, reason: str = "", seq: int | None = None) -> dict[str, Any]:
+    """A control message for one rank; ``seq`` defaults to the next number of this process's
+    :class:`ControlSequencer` (one controller per process)."""
+    if kind not in CONTROL_KINDS:
         raise ValueError(f"unknown control message {kind!r}")
-    return {"type": kind, "attempt": attempt, "rank": rank, "reason": reason[:400]}
+    if seq is None:
+        seq = _CONTROL_SEQ.next()
+    return {"type": kind, "attempt": attempt, "rank": rank, "seq": seq, "reason": reason[:400]}
+
+
+@dataclass(frozen=True)
+class Control:
+    kind: str
+    attempt: int
+    rank: int
+    seq: int
+    reason: str = ""
+
+
+def decode_control(frame: bytes, token: bytes) -> Control:
+    """Authenticate and check one control message (what a rank receives); ProtocolError otherwise."""
+    obj = decode_frame(frame, token)
+    kind = obj.get("type")
+    if kind not in CONTROL_KINDS:
+        raise ProtocolError(REJECT_SCHEMA, f"not a control message: {kind!r}"[:120])
+    values = {}
+    for name, hi in (("attempt", 1 << 31), ("rank", MAX_RANK), ("seq", _BIG)):
+        v = obj.get(name)
+        if type(v) is not int or not 0 <= v <= hi:
+            raise ProtocolError(REJECT_SCHEMA, f"bad {name}: {v!r}"[:120])
+        values[name] = v
+    reason = obj.get("reason", "")
+    if not isinstance(reason, str):
+        raise ProtocolError(REJECT_SCHEMA, "bad reason")
+    return Control(kind=kind, reason=reason[:400], **values)

@@ -198,8 +198,8 @@ def test_odd_payloads(body, reason):
 
 
 def test_control_messages():
-    msg = decode_frame(encode(control_message("abort", attempt=2, rank=1, reason="hang"), TOKEN), TOKEN)
-    assert msg == {"type": "abort", "attempt": 2, "rank": 1, "reason": "hang"}
+    msg = decode_frame(encode(control_message("abort", attempt=2, rank=1, reason="hang", seq=9), TOKEN), TOKEN)
+    assert msg == {"type": "abort", "attempt": 2, "rank": 1, "seq": 9, "reason": "hang"}
     with pytest.raises(ValueError):
         control_message("reboot", attempt=0, rank=0)
 

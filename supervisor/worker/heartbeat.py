@@ -3,8 +3,12 @@
 * Sends the latest :class:`~supervisor.worker.telemetry.Snapshot` only: nothing is queued,
   so an unreachable controller costs no memory. Send errors back off exponentially (up to
   30 s) and recover on the next success.
-* Listens on the same socket for control messages (``abort``) from the controller; an abort
-  for this rank and attempt calls ``on_abort`` (the runtime dumps stacks, then SIGKILLs).
+* Listens on the same socket for control messages (``dump``, ``abort``) from the controller;
+  an abort for this rank and attempt calls ``on_abort`` (the runtime dumps stacks, then SIGKILLs).
+  The socket is connected to the controller's address, so the kernel drops datagrams from any
+  other source; a message must carry the job token's MAC and a ``seq`` above the last one
+  accepted (a replayed frame is refused). Rejected datagrams are counted in ``rejected`` and
+  logged at most once per :data:`REJECT_LOG_INTERVAL_S` (with the count since the last line).
 * Without a controller address it writes the heartbeat atomically to
   ``LOG_DIR/heartbeat-rank-R.json`` (what ``supervisor status`` and people can read).
 * A daemon thread: it dies with the process, and a SIGSTOPped process goes silent with it.
@@ -22,12 +26,13 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from supervisor.protocol import Heartbeat, ProtocolError, decode_frame, encode
+from supervisor.protocol import REJECT_REPLAYED, Heartbeat, ProtocolError, decode_control, encode
 from supervisor.worker.session import Session
 from supervisor.worker.telemetry import RankState
 
 log = logging.getLogger("supervisor.worker")
 MAX_BACKOFF_S = 30.0
+REJECT_LOG_INTERVAL_S = 30.0
 
 
 class HeartbeatSender:
@@ -45,6 +50,14 @@ class HeartbeatSender:
         self._thread = threading.Thread(target=self._run, name="supervisor-heartbeat", daemon=True)
         self._backoff_until = 0.0
         self._backoff = 0.0
+        self._connected = False
+        self._connect_lock = threading.Lock()
+        self.last_control_seq = 0
+        """The ``seq`` of the last control message accepted: only a higher one is obeyed."""
+        self.rejected: dict[str, int] = {}
+        """Control datagrams refused, by reason (malformed, unauthenticated, schema, replayed)."""
+        self._reject_logged_at: float | None = None
+        self._reject_unlogged = 0
 
     def start(self) -> None:
         if self.session.supervised:
@@ -60,6 +73,8 @@ class HeartbeatSender:
             self._thread.join(timeout=2 * self.session.heartbeat_interval + 1)
         if self._sock is not None:
             self._sock.close()
+        if self._reject_unlogged:
+            self._log_rejected(None, force=True)
 
     def beat_now(self) -> None:
         """Send one heartbeat immediately (after a watchdog event, say)."""
@@ -98,7 +113,14 @@ class HeartbeatSender:
         if now < self._backoff_until:
             return
         try:
-            self._sock.sendto(encode(hb.to_payload(), self.session.token or b""), self.session.heartbeat_addr)  # type: ignore[arg-type]
+            frame = encode(hb.to_payload(), self.session.token or b"")
+            self._connect()
+            try:
+                self._sock.send(frame)
+            except ConnectionRefusedError:
+                # an earlier datagram's "port unreachable" (the controller restarting), reported
+                # on this connected socket instead of the datagram: not an error of this one
+                self._sock.send(frame)
             self.sent += 1
             if self._backoff:
                 log.info("event=heartbeat_recovered after_errors=%d", self.send_errors)
@@ -109,6 +131,30 @@ class HeartbeatSender:
             self._backoff_until = now + self._backoff
             if self.send_errors in (1, 10) or self.send_errors % 100 == 0:
                 log.warning("event=heartbeat_send_failed errors=%d backoff_s=%.1f error=%s", self.send_errors, self._backoff, exc)
+
+    def _connect(self) -> None:
+        """Connect the socket to the controller (once, resolving its name): sends go there, and
+        the kernel delivers datagrams from that address only."""
+        if self._connected:
+            return
+        with self._connect_lock:
+            if not self._connected:
+                self._sock.connect(self.session.heartbeat_addr)  # type: ignore[union-attr]
+                self._connected = True
+
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self._reject_unlogged += 1
+        self._log_rejected(reason)
+
+    def _log_rejected(self, reason: str | None, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and self._reject_logged_at is not None and now - self._reject_logged_at < REJECT_LOG_INTERVAL_S:
+            return
+        log.warning("event=control_message_rejected count=%d last_reason=%s totals=%s (logged at most every %gs)",
+                    self._reject_unlogged, reason, dict(self.rejected), REJECT_LOG_INTERVAL_S)
+        self._reject_logged_at = now
+        self._reject_unlogged = 0
 
     def _receive(self, timeout: float) -> None:
         if self._sock is None:
@@ -122,20 +168,24 @@ class HeartbeatSender:
         if not ready:
             return
         try:
-            frame, _ = self._sock.recvfrom(8192)
+            frame = self._sock.recv(8192)
         except OSError:  # e.g. ECONNREFUSED reported for an earlier send: ignore
             return
         try:
-            msg = decode_frame(frame, self.session.token or b"")
+            msg = decode_control(frame, self.session.token or b"")
         except ProtocolError as exc:
-            log.warning("event=control_message_rejected reason=%s", exc.reason)
+            self._reject(exc.reason)
             return
-        if msg.get("attempt") != self.session.attempt or msg.get("rank") != self.session.rank:
+        if msg.attempt != self.session.attempt or msg.rank != self.session.rank:
             return
-        if msg.get("type") == "abort":
-            self.on_abort(str(msg.get("reason", ""))[:400])
-        elif msg.get("type") == "dump" and self.on_dump is not None:
-            self.on_dump(str(msg.get("reason", ""))[:400])
+        if msg.seq <= self.last_control_seq:
+            self._reject(REJECT_REPLAYED)
+            return
+        self.last_control_seq = msg.seq
+        if msg.kind == "abort":
+            self.on_abort(msg.reason)
+        elif msg.kind == "dump" and self.on_dump is not None:
+            self.on_dump(msg.reason)
 
     def _write_local(self, hb: Heartbeat) -> None:
         log_dir = self.session.log_dir
