@@ -42,7 +42,10 @@ def build_app(controller: "Controller") -> web.Application:
 
     async def restore_point(request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization", "")
-        given = auth[7:].encode() if auth.startswith("Bearer ") else b""
+        try:
+            given = auth[7:].encode() if auth.startswith("Bearer ") else b""
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (kept as surrogates): not the token
+            given = b""
         if not hmac.compare_digest(given, controller.token):
             return web.json_response({"error": "unauthenticated"}, status=401)
         try:
