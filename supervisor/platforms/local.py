@@ -10,7 +10,9 @@ rank's: killing a node kills all its processes. Agents' output goes to
 
 After a controller restart the gang is adopted from the state file: pids are checked in
 ``/proc`` (a zombie counts as gone; this machine's PID 1 reaps slowly) and exit codes of
-adopted agents are unknown (``LOST`` unless the ranks reported completion).
+adopted agents are unknown (``LOST`` unless the ranks reported completion). Every pid is saved
+with its process start time and signalled or adopted only while that still matches: a pid
+reused by an unrelated process (after a reboot or a long outage) is never adopted nor killed.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ log = logging.getLogger("supervisor.platform.local")
 
 
 class _Node:
-    def __init__(self, name: str, attempt: int, pid: int, popen: subprocess.Popen | None) -> None:
+    def __init__(self, name: str, attempt: int, pid: int, popen: subprocess.Popen | None,
+                 started: int | None) -> None:
         self.name = name
         self.attempt = attempt
         self.pid = pid
         self.popen = popen
+        self.started = started
+        """The agent's start time (clock ticks since boot, from /proc): tells a reused pid apart."""
         self.killed_by_us = False
         self.exit_code: int | None = None
         self.gone = False
@@ -43,13 +48,21 @@ class _Node:
         # group does not reach the ranks: remember them (pid -> start time, against pid reuse)
         self.ranks: dict[int, int | None] = {}
 
+    def agent_is_ours(self) -> bool:
+        """The agent's pid still names the process this node started (running, or a zombie not
+        yet reaped), not another one that got the pid since."""
+        return self.started is not None and start_time(self.pid) == self.started
+
     def track_ranks(self) -> None:
+        if not self.agent_is_ours():  # a stranger's children are not our ranks
+            return
         for pid in descendants(self.pid):
             if pid not in self.ranks:
                 self.ranks[pid] = start_time(pid)
 
     def live_ranks(self) -> list[int]:
-        return [pid for pid, started in self.ranks.items() if pid_alive(pid) and start_time(pid) == started]
+        return [pid for pid, started in self.ranks.items()
+                if started is not None and pid_alive(pid) and start_time(pid) == started]
 
 
 class LocalPlatform(Platform):
@@ -99,7 +112,8 @@ class LocalPlatform(Platform):
                 raise PlatformError(f"cannot start the agent of {name}: {exc}") from exc
             finally:
                 out.close()
-            self.nodes[name] = _Node(name, spec.attempt, popen.pid, popen)
+            # not reaped yet, so /proc still has it even if it already exited
+            self.nodes[name] = _Node(name, spec.attempt, popen.pid, popen, start_time(popen.pid))
             log.info("event=node_launched node=%s attempt=%d pid=%d", name, spec.attempt, popen.pid)
 
     async def observe(self) -> dict[str, NodeStatus]:
@@ -112,7 +126,7 @@ class LocalPlatform(Platform):
                     code = node.popen.poll()
                     if code is not None:
                         node.gone, node.exit_code = True, code
-                elif not pid_alive(node.pid):
+                elif not (pid_alive(node.pid) and node.agent_is_ours()):
                     node.gone = True
             if node.gone:
                 state = NodeState.EXITED if node.exit_code is not None else NodeState.LOST
@@ -126,16 +140,25 @@ class LocalPlatform(Platform):
         return result
 
     def _signal_group(self, node: _Node, sig: int) -> None:
-        """Signal the node: the agent's process group and each rank's own session."""
+        """Signal the node: the agent's process group and each rank's own session, and each
+        process of the node by pid. Only pids whose start time is still the one recorded: a pid
+        that another process holds now (the agent reaped, a reboot) is never signalled."""
         if not node.gone:
             node.track_ranks()
-        for pgid in (node.pid, *node.live_ranks()):
+        groups = [node.pid] if node.agent_is_ours() else []
+        tracked = node.live_ranks()
+        for pgid in (*groups, *tracked):
             try:
                 os.killpg(pgid, sig)
-            except ProcessLookupError:
+            except ProcessLookupError:  # gone, or not a group leader (signalled by pid below)
                 pass
             except PermissionError as exc:
                 raise PlatformError(f"cannot signal {node.name}: {exc}") from exc
+        for pid in tracked:  # what is left of a reaped agent's group
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     async def kill_node(self, name: str) -> None:
         node = self.nodes.get(name)
@@ -168,7 +191,7 @@ class LocalPlatform(Platform):
             await asyncio.sleep(0.05)
 
     def describe(self) -> dict:
-        return {"nodes": {n.name: {"pid": n.pid, "attempt": n.attempt,
+        return {"nodes": {n.name: {"pid": n.pid, "start": n.started, "attempt": n.attempt,
                                    "ranks": {str(p): t for p, t in n.ranks.items()}} for n in self.nodes.values()}}
 
     async def adopt(self, saved: dict, attempt: int) -> bool:
@@ -177,8 +200,14 @@ class LocalPlatform(Platform):
         for name, info in nodes.items():
             if name not in self._slots or info.get("attempt") != attempt:
                 continue
-            node = _Node(name, attempt, int(info["pid"]), None)
+            started = info.get("start")
+            node = _Node(name, attempt, int(info["pid"]), None, started if type(started) is int else None)
             node.ranks = {int(p): t for p, t in (info.get("ranks") or {}).items()}
-            node.gone = not pid_alive(node.pid)
+            node.gone = not (pid_alive(node.pid) and node.agent_is_ours())
+            if node.gone and pid_alive(node.pid):
+                log.warning("event=adopt_refused node=%s pid=%d reason=%s (left alone)", name, node.pid,
+                            "no start time saved" if node.started is None else
+                            f"the pid now belongs to another process (started at {start_time(node.pid)}, "
+                            f"the agent at {node.started})")
             self.nodes[name] = node
         return any(not n.gone for n in self.nodes.values())
