@@ -180,3 +180,79 @@ def test_cluster_script_is_valid_shell_and_prints_usage():
     subprocess.run(["bash", "-n", str(script)], check=True)
     proc = subprocess.run([str(script)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "kill-node" in proc.stdout
+
+
+# ----------------------------------------------------------------- adoption never touches a stranger
+
+@pytest.fixture
+def stranger():
+    """A process that exits 7 once its stdin closes (killed by a signal, it returns -N instead),
+    leading its own process group like an srun client."""
+    proc = subprocess.Popen(["sh", "-c", "read line; exit 7"], stdin=subprocess.PIPE, start_new_session=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _finish(proc: subprocess.Popen) -> int:
+    """7 if no signal reached it: one sent earlier is pending before its input ends."""
+    proc.stdin.close()
+    return proc.wait(timeout=10)
+
+
+def _fake_slurm(tmp_path: Path, listed_step: str) -> tuple[Path, Path]:
+    """squeue listing job 42 running on n1 with one step; scancel records its arguments."""
+    cancels = tmp_path / "scancel.log"
+    bin_dir = _fake_bin(tmp_path, "squeue", f'case " $* " in *" -s "*) echo "{listed_step}|sv-job-a1-n1|n1";; '
+                                            '*) echo "RUNNING|n1";; esac')
+    _fake_bin(tmp_path, "sinfo", 'echo "n1|allocated"')
+    _fake_bin(tmp_path, "scancel", f'echo "$*" >> {shlex.quote(str(cancels))}')
+    return bin_dir, cancels
+
+
+def _saved(srun_pid: int, srun_start, step_id: str = "42.3") -> dict:
+    node = {"attempt": 1, "step_name": "sv-job-a1-n1", "step_id": step_id, "srun_pid": srun_pid, "log": "n1.log"}
+    if srun_start is not None:
+        node["srun_start"] = srun_start
+    return {"job_id": "42", "restart_count": "0", "unresponsive": [], "nodes": {"n1": node}}
+
+
+def _adopt_then_teardown(tmp_path, bin_dir, saved) -> bool:
+    p = SlurmPlatform("42", tmp_path, command_timeout_s=5, kill_confirm_s=0.3, bin_dir=str(bin_dir), base_env={})
+
+    async def scenario():
+        adopted = await p.adopt(saved, 1)
+        await p.teardown(0.1)
+        return adopted
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("wrong_start", [True, False], ids=["wrong-start-time", "no-start-time"])
+def test_an_adopted_step_whose_srun_pid_is_reused_is_cancelled_but_the_pid_is_not_signalled(tmp_path, stranger,
+                                                                                               wrong_start):
+    from supervisor.procfs import start_time
+
+    bin_dir, cancels = _fake_slurm(tmp_path, "42.3")
+    saved = _saved(stranger.pid, start_time(stranger.pid) + 1 if wrong_start else None)
+    assert _adopt_then_teardown(tmp_path, bin_dir, saved) is True  # the step is ours
+    assert "42.3" in cancels.read_text()  # it is stopped through Slurm
+    assert _finish(stranger) == 7  # the process holding the old srun pid got no signal
+
+
+def test_a_step_of_the_same_name_but_another_id_is_not_adopted_nor_cancelled(tmp_path, stranger):
+    from supervisor.procfs import start_time
+
+    bin_dir, cancels = _fake_slurm(tmp_path, "42.9")
+    assert _adopt_then_teardown(tmp_path, bin_dir, _saved(stranger.pid, start_time(stranger.pid) + 1)) is False
+    assert "42.9" not in (cancels.read_text() if cancels.exists() else "")
+    assert _finish(stranger) == 7
+
+
+def test_an_adopted_srun_client_with_the_right_start_time_is_ended(tmp_path, stranger):
+    from supervisor.procfs import start_time
+
+    bin_dir, cancels = _fake_slurm(tmp_path, "42.3")
+    assert _adopt_then_teardown(tmp_path, bin_dir, _saved(stranger.pid, start_time(stranger.pid))) is True
+    assert stranger.wait(timeout=10) == -9

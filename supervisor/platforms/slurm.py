@@ -43,7 +43,7 @@ from typing import Mapping, Sequence
 
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.platforms.clients import commands
-from supervisor.procfs import pid_alive, proc_state
+from supervisor.procfs import pid_alive, proc_state, start_time
 
 log = logging.getLogger("supervisor.platform.slurm")
 
@@ -133,6 +133,7 @@ class _Node:
     log_path: Path
     popen: subprocess.Popen | None = None
     srun_pid: int | None = None
+    srun_start: int | None = None       # the srun client's start time (/proc): tells a reused pid apart
     step_id: str | None = None          # "J.S" once Slurm lists it
     killed_by_us: bool = False
     exit_code: int | None = None
@@ -314,7 +315,7 @@ class SlurmPlatform(Platform):
                 log.warning("event=step_ended node=%s attempt=%d step=%s srun_exit=%d lost=%s", node.name,
                             node.attempt, node.step_id, code, node.lost)
         else:  # adopted: no client of ours; the step's presence is all we know
-            alive = node.srun_pid is not None and pid_alive(node.srun_pid)
+            alive = _client_is_ours(node)
             if not alive and self.view.at and node.step_name not in self.view.steps and not self.last_error:
                 node.gone, node.lost = True, True
 
@@ -380,6 +381,7 @@ class SlurmPlatform(Platform):
             finally:
                 out.close()
             node.srun_pid = node.popen.pid
+            node.srun_start = start_time(node.popen.pid)  # not reaped yet: /proc still has it
             self.nodes[name] = node
             log.info("event=node_launched node=%s attempt=%d srun_pid=%d step_name=%s", name, spec.attempt,
                      node.srun_pid, node.step_name)
@@ -437,8 +439,13 @@ class SlurmPlatform(Platform):
         return [n.step_id for n in nodes if n.step_id and (n.step_name in self.view.steps or self.last_error)]
 
     def _kill_client(self, node: _Node) -> None:
-        pid = node.popen.pid if node.popen is not None else node.srun_pid
-        if pid is None:
+        if node.popen is not None:
+            if node.popen.returncode is not None:
+                return  # ended and reaped: its pid may be another process's by now
+            pid = node.popen.pid
+        elif _client_is_ours(node):  # adopted: only while the pid is still that srun
+            pid = node.srun_pid
+        else:
             return
         for sig in (signal.SIGKILL, signal.SIGCONT):
             try:
@@ -553,7 +560,8 @@ class SlurmPlatform(Platform):
         return {
             "job_id": self.job_id, "restart_count": str(self.restart_count), "unresponsive": sorted(self.unresponsive),
             "nodes": {n.name: {"attempt": n.attempt, "step_name": n.step_name, "step_id": n.step_id,
-                               "srun_pid": n.srun_pid, "log": str(n.log_path)} for n in self.nodes.values()},
+                               "srun_pid": n.srun_pid, "srun_start": n.srun_start, "log": str(n.log_path)}
+                      for n in self.nodes.values()},
         }
 
     async def adopt(self, saved: dict, attempt: int) -> bool:
@@ -570,12 +578,34 @@ class SlurmPlatform(Platform):
         for name, info in (saved.get("nodes") or {}).items():
             if info.get("attempt") != attempt:
                 continue
+            srun_start = info.get("srun_start")
             node = _Node(name, attempt, info["step_name"], Path(info.get("log") or self.log_dir / f"{name}.log"),
-                         srun_pid=info.get("srun_pid"), step_id=info.get("step_id"))
-            node.gone = info["step_name"] not in view.steps
+                         srun_pid=info.get("srun_pid"), srun_start=srun_start if type(srun_start) is int else None,
+                         step_id=info.get("step_id"))
+            listed = view.steps.get(node.step_name)
+            # the step must still be this job's, and the very step we started (same id)
+            ours = listed is not None and listed[0].startswith(f"{self.job_id}.") and (
+                node.step_id is None or listed[0] == node.step_id)
+            if listed is not None and not ours:
+                log.warning("event=adopt_refused node=%s step_name=%s listed_step=%s saved_step=%s (not ours: left "
+                            "alone)", name, node.step_name, listed[0], node.step_id)
+                node.step_id = None  # never cancel a step by a name that is not ours
+                node.step_name = ""
+            elif ours:
+                node.step_id = listed[0]
+            if node.srun_pid is not None and not _client_is_ours(node):
+                node.srun_pid = None  # a pid reused by another process: never signal it
+            node.gone = not ours
             node.lost = node.gone
             self.nodes[name] = node
         return any(not n.gone for n in self.nodes.values())
+
+
+def _client_is_ours(node: _Node) -> bool:
+    """An adopted node's srun client pid still names that srun (same start time), not a
+    process that got the pid since."""
+    return (node.srun_pid is not None and node.srun_start is not None and pid_alive(node.srun_pid)
+            and start_time(node.srun_pid) == node.srun_start)
 
 
 def _kv(line: str) -> dict[str, str]:
