@@ -1,8 +1,10 @@
 """The job configuration: YAML in, frozen validated dataclasses out.
 
 Every field has a documented default; unknown keys are errors (a typo must not silently
-become a default); every error names the field's path (``restart.budget_s: ...``). The file
-is parsed with ``yaml.safe_load`` after a size check, so no tags, no code, bounded cost.
+become a default); every error names the field's path (``restart.budget_s: ...``). The file is read up to
+:data:`MAX_CONFIG_BYTES` and parsed by YAML's safe loader with its aliases bounded (a document
+whose nodes, aliases expanded, number over :data:`MAX_CONFIG_NODES` is refused: a few hundred
+bytes of nested aliases would otherwise expand to gigabytes), so no tags, no code, bounded cost.
 
 Example (``examples/job.yaml``)::
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -28,6 +31,9 @@ from typing import Any
 import yaml
 
 MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_NODES = 100_000
+"""YAML nodes in a config file, every alias counted as the nodes it stands for."""
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PLATFORMS = ("local", "slurm", "kubernetes")
 
 
@@ -234,7 +240,12 @@ class JobConfig:
             raise ConfigError("nproc_per_node: must be >= 1")
         if self.platform.nodes and self.platform.nodes < self.nodes.min:
             raise ConfigError(f"platform.nodes: {self.platform.nodes} slots cannot hold nodes.min={self.nodes.min}")
-        for k in self.env:
+        for k, v in self.env.items():
+            if not isinstance(k, str) or not ENV_NAME.fullmatch(k):
+                raise ConfigError(f"env: {k!r} is not a variable name (letters, digits and '_', not starting with a "
+                                  "digit)")
+            if not isinstance(v, str) or "\0" in v:
+                raise ConfigError(f"env.{k}: must be a string without NUL characters, got {v!r}"[:200])
             if k.startswith("SUPERVISOR_") and k != "SUPERVISOR_FAULT":
                 raise ConfigError(f"env.{k}: SUPERVISOR_* variables are set by the supervisor")
 
@@ -247,20 +258,82 @@ class JobConfig:
 
 
 def load(path: str | os.PathLike) -> JobConfig:
+    return from_dict(load_raw(path))
+
+
+def load_raw(path: str | os.PathLike) -> dict[str, Any]:
+    """The YAML mapping in ``path``, unvalidated, read within the limits: at most
+    :data:`MAX_CONFIG_BYTES` bytes (however the file reports its size) and
+    :data:`MAX_CONFIG_NODES` nodes with aliases expanded. ConfigError otherwise."""
     path = Path(path)
     try:
-        size = path.stat().st_size
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: {size} bytes is over the {MAX_CONFIG_BYTES} byte limit")
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: over the {MAX_CONFIG_BYTES} byte limit")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        raw = safe_load_bounded(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    return from_dict(raw)
+    return raw
+
+
+def safe_load_bounded(text: str, max_nodes: int = MAX_CONFIG_NODES) -> Any:
+    """``yaml.safe_load`` that refuses, before building anything, a document whose node graph
+    expands (aliases and merge keys counted as copies) past ``max_nodes`` nodes, or nests
+    too deeply. ConfigError otherwise."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_nodes(node, max_nodes)
+        if expanded > max_nodes:
+            raise ConfigError(f"its aliases expand to over {max_nodes} YAML nodes (an alias bomb?): refused")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError("nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_nodes(root: yaml.Node, limit: int) -> int:
+    """Nodes of the tree the graph under ``root`` stands for (shared nodes counted at every
+    use), computed over the graph (each node visited once), capped just above ``limit``."""
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        if done:
+            on_path.discard(key)
+            size[key] = min(limit + 1, 1 + sum(size[id(c)] for c in children))
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise ConfigError("an alias refers to a node that contains it (a recursive structure): refused")
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)]
 
 
 def from_dict(raw: dict[str, Any]) -> JobConfig:
@@ -311,7 +384,15 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ConfigError(f"{path}: must be a mapping of strings")
-        return {k: str(v) for k, v in value.items()}
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, bool):
+                out[k] = "true" if v else "false"
+            elif isinstance(v, (str, int, float)):
+                out[k] = str(v)
+            else:  # a list, a mapping, or null: no one string it could mean
+                raise ConfigError(f"{path}.{k}: must be a string, number or boolean, got {type(v).__name__}")
+        return out
     if origin in (typing.Union, types.UnionType):
         return value
     raise ConfigError(f"{path}: unsupported type {tp}")

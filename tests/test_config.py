@@ -61,3 +61,78 @@ def test_bad_files(tmp_path):
     (tmp_path / "big.yaml").write_text("#" * (MAX_CONFIG_BYTES + 1))
     with pytest.raises(ConfigError, match="limit"):
         load(tmp_path / "big.yaml")
+
+
+# ----------------------------------------------------------------- env, alias bombs
+
+@pytest.mark.parametrize("env, match", [
+    ({"A": ["x", "y"]}, r"env.A: must be a string, number or boolean, got list"),
+    ({"A": {"k": "v"}}, r"env.A: must be a string, number or boolean, got dict"),
+    ({"A": None}, r"env.A: must be a string, number or boolean, got NoneType"),
+    ({"A=B": "x"}, r"env: 'A=B' is not a variable name"),
+    ({"1A": "x"}, r"env: '1A' is not a variable name"),
+    ({"A\0B": "x"}, r"is not a variable name"),
+    ({"": "x"}, r"env: '' is not a variable name"),
+    ({"A B": "x"}, r"is not a variable name"),
+    ({"A": "x\0y"}, r"env.A: must be a string without NUL"),
+])
+def test_env_takes_scalars_under_variable_names_only(env, match):
+    with pytest.raises(ConfigError, match=match):
+        from_dict({"command": ["x"], "env": env})
+
+
+def test_env_scalars_become_strings():
+    cfg = from_dict({"command": ["x"], "env": {"A": 1, "B": 2.5, "C": True, "D": False, "_e9": "s"}})
+    assert cfg.env == {"A": "1", "B": "2.5", "C": "true", "D": "false", "_e9": "s"}
+
+
+def test_an_alias_bomb_of_a_few_hundred_bytes_is_refused(tmp_path):
+    # 6 levels of 9 aliases: 531,441 strings from 281 bytes (9 levels: 387 million)
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcde", "bcdef")]
+    text = "command: [x]\nenv:\n  " + "\n  ".join(lines) + "\n  BOMB: *f\n"
+    assert len(text) < 400
+    (tmp_path / "bomb.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"bomb.yaml: its aliases expand to over 100000 YAML nodes"):
+        load(tmp_path / "bomb.yaml")
+    # merge keys copy mappings the same way
+    merge = ["a: &a {x: 1, y: 2}"] + [f"{c}: &{c} {{<<: [*{p}, *{p}]}}" for p, c in
+                                       zip("abcdefghijklmnopqrst", "bcdefghijklmnopqrstu")]
+    (tmp_path / "merge.yaml").write_text("command: [x]\n" + "\n".join(merge) + "\n")
+    with pytest.raises(ConfigError, match=r"aliases expand to over"):
+        load(tmp_path / "merge.yaml")
+    (tmp_path / "loop.yaml").write_text("command: &c [x, *c]\n")
+    with pytest.raises(ConfigError, match=r"recursive"):
+        load(tmp_path / "loop.yaml")
+
+
+def test_a_few_aliases_are_fine(tmp_path):
+    (tmp_path / "ok.yaml").write_text("command: &cmd [python, t.py]\nenv: &e {A: '1'}\n"
+                                      "platform: {kind: local, nodes: 2}\nnodes: {min: 1, max: 2}\n")
+    cfg = load(tmp_path / "ok.yaml")
+    assert cfg.command == ("python", "t.py") and cfg.env == {"A": "1"}
+
+
+def test_a_file_that_reports_no_size_is_read_within_the_limit(tmp_path):
+    # a FIFO has st_size 0 and can stream forever: the limit is on the bytes read
+    import os
+    import threading
+
+    fifo = tmp_path / "cfg.yaml"
+    os.mkfifo(fifo)
+
+    def writer():
+        with open(fifo, "wb") as f:
+            try:
+                for _ in range(64):
+                    f.write(b"#" * (64 * 1024))
+            except BrokenPipeError:
+                pass
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        with pytest.raises(ConfigError, match="limit"):
+            load(fifo)
+    finally:
+        t.join(timeout=10)
