@@ -104,6 +104,7 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
     if args.step is None and candidates(root) == [] and (root / "manifest.json").exists():
         targets = [root]  # DIR is itself one checkpoint
     elif args.step is None:
+        # exit 0 only when the newest checkpoint verifies: a FAILED line never comes with 0
         found = latest_complete(root, level)
         for s in found.skipped:
             print(f"FAILED {s.name}: {s.reason}")
@@ -113,7 +114,11 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
         c = found.checkpoint
         print(f"OK {c.name}: step {c.step}, {len(c.manifest.files)} files, "
               f"{_human_bytes(c.manifest.total_bytes)} verified ({level})")
-        return EXIT_FAILED if found.skipped and args.strict else EXIT_OK
+        if found.skipped:
+            print(f"error: the newest checkpoint ({found.skipped[0].name}) fails verification; a restore would fall "
+                  f"back to {c.name} (step {c.step})", file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK
     else:
         targets = [c.path for c in candidates(root) if c.step == args.step]
         if not targets:
@@ -138,9 +143,20 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
     if not root.is_dir():
         print(f"error: {root} is not a directory", file=sys.stderr)
         return EXIT_FAILED
+    protect: set[str] = set()
+    if args.log_dir:
+        # the supervisor's own record: the checkpoint its attempt restores from, and the
+        # suspects it keeps as evidence, are never deleted under it
+        saved = _saved_state(args.log_dir)
+        if saved is None:
+            return EXIT_FAILED
+        protect = {n for n in (saved.get("restore_from"), saved.get("restored")) if n}
+        protect |= set((saved.get("history") or {}).get("suspects", []))
+        if protect:
+            print(f"protected by the supervisor's state: {', '.join(sorted(protect))}")
     try:
         result = prune(root, args.keep, dry_run=args.dry_run, remove_partial=args.remove_partial,
-                       partial_grace_s=args.partial_grace)
+                       partial_grace_s=args.partial_grace, protect=protect)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -152,13 +168,14 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_controller(cfg) -> int:
+def _run_controller(cfg, fresh: bool = False) -> int:
     import asyncio
 
     from supervisor.controller.daemon import Controller
+    from supervisor.controller.state import StateError
 
     if cfg.platform.kind == "slurm":
-        return _run_slurm_controller(cfg)
+        return _run_slurm_controller(cfg, fresh)
     from supervisor.platforms.local import LocalPlatform
 
     platform = LocalPlatform(cfg.node_slots, Path(cfg.log_dir).resolve())
@@ -167,7 +184,10 @@ def _run_controller(cfg) -> int:
           f"(slots: {cfg.node_slots}); logs and events in {cfg.log_dir}; `supervisor status --log-dir {cfg.log_dir}`",
           file=sys.stderr)
     try:
-        return asyncio.run(Controller(cfg, platform).run())
+        return asyncio.run(Controller(cfg, platform, fresh=fresh).run())
+    except StateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except Exception:  # noqa: BLE001 - say what state things are in, then let it show
@@ -185,7 +205,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _run_controller(cfg)
+    if args.allow_fresh_start:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, restart=dataclasses.replace(cfg.restart, allow_fresh_start=True))
+    return _run_controller(cfg, fresh=args.fresh)
 
 
 def _launch_config(args: argparse.Namespace):
@@ -208,7 +232,8 @@ def _launch_config(args: argparse.Namespace):
         "platform": {"kind": "local", "nodes": args.slots or nmax},
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
         "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
-        "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts},
+        "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
+                    "allow_fresh_start": args.allow_fresh_start},
         "health": {"phase_floor_s": args.hang_timeout_floor},
         "http": {"port": args.port},
         "metrics_linger_s": args.metrics_linger,
@@ -223,7 +248,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _run_controller(cfg)
+    return _run_controller(cfg, fresh=args.fresh)
 
 
 def _rank0_losses(log_dir: str) -> dict[int, float]:
@@ -294,24 +319,76 @@ def cmd_drill(args: argparse.Namespace) -> int:
         print(_table([[str(e["attempt"]), e["reason"], *[f"{e['phases'].get(p, 0):.2f}" for p in phases],
                        f"{e['total_s']:.2f}", "yes" if e["within_budget"] else "NO"] for e in restarts],
                      ["ATTEMPT", "REASON", *[p.upper() for p in phases], "TOTAL S", "IN BUDGET"]))
-    ok = runs["control"][1] == 0 and runs["drill"][1] == 0 and not missing and bool(common) and worst <= args.tolerance
+    faults = [e for e in events if e["event"] == "fault_detected"]
+    relaunched = [e for e in events if e["event"] == "launched" and e.get("attempt", 0) > 0]
+    # a drill whose fault never fired rehearsed nothing: that is a failure, not a pass
+    rehearsed = bool(faults) and bool(relaunched) and bool(restarts)
+    ok = (runs["control"][1] == 0 and runs["drill"][1] == 0 and not missing and bool(common)
+          and worst <= args.tolerance and rehearsed)
     print()
+    if not rehearsed:
+        print("drill FAILED: nothing was rehearsed: " + (
+            "the fault never fired (no fault detected; check its step, rank and attempt against the job)"
+            if not faults else "no restart completed after the fault"))
     print("drill PASSED: the resumed job took the steps the uninterrupted one took" if ok else
           "drill FAILED: see above (exit codes, missing steps, or a loss path outside the tolerance)")
     return EXIT_OK if ok else EXIT_FAILED
 
 
-def _status_url(args: argparse.Namespace) -> str | None:
+def _saved_state(log_dir: str) -> dict | None:
+    """The job's state file, for `status` when no supervisor answers; None (with an error
+    printed) when it cannot be read."""
+    from supervisor.controller.state import STATE_FILE, StateError, load, to_json
+
+    path = Path(log_dir) / STATE_FILE
+    try:
+        saved = load(path)
+    except StateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    if saved is None:
+        print(f"error: no {path}: no supervisor has run a job with --log-dir {log_dir}", file=sys.stderr)
+        return None
+    return to_json(saved)
+
+
+def _status_url(args: argparse.Namespace, saved: dict | None) -> str | None:
     if args.url:
         return args.url.rstrip("/")
-    state = Path(args.log_dir) / "supervisor-state.json"
-    try:
-        port = json.loads(state.read_text())["http_port"]
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"error: cannot read {state}: {exc} (is a supervisor running with --log-dir {args.log_dir}?)",
-              file=sys.stderr)
+    if saved is None or not saved.get("http_port"):
         return None
-    return f"http://127.0.0.1:{port}"
+    host = saved.get("http_host") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://{host}:{saved['http_port']}"
+
+
+def render_final(saved: dict, log_dir: str) -> str:
+    """A finished (or unattended) job, from its state file and events: what on-call needs."""
+    ck = saved.get("last_checkpoint")
+    lines = [
+        f"job {saved['job']}  phase {saved['phase']}  attempt {saved['attempt']}  run {saved.get('run', 1)}"
+        + (f"  exit code {saved['exit_code']}" if "exit_code" in saved else ""),
+        f"last checkpoint: {ck['name']} (step {ck['step']})" if ck else "last checkpoint: none",
+        f"restored by the last attempt: {saved.get('restored') or saved.get('restore_from') or 'nothing (fresh start)'}",
+    ]
+    hist = saved.get("history") or {}
+    if hist.get("suspects"):
+        why = hist.get("suspect_why", {})
+        lines += [f"suspect checkpoint: {n}: {why.get(n, '')}" for n in hist["suspects"]]
+    if hist.get("excluded"):
+        lines.append(f"excluded nodes: {', '.join(hist['excluded'])}")
+    if saved.get("stop_reason"):
+        lines.append(f"reason: {saved['stop_reason']}")
+    try:
+        events = [json.loads(x) for x in (Path(log_dir) / "events.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        events = []
+    faults = [e for e in events if e.get("event") == "fault_detected" and e.get("run", 1) == saved.get("run", 1)]
+    if faults:
+        f = faults[-1]
+        lines.append(f"last fault (attempt {f.get('attempt')}): {f.get('kind')} ranks {f.get('ranks')}: {f.get('detail')}")
+    return "\n".join(lines)
 
 
 def render_status(st: dict) -> str:
@@ -322,6 +399,13 @@ def render_status(st: dict) -> str:
     ck = st.get("last_checkpoint")
     lines.append(f"last checkpoint: {ck['name']} (step {ck['step']}, {_human_age(ck['age_s'])} ago)" if ck
                  else "last checkpoint: none")
+    if st.get("restored") or st.get("restore_from"):
+        refused = st.get("restore_refused") or {}
+        lines.append(f"restored: {st.get('restored') or '(not yet reported)'}"
+                     + (f" (announced {st['restore_from']})" if st.get("restore_from") != st.get("restored") else "")
+                     + "".join(f"; refused {n}: {why}" for n, why in refused.items()))
+    for name in st.get("suspect_checkpoints") or []:
+        lines.append(f"suspect checkpoint: {name}: {(st.get('suspect_why') or {}).get(name, '')}")
     if st.get("excluded_nodes"):
         lines.append(f"excluded nodes: {', '.join(st['excluded_nodes'])}")
     lines.append("")
@@ -354,19 +438,38 @@ def render_status(st: dict) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Ask the running supervisor; when none answers, show the job's final (or last known)
+    state from its state file and events instead of an error."""
     import urllib.error
     import urllib.request
 
-    url = _status_url(args)
-    if url is None:
-        return EXIT_FAILED
+    from supervisor.controller.decide import TERMINAL, JobPhase
+
     while True:
-        try:
-            with urllib.request.urlopen(f"{url}/status", timeout=5) as resp:
-                st = json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            print(f"error: no supervisor answering at {url}: {exc}", file=sys.stderr)
+        saved = None if args.url else _saved_state(args.log_dir)
+        if saved is None and not args.url:
             return EXIT_FAILED
+        url = _status_url(args, saved)
+        st, error = None, "no HTTP port recorded"
+        if url is not None:
+            try:
+                with urllib.request.urlopen(f"{url}/status", timeout=5) as resp:
+                    st = json.loads(resp.read())
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                error = str(exc)
+        if st is None:
+            if saved is None:
+                print(f"error: no supervisor answering at {url}: {error}", file=sys.stderr)
+                return EXIT_FAILED
+            if args.json:
+                print(json.dumps(saved, indent=1))
+            else:
+                if JobPhase(saved["phase"]) not in TERMINAL:
+                    print(f"warning: the job is not finished but no supervisor answers at {url} ({error}); its "
+                          "last recorded state follows. Run the same supervisor command again to adopt the gang.",
+                          file=sys.stderr)
+                print(render_final(saved, args.log_dir))
+            return EXIT_OK
         if args.json:
             print(json.dumps(st, indent=1))
         else:
@@ -394,7 +497,18 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (default: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
                    help="after the job ends keep serving /metrics this long, for a last scrape (default 15)")
+    _add_run_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fresh", action="store_true",
+                   help="start a new run even if LOG_DIR holds the state of an unfinished one (or an unreadable "
+                   "state): what is left of its gang is stopped first and the old state is kept beside the new one. "
+                   "Without it, an unfinished run is continued (its live gang adopted)")
+    p.add_argument("--allow-fresh-start", action="store_true",
+                   help="let the job train from scratch when it has had checkpoints but none is usable any more "
+                   "(default: stop in stopped_no_checkpoint, exit 6, so that no progress is thrown away)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -409,8 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the supervisor daemon for a job described by a YAML config",
                        description="Run the controller: launch the gang, watch heartbeats, recover from faults. "
                        "Exit code: 0 completed, 3 stopped by the progress guard, 4 max restarts, 5 no capacity, "
-                       "1 failed/stopped, 2 bad config.")
+                       "6 no usable checkpoint left, 1 failed/stopped, 2 bad config or the job's state refused "
+                       "(another controller runs it, or its state file is unreadable: see --fresh).")
     p.add_argument("--config", required=True, metavar="JOB.yaml", help="the job config (see examples/job.yaml)")
+    _add_run_args(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(
@@ -467,21 +583,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = ck_sub.add_parser(
         "verify", help="verify the newest checkpoint (or --step N); exit 1 with the reason if it fails",
-        description="Without --step: report the newest checkpoint that verifies and why newer ones "
-        "were skipped (exit 1 if none verifies). With --step N: verify that step's checkpoints. "
-        "DIR may also be one checkpoint directory.",
+        description="Without --step: verify the newest checkpoint; if it fails, say why and which older one "
+        "a restore would fall back to. Exit 0 only when the newest verifies, 1 when it fails (even if an "
+        "older one verifies) or none does. With --step N: verify that step's checkpoints (exit 1 if any "
+        "fails). DIR may also be one checkpoint directory.",
     )
     p.add_argument("dir", metavar="DIR", help="checkpoint root, or one checkpoint directory")
     p.add_argument("--step", type=int, help="verify the checkpoint(s) of this global step")
     p.add_argument("--full", action="store_true", help="recompute every checksum (reads every byte)")
-    p.add_argument("--strict", action="store_true", help="exit 1 if any newer checkpoint was skipped")
+    p.add_argument("--strict", action="store_true", help=argparse.SUPPRESS)  # the default now: kept for old scripts
     p.set_defaults(func=cmd_checkpoints_verify)
 
     p = ck_sub.add_parser(
         "prune", help="keep the newest K complete checkpoints, delete older ones",
         description="Delete complete checkpoints beyond the newest K (K >= 2). Never deletes the "
-        "newest one that verifies, one that fails verification (kept as evidence), or a save in "
-        "flight.",
+        "newest one that passes full verification (checksums), one that fails verification (kept as "
+        "evidence), a save in flight, or (with --log-dir) what the supervisor's state names.",
     )
     p.add_argument("dir", metavar="DIR", help="checkpoint root")
     p.add_argument("--keep", type=int, required=True, metavar="K", help="complete checkpoints to keep (>= 2)")
@@ -490,11 +607,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also remove partial saves whose writer is dead (same host) or older than --partial-grace")
     p.add_argument("--partial-grace", type=float, default=3600.0, metavar="SECONDS",
                    help="age after which a partial save counts as abandoned (default 3600)")
+    p.add_argument("--log-dir", metavar="LOG_DIR",
+                   help="the job's supervisor log dir: never delete the checkpoint its state restores from, nor "
+                   "the suspects it keeps as evidence")
     p.set_defaults(func=cmd_checkpoints_prune)
     return parser
 
 
-def _run_slurm_controller(cfg) -> int:
+def _run_slurm_controller(cfg, fresh: bool = False) -> int:
     """The controller inside a Slurm allocation: the batch host's address, the time-limit warning
     signal (emergency checkpoint: the gang is stopped with SIGTERM), and the optional requeue."""
     import asyncio
@@ -522,7 +642,7 @@ def _run_slurm_controller(cfg) -> int:
     warned = []
 
     async def main() -> int:
-        controller = Controller(cfg, platform)
+        controller = Controller(cfg, platform, fresh=fresh)
         loop = asyncio.get_running_loop()
 
         def on_warning() -> None:
@@ -545,8 +665,13 @@ def _run_slurm_controller(cfg) -> int:
                 logging.getLogger("supervisor").error("event=slurm_requeue_failed error=%s", exc)
         return code
 
+    from supervisor.controller.state import StateError
+
     try:
         return asyncio.run(main())
+    except StateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except Exception:  # noqa: BLE001
@@ -559,7 +684,7 @@ def _run_slurm_controller(cfg) -> int:
 def cmd_sbatch(argv: Sequence[str]) -> int:
     """supervisor sbatch [ours] [sbatch options] -- COMMAND...: write the batch script and the
     job config (the command is argv in JSON: no shell ever sees it), then submit or print."""
-    from supervisor.config import ConfigError, from_dict
+    from supervisor.config import ConfigError, from_dict, load_raw
     from supervisor.platforms.base import PlatformError
     from supervisor.platforms.slurm import render_batch_script, submit
 

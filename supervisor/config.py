@@ -139,6 +139,10 @@ class RestartConfig:
     rank), so the SIGTERM grace before SIGKILL is short."""
     exclude_node_after: int = 1
     """Node-level failures (node lost, frozen, unresponsive) before a node is excluded."""
+    allow_fresh_start: bool = False
+    """Whether the job may train from scratch after having had a checkpoint, when none is left
+    that verifies and is not suspect. Off by default: the job stops in STOPPED_NO_CHECKPOINT
+    (exit 6) instead of silently throwing its progress away (``--allow-fresh-start``)."""
 
     def __post_init__(self) -> None:
         for name in ("budget_s", "abort_grace_s", "kill_grace_s", "teardown_grace_s"):
@@ -228,6 +232,11 @@ class JobConfig:
     metrics_linger_s: float = 15.0
     """After the job ends, keep serving /metrics this long (a signal cuts it short), so that
     Prometheus scrapes the final phase at least once."""
+    metrics_per_rank_limit: int = 256
+    """/metrics exports per-rank series (heartbeat age, step, straggler score, phase, node: 13
+    series a rank) for every rank while the world size is at most this; above it, only for the
+    10 stalest ranks past the heartbeat timeout and the 10 worst stragglers, beside the job-level
+    aggregates (so a 16,384-rank job stays under a few hundred series). 0: only those ranks."""
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -236,6 +245,8 @@ class JobConfig:
             raise ConfigError("job: 1-64 characters of letters, digits, '-', '_', '.'")
         if self.metrics_linger_s < 0:
             raise ConfigError("metrics_linger_s: must be >= 0")
+        if self.metrics_per_rank_limit < 0:
+            raise ConfigError("metrics_per_rank_limit: must be >= 0")
         if self.nproc_per_node < 1:
             raise ConfigError("nproc_per_node: must be >= 1")
         if self.platform.nodes and self.platform.nodes < self.nodes.min:

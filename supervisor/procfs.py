@@ -49,3 +49,24 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Live processes of this user whose environment holds ``name=value`` (from /proc).
+
+    How a supervisor finds what is left of a gang it no longer has a record of: every agent
+    and rank it starts carries the job's log directory in its environment.
+    """
+    needle = f"{name}={value}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and pid_alive(int(entry)):
+            out.append(int(entry))
+    return out

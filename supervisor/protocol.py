@@ -42,6 +42,10 @@ MAC_BYTES = 16
 MAX_DATAGRAM = 4096
 MAX_RANK = 1 << 20
 PHASES = ("init", "restore", "data", "compute", "collective", "checkpoint", "idle", "done", "failed")
+# What a rank's restore came to: a checkpoint loaded, no checkpoint to load (a fresh start),
+# or a failure (nothing that verifies when one was required, or a load error).
+RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED = "restored", "fresh", "failed"
+RESTORE_STATES = ("", RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED)
 
 REJECT_MALFORMED = "malformed"
 REJECT_OVERSIZED = "oversized"
@@ -137,6 +141,20 @@ class Heartbeat:
     """Phase ``failed``: the exception that is ending this rank (type and message, truncated)."""
     error_peer: bool = False
     """The error is a communication failure caused by another rank (a peer that died or hung)."""
+    ckpt_root: str = ""
+    """The checkpoint root this rank saves to and restores from (absolute), once it is known."""
+    restore_state: str = ""
+    """One of :data:`RESTORE_STATES`: what this rank's restore came to ("" while not done)."""
+    restored: str = ""
+    """The checkpoint this rank restored (``step-N``), or "" (none, or not yet)."""
+    restore_skipped: str = ""
+    """Checkpoints the restore refused, with why: ``name: reason; name: reason`` (truncated)."""
+    restore_s: float = 0.0
+    """How long this rank's restore took (its own clock)."""
+    steps_done: int = 0
+    """Steps this process completed (since its restore). Sent at once when the first completes."""
+    first_step_s: float = 0.0
+    """From the end of the restore to the end of the first step (this rank's own clock)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
@@ -202,12 +220,20 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "stack_file": (str, 0, 1024),
     "error": (str, 0, 512),
     "error_peer": (bool, 0, 0),
+    "ckpt_root": (str, 0, 512),
+    "restore_state": (str, 0, 16),
+    "restored": (str, 0, 64),
+    "restore_skipped": (str, 0, 384),
+    "restore_s": (float, 0, 1e9),
+    "steps_done": (int, 0, _BIG),
+    "first_step_s": (float, 0, 1e9),
 }
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s"}
 _INT, _FLOAT, _BOOL, _STR = range(4)
 _CHECKS = tuple((name, {int: _INT, float: _FLOAT, bool: _BOOL, str: _STR}[kind], lo, hi, name in _REQUIRED)
                 for name, (kind, lo, hi) in _FIELDS.items())
 _PHASE_SET = frozenset(PHASES)
+_RESTORE_SET = frozenset(RESTORE_STATES)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Heartbeat) if f.default is not dataclasses.MISSING}
 _FACTORIES = tuple((f.name, f.default_factory) for f in dataclasses.fields(Heartbeat)
                    if f.default_factory is not dataclasses.MISSING)
@@ -220,6 +246,8 @@ def _build(values: dict[str, Any]) -> Heartbeat:
         raise ProtocolError(REJECT_SCHEMA, "rank >= world_size")
     if values["phase"] not in _PHASE_SET:
         raise ProtocolError(REJECT_SCHEMA, f"unknown phase {values['phase']!r}"[:120])
+    if values["restore_state"] not in _RESTORE_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown restore_state {values['restore_state']!r}"[:120])
     for name, factory in _FACTORIES:
         values[name] = factory()
     # What the frozen dataclass's __init__ does (it has no __post_init__), without one

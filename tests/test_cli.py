@@ -58,10 +58,14 @@ def test_verify_step_fails_with_reason(root, capsys):
     assert main(["checkpoints", "verify", str(root), "--step", "3"]) == 0  # sizes are fine
     assert main(["checkpoints", "verify", str(root), "--step", "3", "--full"]) == 1
     assert "FAILED step-0000000003" in capsys.readouterr().out
-    assert main(["checkpoints", "verify", str(root), "--full"]) == 0  # falls back to step 2
-    out = capsys.readouterr().out
+    # the newest fails: exit 1 (a FAILED line never comes with exit 0), and the fallback is named
+    assert main(["checkpoints", "verify", str(root), "--full"]) == 1
+    captured = capsys.readouterr()
+    out = captured.out
     assert "FAILED step-0000000003" in out and "checksum" in out and "OK step-0000000002" in out
+    assert "would fall back to step-0000000002" in captured.err
     assert main(["checkpoints", "verify", str(root), "--full", "--strict"]) == 1
+    assert main(["checkpoints", "verify", str(root)]) == 0  # fast: sizes are fine, the newest passes
 
 
 def test_verify_one_checkpoint_directory(root, capsys):

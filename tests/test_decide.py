@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.controller.decide import (
+    EXIT_CODES,
     RUNG_ABORT,
     RUNG_KILL_NODE,
     RUNG_TEARDOWN,
@@ -13,13 +14,18 @@ from supervisor.controller.decide import (
     JobPhase,
     Relaunch,
     RestartTimer,
+    RestoreReport,
     Stop,
     classify,
     completed,
+    parse_skipped,
     plan_next,
+    restore_report,
+    root_verdict,
 )
 from supervisor.health import Finding, Kind
 from supervisor.platforms.base import NodeState, NodeStatus
+from supervisor.protocol import Heartbeat
 
 
 def node(name, state=NodeState.RUNNING, code=None, ours=False, stopped=False):
@@ -108,15 +114,23 @@ def fault(kind="hang", nodes=("b",), node_failure=False):
     return Fault(kind, (1,), nodes, "x", RUNG_ABORT, node_failure, 0.0)
 
 
+C10, C20, C30 = "step-0000000010", "step-0000000020", "step-0000000030"
+RESTORED_10_STEPPED = RestoreReport(state="restored", restored=C10, stepped=True, ranks_reported=2)
 PLAN = dict(slots=["a", "b", "c"], previous_nodes=["a", "b"], nodes_min=1, nodes_max=2, max_restarts=5,
-            guard_attempts=3, exclude_after=1, latest_checkpoint="step-0000000020", made_progress=True,
-            attempt_restored_from="step-0000000010", first_step_done=True)
+            guard_attempts=3, exclude_after=1, checkpoints=[C20, C10], made_progress=True,
+            report=RESTORED_10_STEPPED)
+
+
+def hb(restore_state="", restored="", skipped="", steps_done=0, root=""):
+    return Heartbeat(job="j", attempt=1, rank=0, world_size=2, seq=1, step=0, phase="compute", phase_s=0.0,
+                     restore_state=restore_state, restored=restored, restore_skipped=skipped, steps_done=steps_done,
+                     ckpt_root=root)
 
 
 def test_relaunch_same_nodes_from_latest():
     h = History()
     d = plan_next(history=h, fault=fault(), **PLAN)
-    assert d == Relaunch(("a", "b"), "step-0000000020", (), ())
+    assert d == Relaunch(("a", "b"), C20, (), (), require_checkpoint=True)
     assert h.restarts == 1 and h.attempts_without_progress == 0
 
 
@@ -147,12 +161,66 @@ def test_progress_guard_and_max_restarts():
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_MAX_RESTARTS
 
 
-def test_checkpoint_that_never_got_a_first_step_is_suspect():
+@pytest.mark.parametrize("reports, suspects, pick", [
+    # a crash one step after a good restore says nothing against the checkpoint (the bug that
+    # sent a job back to step 0: "first step" was inferred from sampled heartbeats)
+    ([RESTORED_10_STEPPED] * 3, [], C20),
+    # restored, and no step after it: once is not evidence, twice is
+    ([RestoreReport(state="restored", restored=C20)], [], C20),
+    ([RestoreReport(state="restored", restored=C20)] * 2, [C20], C10),
+    # the ranks refused it (checksum): suspect at once, the next older one is used
+    ([RestoreReport(state="restored", restored=C10, refused=((C20, "fails its sha256 checksum (corrupt)"),),
+                    stepped=False)], [C20], C10),
+    # nothing reported (died before restoring): no evidence about any checkpoint
+    ([RestoreReport()] * 3, [], C20),
+])
+def test_a_checkpoint_is_suspect_only_on_evidence_about_it(reports, suspects, pick):
     h = History()
-    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"first_step_done": False,
-                                                            "attempt_restored_from": "step-0000000020"})
-    assert h.suspects == ["step-0000000020"]
-    assert d.restore_from is None and d.exclude_checkpoints == ("step-0000000020",)
+    for report in reports:
+        d = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": report, "guard_attempts": 10})
+    assert h.suspects == suspects and d.restore_from == pick and d.require_checkpoint
+    assert all(h.suspect_why[n] for n in suspects)
+
+
+def test_no_usable_checkpoint_stops_instead_of_training_from_scratch():
+    h = History()
+    refused = RestoreReport(state="failed", refused=((C20, "corrupt"), (C10, "corrupt")))
+    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": refused})
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CHECKPOINT and EXIT_CODES[d.phase] == 6
+    assert C20 in d.reason and "refusing to train from scratch" in d.reason
+    # the operator's explicit flag allows it
+    h = History()
+    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": refused, "allow_fresh_start": True})
+    assert isinstance(d, Relaunch) and d.restore_from is None and not d.require_checkpoint
+    # a job that never had a checkpoint starts from scratch as before
+    h = History()
+    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"checkpoints": [], "report": RestoreReport(state="fresh")})
+    assert isinstance(d, Relaunch) and d.restore_from is None and not d.require_checkpoint
+    # one that had one and lost them all (deleted) stops too
+    h = History(had_checkpoint=True)
+    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"checkpoints": []})
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CHECKPOINT
+
+
+def test_restore_report_folds_the_ranks_last_words():
+    r = restore_report([hb("restored", C10, f"{C20}: fails its sha256 checksum (corrupt); {C30}: excluded by the "
+                           "caller (marked suspect)", steps_done=0, root="/ck"),
+                        hb("restored", C10, "", steps_done=3, root="/ck")])
+    assert r.state == "restored" and r.restored == C10 and r.stepped and r.ranks_reported == 2
+    assert r.refused == ((C20, "fails its sha256 checksum (corrupt)"),)  # the supervisor's own exclusion is not a refusal
+    assert restore_report([hb("restored", C10), hb("failed", "", "no checkpoint verifies")]).state == "failed"
+    assert restore_report([hb(), hb("fresh")]).state == "fresh" and restore_report([hb()]).state == ""
+    assert parse_skipped("") == []
+
+
+@pytest.mark.parametrize("roots, verdict", [
+    ((), ("ok", "")),
+    (("/ck",), ("ok", "")),
+    (("/mine",), ("adopt", "/mine")),
+    (("/a", "/b"), ("conflict", "the ranks save checkpoints to different roots: /a, /b")),
+])
+def test_the_supervisor_watches_the_root_the_ranks_write(roots, verdict):
+    assert root_verdict("/ck", RestoreReport(roots=roots)) == verdict
 
 
 def test_exclusion_threshold_counts_node_failures():

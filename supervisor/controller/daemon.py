@@ -8,9 +8,10 @@ Tasks (each named; one that dies unexpectedly stops the daemon loudly):
 * ``reconcile``: every ``TICK_S``: ask the platform for node states, run the detectors,
   and on a fault walk the escalation ladder (evidence first), then relaunch or stop.
 
-A small state file (``LOG_DIR/supervisor-state.json``, written atomically on every change)
-lets a restarted controller adopt the running gang instead of killing it; the agents run in
-their own sessions, so a ``kill -9`` of the controller leaves training untouched.
+A small state file (``LOG_DIR/supervisor-state.json``, written durably on every change; see
+:mod:`supervisor.controller.state`) lets a restarted controller adopt the running gang
+instead of killing it; the agents run in their own sessions, so a ``kill -9`` of the
+controller leaves training untouched. One controller per job: ``LOG_DIR/supervisor.lock``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoint import latest_complete
+from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
 from supervisor.checkpoint.discovery import parse_name
+from supervisor.controller import state as state_file
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     EXIT_CODES,
@@ -44,10 +46,14 @@ from supervisor.controller.decide import (
     Stop,
     classify,
     completed,
+    note_refusals,
     plan_next,
+    restore_report,
+    root_verdict,
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     REJECT_STALE_ATTEMPT,
     ProtocolError,
@@ -65,7 +71,7 @@ CALIBRATE_S = 2.0
 # to show up (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen).
 SECONDARY_GRACE_S = 2.0
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
-STATE_FILE = "supervisor-state.json"
+STATE_FILE = state_file.STATE_FILE
 EVENTS_FILE = "events.jsonl"
 
 
@@ -102,8 +108,15 @@ class Intake(asyncio.DatagramProtocol):
 
 
 class Controller:
-    def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic) -> None:
+    def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
         self.cfg = cfg
+        self.fresh = fresh
+        self.run_no = 1
+        self.run_started = time.time()
+        self.require_checkpoint = False
+        self.report = None  # the ranks' restore report of this attempt, once they all sent one
+        self.restored: str | None = None
+        self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
         self.platform = platform
         self.clock = clock
         self.log_dir = Path(cfg.log_dir).resolve()
@@ -151,29 +164,41 @@ class Controller:
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
+        """Run the job to its end; returns the exit code. Raises :class:`StateError` (nothing
+        started) when another controller holds the job or its saved state cannot be used."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        saved = self._load_state()
+        self._lock.acquire()
+        try:
+            return await self._run_locked()
+        finally:
+            self._lock.release()
+
+    async def _run_locked(self) -> int:
+        saved = self._open_history()
+        adopt_gang = False
+        if saved and JobPhase(saved["phase"]) not in TERMINAL:
+            adopt_gang = await self.platform.adopt(saved.get("platform", {}), int(saved["attempt"]))
         self._init_token(saved)
         loop = asyncio.get_running_loop()
-        transport, self.intake = await loop.create_datagram_endpoint(
-            lambda: Intake(self), local_addr=(self.cfg.intake.host, (saved or {}).get("intake_port", self.intake_port)))
+        transport, self.intake = await self._bind_intake(loop, saved, adopt_gang)
         self.intake_port = transport.get_extra_info("sockname")[1]
         _grow_receive_buffer(transport.get_extra_info("socket"))
         from supervisor.controller.http import start_http
 
-        runner = await start_http(self, self.cfg.http.host, (saved or {}).get("http_port", self.http_port))
+        runner = await self._bind_http(start_http, saved)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self.request_stop, sig)
             except (NotImplementedError, RuntimeError):
                 pass
         try:
-            adopted = await self._adopt(saved) if saved else False
-            if not adopted:
+            if adopt_gang:
+                self._adopt(saved)
+            else:
                 await self._first_launch(saved)
             self.ready = True
             await self._reconcile_loop()
-            if self.phase in TERMINAL and not self._stop.is_set():
+            if self.phase in TERMINAL and not self._stop.is_set() and self.cfg.metrics_linger_s > 0:
                 try:
                     # keep serving /metrics so Prometheus records the final phase (the
                     # SupervisorJobFailed alert reads it; SupervisorDown stays quiet on success)
@@ -193,6 +218,99 @@ class Controller:
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
         self._stop.set()
 
+    def _open_history(self) -> dict | None:
+        """The saved state this controller continues, or None for a new run.
+
+        A live or interrupted run (not in a terminal phase) is continued: its gang adopted, or
+        its history carried on. A finished run's state is archived and a new run starts with a
+        new history; an event says what it inherits (nothing but the checkpoints on disk).
+        With ``fresh``, any saved state (even an unreadable one) is archived after what is
+        left of its gang has been stopped.
+        """
+        try:
+            saved = state_file.load(self.state_path)
+        except state_file.StateError:
+            if not self.fresh:
+                raise
+            saved = None
+            self._stop_strays()
+            where = state_file.archive(self.state_path, "unreadable")
+            self.event("run_started", run=1, fresh=True, previous_state=str(where),
+                       inherited="nothing: the previous state was unreadable; checkpoints on disk are discovered "
+                                 "again and verified by the ranks")
+            return None
+        if saved is not None and saved["job"] != self.cfg.job:
+            where = state_file.archive(self.state_path, f"job-{saved['job'][:40]}")
+            log.warning("event=state_file_of_another_job job=%s archived=%s", saved["job"], where)
+            saved = None
+        if saved is None:
+            if not self.fresh:
+                self.event("run_started", run=1, inherited="nothing (no previous run in this log directory)")
+            return None
+        phase = JobPhase(saved["phase"])
+        if self.fresh or phase in TERMINAL:
+            if self.fresh and phase not in TERMINAL:
+                self._stop_strays()
+            where = state_file.archive(self.state_path, f"run{saved.get('run', 1)}")
+            self.run_no = int(saved.get("run", 1)) + 1
+            self.event("run_started", run=self.run_no, fresh=self.fresh,
+                       previous_run={"phase": saved["phase"], "attempt": saved["attempt"],
+                                     "exit_code": saved.get("exit_code"), "reason": saved.get("stop_reason", ""),
+                                     "state": str(where)},
+                       inherited="nothing: attempts, restarts, suspect checkpoints, excluded nodes and the "
+                                 "no-progress count start fresh; checkpoints on disk are discovered again and "
+                                 "fully verified by the ranks")
+            log.info("event=run_started run=%d previous_phase=%s previous_state=%s", self.run_no, saved["phase"], where)
+            return None
+        self.run_no = int(saved.get("run", 1))
+        self.run_started = float(saved.get("run_started", time.time()))
+        if saved.get("ckpt_root"):
+            self.ckpt_root = Path(saved["ckpt_root"])
+        return saved
+
+    def _stop_strays(self) -> None:
+        """``--fresh``: no process of an earlier gang of this job may outlive its record."""
+        marker = str(self.log_dir / "ranks")
+        pids = pids_with_env("SUPERVISOR_LOG_DIR", marker)
+        for pid in pids:
+            for target in (lambda: os.killpg(os.getpgid(pid), signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    target()
+                except OSError:
+                    pass
+        if pids:
+            log.warning("event=strays_killed pids=%s (processes of an earlier gang of this job)", pids)
+            self.event("strays_killed", pids=pids)
+
+    async def _bind_intake(self, loop, saved: dict | None, adopt_gang: bool):
+        """The heartbeat port: an adopted gang's ranks send to the saved one, so it must be had;
+        otherwise the configured one (0: any free port)."""
+        port = int(saved.get("intake_port", 0)) if (saved and adopt_gang) else self.intake_port
+        try:
+            return await loop.create_datagram_endpoint(lambda: Intake(self), local_addr=(self.cfg.intake.host, port))
+        except OSError as exc:
+            if adopt_gang:  # the gang was only looked at: it runs on, untouched
+                raise state_file.StateError(
+                    f"the running gang sends its heartbeats to {self.cfg.intake.host}:{port}, which this controller "
+                    f"cannot bind ({exc}); another process holds it (`ss -ulpn 'sport = :{port}'` names it). Stop "
+                    "that process and run the same command again to adopt the gang, or use --fresh to stop the "
+                    "gang and start a new run.") from None
+            raise state_file.StateError(f"cannot bind the heartbeat port {self.cfg.intake.host}:{port}: {exc}") from None
+
+    async def _bind_http(self, start_http, saved: dict | None):
+        """The HTTP port: the one given wins; else the saved one (scrapers know it) when free; else any."""
+        given = self.cfg.http.port
+        candidates = [given] if given else ([int(saved["http_port"])] if saved and saved.get("http_port") else []) + [0]
+        for i, port in enumerate(candidates):
+            try:
+                return await start_http(self, self.cfg.http.host, port)
+            except OSError as exc:
+                if given or i == len(candidates) - 1:
+                    raise state_file.StateError(f"cannot serve HTTP on {self.cfg.http.host}:{port}: {exc}") from None
+                log.warning("event=http_port_taken port=%d error=%s action=use_a_free_port", port, exc)
+                self.event("http_port_changed", old=port, reason=str(exc))
+        raise AssertionError("unreachable")
+
     def _init_token(self, saved: dict | None) -> None:
         token_path = self.log_dir / "token"
         if saved and token_path.exists():
@@ -207,36 +325,40 @@ class Controller:
         if saved:
             # a previous controller's gang is gone: continue its history with a new attempt
             self.attempt = int(saved.get("attempt", 0)) + 1
-            self.history = History(**saved.get("history", {}))
-            self.event("adopt_failed", detail="no live node of the saved gang; relaunching")
+            self.history = saved["history"]
+            self.event("adopt_failed", detail="no live node of the saved gang; relaunching with the run's history")
         slots = [s for s in self.platform.slots() if s not in self.history.excluded]
         if len(slots) < self.cfg.nodes.min:
             self._finish(JobPhase.STOPPED_NO_CAPACITY, f"{len(slots)} node slots for nodes.min={self.cfg.nodes.min}")
             return
         self._poll_checkpoints(force=True)
-        pick = self.latest_ckpt["name"] if self.latest_ckpt and self.latest_ckpt["name"] not in self.history.suspects else None
+        usable = self._usable_checkpoints()
+        if usable:
+            self.history.had_checkpoint = True
+        pick = next((c for c in usable if c not in self.history.suspects), None)
+        if pick is None and self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start:
+            self._finish(JobPhase.STOPPED_NO_CHECKPOINT,
+                         f"every checkpoint of this run is suspect ({', '.join(self.history.suspects)}); refusing to "
+                         "train from scratch (allow it with restart.allow_fresh_start / --allow-fresh-start)")
+            return
+        self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
         await self._launch(slots[: self.cfg.nodes.max], pick)
 
-    async def _adopt(self, saved: dict) -> bool:
-        phase = JobPhase(saved.get("phase", "starting"))
-        if phase in TERMINAL:
-            return False
-        attempt = int(saved.get("attempt", 0))
-        if not await self.platform.adopt(saved.get("platform", {}), attempt):
-            return False
+    def _adopt(self, saved: dict) -> None:
+        attempt = int(saved["attempt"])
         self.attempt = attempt
-        self.history = History(**saved.get("history", {}))
+        self.history = saved["history"]
         self.nodes = list(saved.get("nodes", []))
         self.restore_from = saved.get("restore_from")
         self.restored_step = int(saved.get("restored_step", 0))
         self.ckpt_step_at_attempt_start = int(saved.get("ckpt_step_at_attempt_start", -1))
+        self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
         self.registry.reset(attempt, len(self.nodes) * self.cfg.nproc_per_node)
         self.launched_at = self.clock()
         self.phase = JobPhase.STARTING
         self.event("adopted", attempt=attempt, nodes=self.nodes)
         log.info("event=adopted attempt=%d nodes=%s (the running gang was not touched)", attempt, self.nodes)
         self._save_state()
-        return True
 
     # ------------------------------------------------------------------ the loop
     async def _reconcile_loop(self) -> None:
@@ -305,16 +427,20 @@ class Controller:
             self.phase = JobPhase.RUNNING
             self.event("running", attempt=self.attempt, world_size=world)
             self._save_state()
+        if self.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):
+            self._on_restore_reported(restore_report(rec.hb for rec in reg.ranks.values()))
+            if self.phase in TERMINAL:
+                return
         t = self.current_timer
         if t is not None and not t.done:
             if t.rendezvous_at is None and all_heard:
                 t.rendezvous_at = now
-            if t.rendezvous_at is not None and t.restored_at is None and all(
-                rec.hb.phase not in ("init", "restore") for rec in reg.ranks.values()
-            ):
-                t.restored_at = now
-            if t.restored_at is not None and reg.min_step() > self.restored_step:
+            # the ranks say when their first step after the restore completed (sent at once), and
+            # how long it took since the restore ended: both from their own clocks
+            if t.rendezvous_at is not None and all_heard and all(rec.hb.steps_done > 0 for rec in reg.ranks.values()):
                 t.first_step_at = now
+                first = max(rec.hb.first_step_s for rec in reg.ranks.values())
+                t.restored_at = max(t.rendezvous_at, now - first)
                 d = t.durations()
                 total = t.total(now)
                 within = total <= self.cfg.restart.budget_s
@@ -332,6 +458,43 @@ class Controller:
             self._step_marks.append((now, reg.min_step()))
             self._step_marks = [m for m in self._step_marks if now - m[0] <= 60]
 
+    def _on_restore_reported(self, report) -> None:
+        """Every rank said how its restore went: record what was really restored, make the
+        checkpoints they refused suspect, and check that they write where we watch."""
+        self.report = report
+        verdict, detail = root_verdict(str(self.ckpt_root), report)
+        if verdict == "adopt":
+            log.warning("event=checkpoint_root_adopted watched=%s ranks_write=%s (the ranks' own root wins: progress "
+                        "is judged where checkpoints are written)", self.ckpt_root, detail)
+            self.event("checkpoint_root_adopted", watched=str(self.ckpt_root), root=detail,
+                       detail="the ranks save checkpoints here, not where the supervisor was told to look")
+            self.ckpt_root = Path(detail)
+            self._poll_checkpoints(force=True)
+            self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
+        elif verdict == "conflict":
+            self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
+            self._finish(JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the same "
+                                          "--checkpoint-dir to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)")
+            return
+        self.restored = report.restored
+        refused = {n: why for n, why in report.refused}
+        fields = dict(attempt=self.attempt, state=report.state, name=report.restored, announced=self.restore_from,
+                      refused=refused)
+        if report.state == "restored":
+            self.event("checkpoint_restored", **fields)
+        elif report.state == "fresh":
+            self.event("fresh_start", **fields)
+        else:
+            self.event("restore_failed", **fields)
+        if report.restored != self.restore_from and self.restore_from:
+            log.warning("event=restored_other_than_announced attempt=%d announced=%s restored=%s refused=%s",
+                        self.attempt, self.restore_from, report.restored, refused)
+        for name, why in note_refusals(self.history, report):
+            self.event("checkpoint_suspect", name=name, detail=why)
+        parsed = parse_name(report.restored) if report.restored else None
+        self.restored_step = parsed[0] if parsed else 0
+        self._save_state()
+
     def _poll_checkpoints(self, force: bool = False) -> None:
         now = self.clock()
         if not force and now - self._last_ckpt_poll < CHECKPOINT_POLL_S:
@@ -345,10 +508,26 @@ class Controller:
         if found is None:
             self.latest_ckpt = None
             return
+        self.history.had_checkpoint = True
         if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
             self.event("checkpoint_complete", name=found.name, step=found.step)
         self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
                             "writer_world_size": found.manifest.writer_world_size}
+
+    def _usable_checkpoints(self) -> list[str]:
+        """Every checkpoint that passes fast verification, newest first (suspects included:
+        the decision skips them, and needs to know one exists)."""
+        out = []
+        try:
+            for cand in candidates(self.ckpt_root):
+                try:
+                    verify(cand.path, "fast")
+                except (CheckpointError, OSError):
+                    continue
+                out.append(cand.name)
+        except OSError as exc:
+            log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+        return out
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self, fault: Fault) -> None:
@@ -399,15 +578,21 @@ class Controller:
         if self.cfg.health.exclude_stragglers:
             straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.stragglers.items()
                                       if s > self.cfg.health.straggler_threshold and r in self.registry.ranks})
-        first_step_done = self.registry.min_step() > self.restored_step and len(self.registry.ranks) == self.registry.world_size
+        # what the ranks said about their restore, up to their last word (a rank that died
+        # before all had reported still counts: its heartbeat is in the registry)
+        report = restore_report(rec.hb for rec in self.registry.ranks.values())
+        suspects_before = set(self.history.suspects)
         decision = plan_next(
-            history=self.history, fault=fault, made_progress=made_progress, attempt_restored_from=self.restore_from,
-            first_step_done=first_step_done, slots=self.platform.slots(), previous_nodes=self.nodes,
+            history=self.history, fault=fault, made_progress=made_progress, report=report,
+            slots=self.platform.slots(), previous_nodes=self.nodes,
             nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
-            # the scan just above (suspects excluded); plan_next drops it if it has become suspect
-            latest_checkpoint=self.latest_ckpt["name"] if self.latest_ckpt else None, straggler_nodes=straggler_nodes,
+            checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
+            straggler_nodes=straggler_nodes,
         )
+        for name in self.history.suspects:
+            if name not in suspects_before:
+                self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
         self.active_hang = None
         if isinstance(decision, Stop):
             self._finish(decision.phase, decision.reason)
@@ -415,9 +600,7 @@ class Controller:
         assert isinstance(decision, Relaunch)
         if decision.newly_excluded:
             self.event("nodes_excluded", nodes=list(decision.newly_excluded), reason=fault.kind)
-        if self.restore_from and self.restore_from in self.history.suspects:
-            self.event("checkpoint_suspect", name=self.restore_from,
-                       detail="the attempt that resumed from it died before its first step")
+        self.require_checkpoint = decision.require_checkpoint
         self.attempt += 1  # every message and process of the next gang carries the new number
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
@@ -470,6 +653,7 @@ class Controller:
         world = len(nodes) * self.cfg.nproc_per_node
         self.registry.reset(self.attempt, world)
         self.addr_by_rank = {}
+        self.report, self.restored = None, None
         rank_log_dir = self.log_dir / "ranks"
         env = dict(self.cfg.env) | {
             "SUPERVISOR_JOB": self.cfg.job,
@@ -495,7 +679,7 @@ class Controller:
             timer.scheduled_at = now
         self.phase = JobPhase.STARTING
         self.event("launched", attempt=self.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
-                   excluded=self.history.excluded)
+                   require_checkpoint=self.require_checkpoint, excluded=self.history.excluded)
         log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s", self.attempt, nodes, world,
                  restore_from)
         self._save_state()
@@ -533,6 +717,9 @@ class Controller:
             "nodes": [{"name": n, "state": s.state.value, "pid": s.pid, "exit_code": s.exit_code, "stopped": s.stopped}
                       for n, s in sorted(self.node_status.items())],
             "excluded_nodes": list(self.history.excluded), "suspect_checkpoints": list(self.history.suspects),
+            "suspect_why": dict(self.history.suspect_why), "checkpoint_root": str(self.ckpt_root),
+            "restored": self.restored, "restore_refused": dict(self.report.refused) if self.report else {},
+            "run": self.run_no, "log_dir": str(self.log_dir),
             "ranks": ranks, "step_rate": round(self.step_rate(), 3),
             "last_checkpoint": None if not self.latest_ckpt else self.latest_ckpt | {
                 "age_s": round(time.time() - self.latest_ckpt["created_unix"], 1)},
@@ -557,40 +744,27 @@ class Controller:
         return t.budget_remaining(self.cfg.restart.budget_s, now)
 
     def restore_point(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "checkpoint": self.restore_from, "exclude": list(self.history.suspects)}
+        return {"attempt": self.attempt, "checkpoint": self.restore_from, "exclude": list(self.history.suspects),
+                "required": self.require_checkpoint}
 
     # ------------------------------------------------------------------ persistence
     def event(self, name: str, /, **fields: Any) -> None:
         now = time.time()
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
-               "event": name, "job": self.cfg.job} | fields
+               "event": name, "job": self.cfg.job, "run": self.run_no} | fields
         with open(self.log_dir / EVENTS_FILE, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
 
     def _save_state(self) -> None:
-        state = {
+        state_file.save(self.state_path, {
             "job": self.cfg.job, "phase": self.phase.value, "attempt": self.attempt, "nodes": self.nodes,
-            "restore_from": self.restore_from, "restored_step": self.restored_step,
-            "ckpt_step_at_attempt_start": self.ckpt_step_at_attempt_start, "history": asdict(self.history),
-            "intake_port": self.intake_port, "http_port": self.http_port, "platform": self.platform.describe(),
-            "pid": os.getpid(), "updated": time.time(), "stop_reason": self.stop_reason,
-        }
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, self.state_path)
-
-    def _load_state(self) -> dict | None:
-        try:
-            saved = json.loads(self.state_path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.warning("event=state_file_unreadable path=%s error=%s (starting fresh)", self.state_path, exc)
-            return None
-        if not isinstance(saved, dict) or saved.get("job") != self.cfg.job:
-            log.warning("event=state_file_ignored path=%s reason=another job", self.state_path)
-            return None
-        return saved
+            "restore_from": self.restore_from, "restored": self.restored, "restored_step": self.restored_step,
+            "ckpt_step_at_attempt_start": self.ckpt_step_at_attempt_start, "history": self.history,
+            "intake_port": self.intake_port, "http_port": self.http_port, "http_host": self.cfg.http.host,
+            "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
+            "stop_reason": self.stop_reason, "ckpt_root": str(self.ckpt_root), "last_checkpoint": self.latest_ckpt,
+            "run": self.run_no, "run_started": self.run_started,
+        } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
 
 
 def _grow_receive_buffer(sock) -> None:

@@ -8,6 +8,14 @@ The job's phases::
         +--fault--> RECOVERING             RECOVERING --guard--> STOPPED_NO_PROGRESS (3)
                                                       --guard--> STOPPED_MAX_RESTARTS (4)
                                                       --no capacity--> STOPPED_NO_CAPACITY (5)
+                                                      --no usable checkpoint--> STOPPED_NO_CHECKPOINT (6)
+
+Progress is never thrown away on a guess: a checkpoint becomes suspect only on evidence about
+it (a rank refused it when verifying or loading it, or two attempts restored it and neither
+completed a step after it, as the ranks themselves reported), the next attempt resumes from
+the newest checkpoint that is not suspect, and a job that has had a checkpoint never trains
+from scratch on its own: with none left it stops (``STOPPED_NO_CHECKPOINT``) unless the
+operator allowed a fresh start.
 
 A fault is handled by an escalation ladder whose first rung depends on the fault: rung 1
 aborts the stuck ranks in place (they obey the SDK's abort order), rung 2 kills their nodes,
@@ -20,8 +28,9 @@ Nothing here performs I/O or reads a clock: every function takes what it needs.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from supervisor.health import Finding, Kind
 from supervisor.platforms.base import NodeState, NodeStatus
@@ -35,17 +44,19 @@ class JobPhase(str, enum.Enum):
     STOPPED_NO_PROGRESS = "stopped_no_progress"
     STOPPED_MAX_RESTARTS = "stopped_max_restarts"
     STOPPED_NO_CAPACITY = "stopped_no_capacity"
+    STOPPED_NO_CHECKPOINT = "stopped_no_checkpoint"
     FAILED = "failed"
 
 
 TERMINAL = frozenset({JobPhase.COMPLETED, JobPhase.STOPPED_NO_PROGRESS, JobPhase.STOPPED_MAX_RESTARTS,
-                      JobPhase.STOPPED_NO_CAPACITY, JobPhase.FAILED})
+                      JobPhase.STOPPED_NO_CAPACITY, JobPhase.STOPPED_NO_CHECKPOINT, JobPhase.FAILED})
 EXIT_CODES = {
     JobPhase.COMPLETED: 0,
     JobPhase.FAILED: 1,
     JobPhase.STOPPED_NO_PROGRESS: 3,
     JobPhase.STOPPED_MAX_RESTARTS: 4,
     JobPhase.STOPPED_NO_CAPACITY: 5,
+    JobPhase.STOPPED_NO_CHECKPOINT: 6,
 }
 RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 1, 2, 3
 
@@ -173,6 +184,9 @@ class Relaunch:
     restore_from: str | None
     exclude_checkpoints: tuple[str, ...]
     newly_excluded: tuple[str, ...] = ()
+    require_checkpoint: bool = False
+    """The ranks must restore a checkpoint (the job has had one): none that verifies is an
+    error on the ranks, never a silent fresh start."""
 
 
 @dataclass(frozen=True)
@@ -183,13 +197,104 @@ class Stop:
 
 @dataclass
 class History:
-    """What the progress guard and node exclusion remember across attempts."""
+    """What the progress guard, node exclusion and checkpoint choice remember across the
+    attempts of one run (a new run after a finished one starts a new history)."""
 
     restarts: int = 0
     attempts_without_progress: int = 0
     node_failures: dict[str, int] = field(default_factory=dict)
     excluded: list[str] = field(default_factory=list)
     suspects: list[str] = field(default_factory=list)
+    suspect_why: dict[str, str] = field(default_factory=dict)
+    no_step_after: dict[str, int] = field(default_factory=dict)
+    """Per checkpoint: attempts that restored it and then completed no step (ranks' reports)."""
+    had_checkpoint: bool = False
+    """A complete checkpoint existed in this run: training from scratch would lose progress."""
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What the ranks of one attempt said about their restore (from their heartbeats)."""
+
+    state: str = ""
+    """``restored``, ``fresh``, ``failed`` (some rank), or "" when no rank has said yet."""
+    restored: str | None = None
+    refused: tuple[tuple[str, str], ...] = ()
+    """(checkpoint, reason) the ranks refused while verifying or loading, newest first."""
+    stepped: bool = False
+    """Some rank completed a step after its restore (the SDK says so the moment it happens)."""
+    ranks_reported: int = 0
+    root: str = ""
+    roots: tuple[str, ...] = ()
+    """Every checkpoint root the ranks reported (more than one is a misconfiguration)."""
+
+
+_SKIP_ENTRY = re.compile(r"(?:^|; )(step-\d+(?:-\d+)?): ")
+CALLER_EXCLUDED = "excluded by the caller"
+
+
+def parse_skipped(text: str) -> list[tuple[str, str]]:
+    """``name: reason; name: reason`` (the heartbeat's ``restore_skipped``) -> pairs."""
+    marks = list(_SKIP_ENTRY.finditer(text))
+    out = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        out.append((m.group(1), text[m.end():end].strip()))
+    return out
+
+
+def restore_report(heartbeats: Iterable[Any]) -> RestoreReport:
+    """Fold the ranks' latest heartbeats (``restore_state``, ``restored``, ``restore_skipped``,
+    ``steps_done``, ``ckpt_root``) into one report. Checkpoints excluded by the supervisor's
+    own order are not refusals."""
+    states, restored, refused, roots = set(), set(), {}, set()
+    stepped, n = False, 0
+    for hb in heartbeats:
+        if hb.ckpt_root:
+            roots.add(hb.ckpt_root)
+        if hb.steps_done > 0:
+            stepped = True
+        if not hb.restore_state:
+            continue
+        n += 1
+        states.add(hb.restore_state)
+        if hb.restored:
+            restored.add(hb.restored)
+        for name, why in parse_skipped(hb.restore_skipped):
+            if not why.startswith(CALLER_EXCLUDED):
+                refused.setdefault(name, why)
+    state = "failed" if "failed" in states else "restored" if "restored" in states else \
+        "fresh" if "fresh" in states else ""
+    return RestoreReport(
+        state=state, restored=max(restored) if restored else None,  # every rank loads the same one
+        refused=tuple(sorted(refused.items(), reverse=True)), stepped=stepped, ranks_reported=n,
+        root=next(iter(roots)) if len(roots) == 1 else "", roots=tuple(sorted(roots)),
+    )
+
+
+def note_refusals(history: History, report: RestoreReport) -> list[tuple[str, str]]:
+    """Checkpoints the ranks refused become suspect now; returns the newly suspect ones."""
+    newly = []
+    for name, why in report.refused:
+        if name not in history.suspects:
+            history.suspects.append(name)
+            history.suspect_why[name] = f"the ranks refused it: {why}"
+            newly.append((name, history.suspect_why[name]))
+    return newly
+
+
+def root_verdict(watched: str, report: RestoreReport) -> tuple[str, str]:
+    """Whether the supervisor watches the checkpoint root the ranks write.
+
+    ``("ok", "")``; ``("adopt", root)`` when every rank reported the same other root (the
+    ranks are the ones writing: progress is judged there); ``("conflict", why)`` when ranks
+    report different roots. Ranks that never reported one (no checkpointing) say nothing.
+    """
+    if not report.roots or report.roots == (watched,):
+        return "ok", ""
+    if len(report.roots) == 1:
+        return "adopt", report.roots[0]
+    return "conflict", f"the ranks save checkpoints to different roots: {', '.join(report.roots)}"
 
 
 def plan_next(
@@ -197,8 +302,7 @@ def plan_next(
     history: History,
     fault: Fault,
     made_progress: bool,
-    attempt_restored_from: str | None,
-    first_step_done: bool,
+    report: RestoreReport,
     slots: list[str],
     previous_nodes: Iterable[str],
     nodes_min: int,
@@ -206,21 +310,35 @@ def plan_next(
     max_restarts: int,
     guard_attempts: int,
     exclude_after: int,
-    latest_checkpoint: str | None,
+    checkpoints: list[str],
+    allow_fresh_start: bool = False,
     straggler_nodes: Iterable[str] = (),
 ) -> Relaunch | Stop:
     """Decide the next attempt after a failed one; updates ``history`` in place.
 
-    * a checkpoint the failed attempt restored from but never got past is suspect;
+    * a checkpoint the ranks refused (verification or load failed) is suspect; so is one that
+      two attempts restored without completing a step after it (the ranks' own reports, not
+      sampled heartbeats: a crash one step after a good restore says nothing against it);
     * nodes with ``exclude_after`` node-level failures (and persistent stragglers, if asked)
       are excluded;
     * the progress guard stops the job after ``guard_attempts`` failed attempts in a row
       with no new complete checkpoint, or after ``max_restarts``;
     * the next gang is the largest healthy one in [min, max], keeping the nodes that were
-      fine and adding spares in slot order.
+      fine and adding spares in slot order;
+    * it resumes from the newest of ``checkpoints`` (those that verify, newest first) that
+      is not suspect; with none left, a job that has had a checkpoint stops
+      (``STOPPED_NO_CHECKPOINT``) unless ``allow_fresh_start``.
     """
-    if attempt_restored_from and not first_step_done and attempt_restored_from not in history.suspects:
-        history.suspects.append(attempt_restored_from)
+    note_refusals(history, report)
+    if report.state == "restored" and report.restored and not report.stepped:
+        name = report.restored
+        history.no_step_after[name] = history.no_step_after.get(name, 0) + 1
+        if history.no_step_after[name] >= 2 and name not in history.suspects:
+            history.suspects.append(name)
+            history.suspect_why[name] = (f"{history.no_step_after[name]} attempts restored it and none "
+                                         "completed a step after it")
+    if checkpoints:
+        history.had_checkpoint = True
     newly: list[str] = []
     if fault.node_failure:
         for node in fault.nodes:
@@ -244,11 +362,18 @@ def plan_next(
     if len(healthy) < nodes_min:
         return Stop(JobPhase.STOPPED_NO_CAPACITY,
                     f"{len(healthy)} healthy node slots left, nodes.min is {nodes_min} (excluded: {history.excluded})")
+    pick = next((c for c in checkpoints if c not in history.suspects), None)
+    if pick is None and history.had_checkpoint and not allow_fresh_start:
+        why = "; ".join(f"{n}: {history.suspect_why.get(n, 'suspect')}" for n in history.suspects) or "none verifies"
+        return Stop(JobPhase.STOPPED_NO_CHECKPOINT,
+                    f"no usable checkpoint is left ({why}); refusing to train from scratch. Inspect them with "
+                    "`supervisor checkpoints verify --full`, then run again (a new run starts a new history) or "
+                    "allow a fresh start explicitly (restart.allow_fresh_start / --allow-fresh-start)")
     keep = [n for n in previous_nodes if n in healthy]
     spares = [s for s in healthy if s not in keep]
     chosen = (keep + spares)[:nodes_max]
-    pick = latest_checkpoint if latest_checkpoint not in history.suspects else None
-    return Relaunch(tuple(chosen), pick, tuple(history.suspects), tuple(newly))
+    return Relaunch(tuple(chosen), pick, tuple(history.suspects), tuple(newly),
+                    require_checkpoint=history.had_checkpoint and not allow_fresh_start)
 
 
 @dataclass

@@ -48,8 +48,9 @@ import torch
 import torch.distributed as dist
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from supervisor.checkpoint import CheckpointManager, RestoreResult
+from supervisor.checkpoint import CheckpointLoadError, CheckpointManager, RestoreResult, Skipped
 from supervisor.checkpoint.discovery import parse_name
+from supervisor.protocol import RESTORE_FAILED, RESTORE_FRESH, RESTORE_RESTORED
 from supervisor.worker import collectives
 from supervisor.worker.faults import CRASH_EXIT_CODE, Fault, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
@@ -112,6 +113,7 @@ class Worker:
         self._phase_totals: dict[str, float] = {}
         self._timing = None
         self._aborting = threading.Event()
+        self._restored_at: float | None = None
         log_dir = session.log_dir
         stack_path = log_dir / f"stacks-rank-{session.rank}.txt" if log_dir else None
         self.stack_path = stack_path
@@ -240,6 +242,13 @@ class Worker:
         # exposed compute: time in the compute phase not spent waiting on a collective
         compute = max(0.0, self._phase_totals.get("compute", 0.0) - busy.get("compute", 0.0))
         self.state.last = (data, compute, coll, total)
+        st = self.state
+        st.steps_done += 1
+        if st.steps_done == 1:
+            # the explicit "a step completed after the restore": a rank that dies at the next
+            # step must not leave the supervisor believing its checkpoint is bad
+            st.first_step_s = time.perf_counter() - (self._restored_at or t0)
+            self.heartbeat.beat_now()
         if self._timing:
             rec = {
                 "step": step, "loss": record.loss,
@@ -366,17 +375,39 @@ class Worker:
             self.state.ckpt_state, self.state.ckpt_step = "idle", step
 
     def restore(self, ckpt: CheckpointManager) -> RestoreResult | None:
-        """Resume from the supervisor's pick (or the newest verified checkpoint without one)."""
-        with self.phase("restore"):
-            hint = self.restore_point() if self.session.rank == 0 else None
-            exclude = hint.get("exclude", []) if hint else []
-            name = hint.get("checkpoint") if hint else None
-            if name:
-                log.info("event=restore_point_from_supervisor checkpoint=%s exclude=%s", name, exclude)
-            result = ckpt.restore(exclude=exclude, prefer=name)
-            if result is not None:
-                self.state.ckpt_step = result.step
-            return result
+        """Resume from the supervisor's pick (or the newest verified checkpoint without one).
+
+        What happened is told to the supervisor at once (not at the next sampled heartbeat):
+        the root, the checkpoint restored (or a fresh start), and every checkpoint refused
+        with its reason. When the supervisor says the job has had a checkpoint, a restore that
+        finds none that verifies raises :class:`~supervisor.checkpoint.CheckpointLoadError`
+        instead of training from scratch.
+        """
+        st = self.state
+        st.ckpt_root = str(Path(ckpt.root).resolve())
+        t0 = time.perf_counter()
+        try:
+            with self.phase("restore"):
+                hint = self.restore_point() if self.session.rank == 0 else None
+                exclude = hint.get("exclude", []) if hint else []
+                name = hint.get("checkpoint") if hint else None
+                if name:
+                    log.info("event=restore_point_from_supervisor checkpoint=%s exclude=%s", name, exclude)
+                result = ckpt.restore(exclude=exclude, prefer=name, required=bool(hint and hint.get("required")))
+        except CheckpointLoadError as exc:
+            st.restore_state, st.restore_s = RESTORE_FAILED, time.perf_counter() - t0
+            st.restore_skipped = _skipped_text(exc.skipped) or exc.reason[:384]
+            self.heartbeat.beat_now()
+            raise
+        st.restore_s = time.perf_counter() - t0
+        self._restored_at = time.perf_counter()
+        if result is not None:
+            st.ckpt_step = result.step
+            st.restored = result.path.name
+            st.restore_skipped = _skipped_text(result.skipped)
+        st.restore_state = RESTORE_RESTORED if result is not None else RESTORE_FRESH
+        self.heartbeat.beat_now()
+        return result
 
     def restore_point(self) -> dict[str, Any] | None:
         """Ask the controller which checkpoint to resume from; None without one or on failure."""
@@ -396,7 +427,12 @@ class Worker:
         if not isinstance(exclude, list) or not all(isinstance(e, str) and parse_name(e) for e in exclude):
             log.warning("event=restore_point_rejected reason=bad_exclude")
             return None
-        return {"checkpoint": name, "exclude": exclude}
+        return {"checkpoint": name, "exclude": exclude, "required": raw.get("required") is True}
+
+
+def _skipped_text(skipped: list[Skipped]) -> str:
+    """``name: reason; ...`` for the heartbeat (bounded; the rank log has the full reasons)."""
+    return "; ".join(f"{s.name}: {s.reason}" for s in skipped)[:384]
 
 
 @retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)), stop=stop_after_attempt(3),

@@ -35,6 +35,13 @@ class Snapshot:
     stack_file: str
     error: str
     error_peer: bool
+    ckpt_root: str
+    restore_state: str
+    restored: str
+    restore_skipped: str
+    restore_s: float
+    steps_done: int
+    first_step_s: float
 
 
 class RankState:
@@ -59,6 +66,14 @@ class RankState:
         self.stack_file = ""
         self.error = ""
         self.error_peer = False
+        # the restore, as this rank reports it (supervisor.protocol.Heartbeat documents each)
+        self.ckpt_root = ""
+        self.restore_state = ""
+        self.restored = ""
+        self.restore_skipped = ""
+        self.restore_s = 0.0
+        self.steps_done = 0
+        self.first_step_s = 0.0
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -137,4 +152,11 @@ class RankState:
                 stack_file=self.stack_file,
                 error=self.error,
                 error_peer=self.error_peer,
+                ckpt_root=self.ckpt_root,
+                restore_state=self.restore_state,
+                restored=self.restored,
+                restore_skipped=self.restore_skipped,
+                restore_s=self.restore_s,
+                steps_done=self.steps_done,
+                first_step_s=self.first_step_s,
             )
