@@ -729,41 +729,47 @@ def cmd_sbatch(argv: Sequence[str]) -> int:
         print("error: give the training command after --", file=sys.stderr)
         return EXIT_USAGE
     try:
-        import yaml
-
-        try:
-            base = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{args.config}: {exc}") from None
-        if not isinstance(base, dict):
-            raise ConfigError(f"{args.config}: the top level must be a mapping")
+        # the same bounded reader as `supervisor run --config` (size, alias expansion)
+        base = load_raw(args.config) if args.config else {}
         base.pop("command", None)
-        env = dict(base.get("env") or {})
+
+        def section(value, name: str) -> dict:
+            if value is None:
+                return {}
+            if not isinstance(value, dict):
+                raise ConfigError(f"{args.config}: {name}: must be a mapping")
+            return dict(value)
+
+        env = section(base.get("env"), "env")
         for item in args.env:
             k, sep, v = item.partition("=")
             if not sep:
                 raise ConfigError(f"--env {item!r}: need KEY=VALUE")
             env[k] = v
-        plat = base.get("platform") or {}
-        slurm = dict(plat.get("slurm") or {}) | {"requeue_on_warning": args.requeue or bool(
-            (plat.get("slurm") or {}).get("requeue_on_warning"))}
+        plat = section(base.get("platform"), "platform")
+        slurm = section(plat.get("slurm"), "platform.slurm")
+        slurm["requeue_on_warning"] = args.requeue or slurm.get("requeue_on_warning", False)
         raw = base | {
             "job": args.job, "command": command, "nproc_per_node": args.nproc_per_node,
             "nodes": {"min": args.min_nodes or args.nodes, "max": args.nodes},
             "platform": plat | {"kind": "slurm", "host": args.host, "nodes": 0, "slurm": slurm},
             "checkpoint_dir": str(Path(args.checkpoint_dir).resolve()), "log_dir": str(Path(args.log_dir).resolve()),
-            "intake": (base.get("intake") or {}) | {"host": args.host},
-            "http": (base.get("http") or {}) | {"host": args.host}, "env": env,
+            "intake": section(base.get("intake"), "intake") | {"host": args.host},
+            "http": section(base.get("http"), "http") | {"host": args.host}, "env": env,
         }
         if args.heartbeat_timeout is not None:
-            raw["heartbeat"] = (base.get("heartbeat") or {}) | {"timeout_s": args.heartbeat_timeout}
+            raw["heartbeat"] = section(base.get("heartbeat"), "heartbeat") | {"timeout_s": args.heartbeat_timeout}
         cfg = from_dict(raw)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    rendered = render_batch_script(cfg, nodes=args.nodes, time_limit=args.time, warning_s=args.warning_seconds,
-                                   requeue=args.requeue, sbatch_opts=sbatch_opts, python=args.python,
-                                   workdir=str(Path.cwd()))
+    try:  # an option with a line break is refused: it would end the script's comment line
+        rendered = render_batch_script(cfg, nodes=args.nodes, time_limit=args.time, warning_s=args.warning_seconds,
+                                       requeue=args.requeue, sbatch_opts=sbatch_opts, python=args.python,
+                                       workdir=str(Path.cwd()))
+    except PlatformError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if args.dry_run:
         print(rendered.script, end="")
         print(f"# --- {rendered.config_path} ---")

@@ -164,6 +164,54 @@ def test_sbatch_usage_errors(tmp_path):
     assert proc.returncode == 0 and "--min-nodes" in proc.stdout
 
 
+def test_an_sbatch_option_with_a_line_break_is_refused_and_no_option_runs_as_shell(tmp_path):
+    marker = tmp_path / "pwned"
+    cfg = from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "log"),
+                     "platform": {"kind": "slurm"}})
+
+    def render(opts, time_limit=None):
+        return render_batch_script(cfg, nodes=1, time_limit=time_limit, warning_s=60, requeue=False,
+                                   sbatch_opts=opts, python="true", workdir=str(tmp_path))
+
+    # a line break would end the "# sbatch options ..." comment line: the rest would be a command
+    for opts in ([f"--comment=x\ntouch {marker} #"], ["-A", f"acct\rtouch {marker} #"], [f"--x=\n\ntouch {marker}"]):
+        with pytest.raises(PlatformError, match="line break"):
+            render(opts)
+    with pytest.raises(PlatformError, match="line break"):
+        render([], time_limit=f"1:00\ntouch {marker}")
+    proc = _sbatch(["--nodes", "1", "--dry-run", f"--comment=x\ntouch {marker} #", "--", "python", "x.py"], tmp_path)
+    assert proc.returncode == 2 and "line break" in proc.stderr and proc.stdout == ""
+    # every other character stays inside the comment: the real bash runs the script, and nothing else
+    r = render([f"--comment=$(touch {marker})", f"--comment=`touch {marker}`", f"--x=';touch {marker};'",
+                f'--y="; touch {marker} #', f"--z=\\\ttouch {marker}"])
+    script = tmp_path / "job.sbatch"
+    script.write_text(r.script)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0, ran.stderr  # `exec true -m supervisor run ...`: the script's one command
+    assert not marker.exists()
+
+
+def test_sbatch_config_is_read_with_the_bounded_loader(tmp_path):
+    from supervisor.config import MAX_CONFIG_BYTES
+
+    def run(text: str) -> subprocess.CompletedProcess:
+        (tmp_path / "base.yaml").write_text(text)
+        return _sbatch(["--config", "base.yaml", "--nodes", "1", "--dry-run", "--", "python", "x.py"], tmp_path)
+
+    ok = run("nproc_per_node: 2\nenv: {A: '1'}\n")
+    assert ok.returncode == 0, ok.stderr
+    big = run("nproc_per_node: 2\n" + "#" * MAX_CONFIG_BYTES + "\n")
+    assert big.returncode == 2 and "byte limit" in big.stderr, big.stderr[-500:]
+    lines = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"{c}: &{c} [{', '.join(['*' + p] * 9)}]" for p, c in zip("abcde", "bcdef")]
+    bomb = run("env:\n  " + "\n  ".join(lines) + "\n  BOMB: *f\n")
+    assert bomb.returncode == 2 and "aliases expand to over" in bomb.stderr, bomb.stderr[-500:]
+    for text, field in (("platform: gpu\n", "platform"), ("env: [A, B]\n", "env"), ("http: 8080\n", "http")):
+        proc = run(text)
+        assert proc.returncode == 2 and f"base.yaml: {field}: must be a mapping" in proc.stderr, proc.stderr[-500:]
+
+
 def test_the_hand_written_template_and_its_config():
     from supervisor.config import load
 

@@ -684,10 +684,18 @@ def render_batch_script(cfg, *, nodes: int, time_limit: str | None, warning_s: i
     The training command travels only as a JSON list in the config file, which
     ``supervisor run --config`` reads: the script's shell text holds nothing but quoted paths, so
     quotes, spaces and ``$(...)`` in the arguments reach the ranks exactly as given.
+
+    sbatch options are written into a ``#`` comment line of the script (and, when they are not
+    plain, passed on sbatch's command line): a line break in one would end the comment and run
+    the rest as shell, so an option holding a newline or a carriage return is a :class:`PlatformError`.
     """
     import json
     import shlex
 
+    for opt in (*sbatch_opts, *([time_limit] if time_limit else [])):
+        if "\n" in opt or "\r" in opt:
+            raise PlatformError(f"sbatch option {opt!r} holds a line break: refused (in the batch script's comment "
+                                "line it would end the comment and run the rest as shell)")
     stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
     sub_dir = Path(cfg.log_dir) / "slurm-submit"
     config_path = sub_dir / f"{cfg.job}-{stamp}.json"
