@@ -1,7 +1,8 @@
 """The controller's HTTP API (aiohttp).
 
 * ``GET /metrics``: Prometheus exposition (unauthenticated, like any exporter; it holds no
-  secret and changes nothing).
+  secret and changes nothing). Rendered off the event loop from a snapshot
+  (:class:`supervisor.metrics.Exporter`), gzip-compressed when the scraper accepts it.
 * ``GET /healthz``: the process is up. ``GET /readyz``: the gang is launched or adopted.
 * ``GET /status``: the state as JSON (what ``supervisor status`` renders).
 * ``GET /v1/restore-point?attempt=K``: which checkpoint attempt K resumes from. Requires
@@ -14,21 +15,31 @@ import hmac
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from supervisor.metrics import make_registry
+from supervisor.metrics import Exporter, accepts_gzip
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
 
+EXPORTER = web.AppKey("exporter", Exporter)
+"""The app's /metrics exporter (its ``last`` rendering: render time, bytes)."""
+
 
 def build_app(controller: "Controller") -> web.Application:
-    registry = make_registry(controller)
+    exporter = Exporter(controller)
     app = web.Application(client_max_size=64 * 1024)
+    app[EXPORTER] = exporter
 
-    async def metrics(_request: web.Request) -> web.Response:
-        body = generate_latest(registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(request: web.Request) -> web.Response:
+        out = await exporter.render(accepts_gzip(request.headers.get("Accept-Encoding", "")))
+        headers = {"Content-Type": CONTENT_TYPE_LATEST, "Vary": "Accept-Encoding"}
+        if out.gzipped:
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=out.body, headers=headers)
+
+    async def close_exporter(_app: web.Application) -> None:
+        exporter.close()
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -62,6 +73,7 @@ def build_app(controller: "Controller") -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status)
     app.router.add_get("/v1/restore-point", restore_point)
+    app.on_cleanup.append(close_exporter)
     return app
 
 
