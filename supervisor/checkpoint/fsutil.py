@@ -28,6 +28,11 @@ class HashingFile:
 
     ``torch.save`` and DCP's writer need only ``write``/``tell``/``flush``/``fileno``; hashing
     while writing saves a second read of every byte at commit time.
+
+    Durability: the size and digest are recorded (``on_close``) only after every byte is
+    fsynced. DCP calls ``os.fsync(f.fileno())`` without flushing first (torch 2.13, for the
+    shards and for ``.metadata``), so ``fileno()`` flushes the buffer before handing out the
+    descriptor, and ``close()`` fsyncs whatever was written since the last :meth:`sync`.
     """
 
     def __init__(
@@ -42,6 +47,7 @@ class HashingFile:
         self.size = 0
         self.digest: str | None = None
         self._on_close = on_close
+        self._unsynced = False  # bytes written since the last fsync we made ourselves
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
@@ -50,6 +56,7 @@ class HashingFile:
             raise OSError(f"short write to {self.path}: {n} of {len(view)} bytes")
         self._hasher.update(view)
         self.size += n
+        self._unsynced = True
         return n
 
     def tell(self) -> int:
@@ -65,6 +72,9 @@ class HashingFile:
         self._f.flush()
 
     def fileno(self) -> int:
+        # Whoever asks for the descriptor may fsync it next (DCP does): the bytes still in
+        # the buffer must reach the kernel first, or that fsync misses them.
+        self._f.flush()
         return self._f.fileno()
 
     @property
@@ -74,11 +84,18 @@ class HashingFile:
     def sync(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
+        self._unsynced = False
 
     def close(self) -> None:
+        """Flush, fsync (if anything was written since the last :meth:`sync`), then record."""
         if self._f.closed:
             return
         self._f.flush()
+        if self._unsynced:
+            # DCP's own fsync may already have covered it; ours is cheap then, and it makes the
+            # promise hold whoever wrote through this file: recorded means durable.
+            os.fsync(self._f.fileno())
+            self._unsynced = False
         self._f.close()
         self.digest = self._hasher.hexdigest()
         if self._on_close is not None:
