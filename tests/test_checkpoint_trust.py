@@ -121,3 +121,65 @@ def test_every_listed_file_is_fsynced_with_all_its_bytes_before_the_manifest(tmp
     for r, entry in listed.items():
         covered = [size for n, size in named[:at_manifest] if n == r]
         assert entry.size in covered, f"{r}: fsynced at sizes {covered}, but it has {entry.size} bytes"
+
+
+# ----------------------------------------------------------------- trust
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_metadata_naming_files_outside_the_checkpoint_is_refused(tmp_path, level):
+    at = three_steps(tmp_path / "ckpt")
+    payload, outside_params = metadata_reading_outside(tmp_path)
+    forge_metadata(tmp_path / "ckpt" / name(3), payload)
+    mgr, model, *_ = tiny_job(tmp_path / "ckpt", seed=5, verify_on_restore=level)
+    res = mgr.restore()
+    assert res.step == 2 and [s.name for s in res.skipped] == [name(3)]
+    assert "../../outside/" in res.skipped[0].reason and "does not list" in res.skipped[0].reason
+    assert same(params(model), at[2]) and not same(params(model), outside_params)
+    # asked for exactly that checkpoint: an error with the reason, never the outside bytes
+    mgr2, model2, *_ = tiny_job(tmp_path / "ckpt", seed=5, verify_on_restore=level)
+    before = params(model2)
+    with pytest.raises(CheckpointLoadError, match="does not list"):
+        mgr2.restore(path=tmp_path / "ckpt" / name(3))
+    assert same(params(model2), before)
+
+
+class _RunsCommand:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+class _ExecsCode:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').close()",)
+
+
+@pytest.mark.parametrize("payload", [_RunsCommand, _ExecsCode])
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_reduce_payload_in_metadata_never_runs_and_the_older_checkpoint_wins(tmp_path, level, payload):
+    at = three_steps(tmp_path / "ckpt")
+    marker = tmp_path / "pwned"
+    forge_metadata(tmp_path / "ckpt" / name(3), pickle.dumps(payload(marker)))
+    mgr, model, *_ = tiny_job(tmp_path / "ckpt", seed=5, verify_on_restore=level)
+    res = mgr.restore()
+    assert not marker.exists(), "the crafted pickle ran code"
+    assert res.step == 2 and [s.name for s in res.skipped] == [name(3)]
+    reason = res.skipped[0].reason
+    assert "refused without running it" in reason and ("system" in reason or "exec" in reason), reason
+    assert same(params(model), at[2])
+
+
+def test_checkpoint_root_is_created_private(tmp_path):
+    old = os.umask(0o022)  # the usual umask: a plain mkdir would make the root world-readable
+    try:
+        mgr, model, opt, sched, cursor = tiny_job(tmp_path / "jobs" / "ckpt")
+        train_step(model, opt, sched, cursor)
+        mgr.save(1)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "jobs" / "ckpt").st_mode) == 0o700

@@ -27,6 +27,7 @@ from supervisor.checkpoint.errors import (
     CheckpointSaveError,
     ManifestError,
     NoCheckpointError,
+    UnsafeContentError,
     UnsafePathError,
     VerificationError,
 )
@@ -38,7 +39,7 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "RNG_DERIVED", "RNG_EXACT",
     "CheckpointError", "CheckpointLoadError", "CheckpointManager", "CheckpointSaveError",
     "DataCursor", "Discovery", "Manifest", "ManifestError", "NoCheckpointError",
-    "RestoreResult", "SaveResult", "Skipped", "UnsafePathError", "Verified", "VerificationError",
+    "RestoreResult", "SaveResult", "Skipped", "UnsafeContentError", "UnsafePathError", "Verified", "VerificationError",
     "candidates", "derived_seed", "in_flight", "latest_complete", "prune", "read_manifest",
     "require_latest", "verify",
 ]

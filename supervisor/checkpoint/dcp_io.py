@@ -11,6 +11,12 @@ three changes, each for a measured trap in torch 2.13:
 * an I/O error in one of DCP's extra writer threads, which DCP would drop with the thread
   and then publish metadata without that file, is raised instead.
 
+DCP's ``.metadata`` is a pickle. It is read only by :func:`read_dcp_metadata`, an unpickler
+that resolves nothing but the classes a DCP metadata file is made of (listed by saving real
+DDP, FSDP2 and plain checkpoints with torch 2.13 and recording every global their pickles
+name), so a crafted file cannot run code; and every storage file it names must be one the
+manifest lists, so it cannot send a load outside the checkpoint.
+
 The reader refuses DCP metadata that names a file outside the manifest's list, and reads a
 tensor straight from the file into its destination when it safely can (the whole saved
 chunk, same dtype, contiguous on both sides, no stream transform): it learns the tensor's
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
+import stat
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,17 +40,112 @@ from typing import Callable
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.planner import LoadItemType
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.futures import Future
 
 from supervisor.checkpoint.checksum import hash_file, new_hasher
-from supervisor.checkpoint.errors import UnsafePathError, VerificationError
+from supervisor.checkpoint.errors import UnsafeContentError, UnsafePathError, VerificationError
 from supervisor.checkpoint.fsutil import HashingFile
 
 AfterFile = Callable[[str], None]
+
+METADATA_NAME = ".metadata"
+
+
+def _allowed_globals() -> dict[tuple[str, str], object]:
+    """Every global a torch 2.13 DCP ``.metadata`` pickle names, and nothing else.
+
+    Found by saving real checkpoints (DDP, FSDP2 ``fully_shard``, plain bf16/fp32 modules with
+    AdamW state and non-tensor entries) and recording each ``find_class`` call. All of them are
+    plain data: dataclasses whose ``__init__``/``__setstate__`` only store fields, an enum, a
+    path, ``torch.Size`` and dtype/layout constants. No callable here reaches the OS.
+    """
+    md = dcp_metadata
+    allowed: dict[tuple[str, str], object] = {
+        ("torch.distributed.checkpoint.metadata", cls.__name__): cls
+        for cls in (md.Metadata, md.MetadataIndex, md.StorageMeta, md.TensorProperties, md.TensorStorageMetadata,
+                    md.ChunkStorageMetadata, md.BytesStorageMetadata, md._MEM_FORMAT_ENCODING)
+    }
+    allowed[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = _StorageInfo
+    allowed[("torch", "Size")] = torch.Size
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout  # layout by name, from a cache
+    allowed[("pathlib", "PosixPath")] = __import__("pathlib").PosixPath  # StorageMeta.checkpoint_id
+    allowed[("pathlib", "PurePosixPath")] = __import__("pathlib").PurePosixPath
+    allowed[("collections", "OrderedDict")] = __import__("collections").OrderedDict
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):  # pickled as the constant torch.<name>
+            allowed[("torch", name)] = value
+    return allowed
+
+
+_ALLOWED_GLOBALS = _allowed_globals()
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only :func:`_allowed_globals`: a ``__reduce__`` payload
+    (``os.system``, ``builtins.eval``, ``subprocess.Popen``...) fails at its first global."""
+
+    def find_class(self, module: str, name: str):
+        try:
+            return _ALLOWED_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"references {module}.{name}, which a DCP metadata file never "
+                                         "needs") from None
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("uses a persistent id, which a DCP metadata file never does")
+
+
+def read_dcp_metadata(ckpt_dir: str | os.PathLike, allowed: set[str] | frozenset[str],
+                      name: str = METADATA_NAME) -> "dcp_metadata.Metadata":
+    """Read a checkpoint's DCP metadata without trusting it.
+
+    The pickle is loaded by an unpickler that allows only the DCP metadata classes (a crafted
+    file cannot run code: it is refused at its first other global), the file is opened without
+    following a symlink, and every storage file it names must be in ``allowed`` (the
+    manifest's list), so a load cannot read outside the checkpoint. Raises
+    :class:`UnsafeContentError` or :class:`UnsafePathError` with the reason.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if name not in allowed:
+        raise UnsafePathError(f"DCP metadata {name!r} is not listed in the manifest", path=str(ckpt_dir))
+    try:
+        fd = os.open(ckpt_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise VerificationError(f"cannot open DCP {name} (missing or a symlink): {exc.strerror}",
+                                path=str(ckpt_dir)) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise VerificationError(f"DCP {name} is not a regular file", path=str(ckpt_dir))
+        try:
+            metadata = _MetadataUnpickler(f).load()
+        except pickle.UnpicklingError as exc:
+            raise UnsafeContentError(f"DCP {name} {exc}: refused without running it", path=str(ckpt_dir)) from None
+        except Exception as exc:  # noqa: BLE001 - any other failure of a hostile or garbled pickle
+            raise UnsafeContentError(f"DCP {name} is not a readable DCP metadata pickle "
+                                     f"({type(exc).__name__}: {str(exc)[:200]})", path=str(ckpt_dir)) from None
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise UnsafeContentError(f"DCP {name} holds a {type(metadata).__name__}, not DCP Metadata",
+                                 path=str(ckpt_dir))
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        raise UnsafeContentError(f"DCP {name} has no storage_data mapping", path=str(ckpt_dir))
+    for info in storage.values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(info, _StorageInfo) or not isinstance(rel, str):
+            raise UnsafeContentError(f"DCP {name} has a storage entry that is not a file reference",
+                                     path=str(ckpt_dir))
+        if rel not in allowed:
+            raise UnsafePathError(f"DCP metadata refers to {rel!r}, which the manifest does not list",
+                                  path=str(ckpt_dir))
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (info.offset, info.length)):
+            raise UnsafeContentError(f"DCP {name} has a storage entry with a bad offset or length",
+                                     path=str(ckpt_dir))
+    return metadata
 
 
 class _HashingFileSystem(FileSystem):
@@ -156,12 +259,25 @@ class ManifestReader(FileSystemReader):
         self.verified_inline: list[str] = []
         self.verified_whole: list[str] = []
 
+    def read_metadata(self, *args, **kwargs):
+        """DCP's ``read_metadata`` without ``pickle.load``: see :func:`read_dcp_metadata`."""
+        rank = kwargs.get("rank")
+        name = METADATA_NAME if rank is None else f"__{rank}{METADATA_NAME}"
+        metadata = read_dcp_metadata(self.path, self.allowed, name)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
     def read_data(self, plan, planner):
         per_file: dict[str, list] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for relative_path, reqs in per_file.items():
-            with open(Path(self.path) / relative_path, "rb") as stream:
+            # listed (read_metadata checked it) and verified free of symlinks; O_NOFOLLOW narrows the
+            # window for a file swapped for a link after that check
+            fd = os.open(Path(self.path) / relative_path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as stream:
                 reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
                 placed: dict[int, tuple[int, int, torch.Tensor]] = {}  # request -> (offset, bytes, target)
                 targets: dict[int, torch.Tensor] = {}
@@ -278,13 +394,3 @@ def _read_into(stream, offset: int, nbytes: int, target: torch.Tensor, name: str
             raise OSError(f"{name}: file ended {nbytes - filled} bytes early")
         filled += n
     return dest
-
-    def read_metadata(self, *args, **kwargs):
-        metadata = super().read_metadata(*args, **kwargs)
-        for info in (metadata.storage_data or {}).values():
-            rel = getattr(info, "relative_path", None)
-            if rel not in self.allowed:
-                raise UnsafePathError(
-                    f"DCP metadata refers to {rel!r}, which the manifest does not list", path=str(self.path)
-                )
-        return metadata

@@ -26,6 +26,11 @@ class UnsafePathError(ManifestError):
     """A path listed in a manifest would escape its checkpoint directory."""
 
 
+class UnsafeContentError(CheckpointError):
+    """A file would make a restore run code or read what it must not (a crafted DCP pickle);
+    refused before anything in it is executed or loaded."""
+
+
 class VerificationError(CheckpointError):
     """A listed file is missing, has the wrong size or the wrong checksum."""
 

@@ -81,7 +81,7 @@ from supervisor.checkpoint.errors import (
     CheckpointSaveError,
 )
 from supervisor.checkpoint.fsutil import HashingFile, dump_json, fsync_dir, remove_tree, write_durable
-from supervisor.checkpoint.dcp_io import HashingWriter, ManifestReader
+from supervisor.checkpoint.dcp_io import HashingWriter, ManifestReader, read_dcp_metadata
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from supervisor.checkpoint.state import (
     RNG_DERIVED,
@@ -191,6 +191,7 @@ class CheckpointManager:
         self._pending_lock = threading.Lock()
         self.last_error: BaseException | None = None
         self._staging: threading.Event | None = None
+        self._root_mode_checked = False
         self._step_hook = (
             optimizer.register_step_pre_hook(self._before_optimizer_step) if optimizer is not None else None
         )
@@ -378,7 +379,13 @@ class CheckpointManager:
         if self.rank == 0:
             tmp_name = f".tmp-step-{step:010d}-{uuid.uuid4().hex[:12]}"
             try:
-                self.root.mkdir(parents=True, exist_ok=True)
+                self.root.mkdir(mode=0o700, parents=True, exist_ok=True)  # see "Trust" in docs/checkpoints.md
+                if not self._root_mode_checked:
+                    self._root_mode_checked = True
+                    mode = self.root.stat().st_mode
+                    if mode & 0o022:
+                        log.warning("event=checkpoint_root_writable_by_others root=%s mode=%o (whoever can write "
+                                    "it can forge a checkpoint: chmod 700)", self.root, mode & 0o777)
                 (self.root / tmp_name).mkdir()
                 write_owner(self.root / tmp_name, self.attempt)
             except OSError as exc:
@@ -567,6 +574,24 @@ class CheckpointManager:
                         log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, errors[0])
                     if is_explicit:
                         raise CheckpointLoadError(errors[0], path=str(ckpt_path))
+                    excluded.add(ckpt_path.name)
+                    continue
+            if self.model is not None:
+                # DCP's .metadata is a pickle: read it with the unpickler that allows only DCP's
+                # metadata classes and check it names only listed files, before anything loads
+                err = None
+                if self.rank == 0:
+                    try:
+                        read_dcp_metadata(ckpt_path, frozenset(manifest.files))
+                    except (CheckpointError, OSError) as exc:
+                        err = getattr(exc, "reason", str(exc))
+                err = self._broadcast(err)
+                if err:
+                    skipped.append(Skipped(ckpt_path.name, err))
+                    if self.rank == 0:
+                        log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, err)
+                    if is_explicit:
+                        raise CheckpointLoadError(err, path=str(ckpt_path))
                     excluded.add(ckpt_path.name)
                     continue
             try:
