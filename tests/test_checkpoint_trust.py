@@ -183,3 +183,90 @@ def test_checkpoint_root_is_created_private(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "jobs" / "ckpt").st_mode) == 0o700
+
+
+# ----------------------------------------------------------------- retention
+
+def test_prune_keeps_the_only_fully_good_checkpoint_behind_two_bit_rotted_newer_ones(tmp_path):
+    root = tmp_path / "ckpt"
+    mgr, model, opt, sched, cursor = tiny_job(root, keep=10)
+    for step in (1, 2, 3):
+        train_step(model, opt, sched, cursor)
+        mgr.save(step)
+        if step > 1:
+            flip_inside_tensor(root / name(step), model[0].weight)  # sizes intact: fast checks pass
+    assert latest_complete(root, "fast").checkpoint.step == 3
+    result = prune(root, keep=2)
+    assert result.removed == []
+    assert [c.name for c in candidates(root)] == [name(3), name(2), name(1)]
+    assert sorted(f.name for f in result.failed) == [name(2), name(3)]
+    assert all("checksum" in f.reason for f in result.failed) and result.verified == [name(1)]
+    assert latest_complete(root, "full").checkpoint.step == 1
+
+
+def test_prune_counts_vouched_names_without_hashing_and_never_counts_known_bad_ones(tmp_path):
+    root = tmp_path / "ckpt"
+    make_checkpoints(root, steps=(1, 2, 3, 4), keep=10)
+    # step 3 is known bad to the caller (it refused it): kept, not counted, so 2 counts instead
+    result = prune(root, keep=2, known_bad={name(3)}, dry_run=True)
+    assert result.removed == [name(1)] and [f.name for f in result.failed] == [name(3)]
+    # a vouched name is taken as verified without its checksums being read: a flipped bit in
+    # it is not noticed (the caller's promise), and it counts toward keep
+    shard = max((root / name(4)).glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    vouched = prune(root, keep=2, verified={name(4)}, dry_run=True)
+    assert vouched.removed == [name(2), name(1)] and vouched.verified == [name(3)]
+    unvouched = prune(root, keep=2, dry_run=True)
+    assert [f.name for f in unvouched.failed] == [name(4)] and unvouched.removed == [name(1)]
+
+
+def test_prune_never_removes_a_protected_checkpoint(tmp_path):
+    root = tmp_path / "ckpt"
+    make_checkpoints(root, steps=(1, 2, 3, 4), keep=10)
+    result = prune(root, keep=2, protect={name(1)})  # e.g. the supervisor's restore point
+    assert result.removed == [name(2)] and name(1) in result.kept
+    assert [c.name for c in candidates(root)] == [name(4), name(3), name(1)]
+
+
+@pytest.mark.parametrize("fault", ["bit-rot", "forged-metadata"])
+def test_the_jobs_own_pruning_keeps_the_checkpoint_it_restored_past_a_bad_newest(tmp_path, fault):
+    """A restore skipped step 3 and loaded step 2; the next save's pruning (keep=2) must not
+    delete step 2. With forged metadata, step 3's checksums all match (the manifest was
+    rewritten too): only the restore's own refusal says it is bad."""
+    root = tmp_path / "ckpt"
+    mgr, model, opt, sched, cursor = tiny_job(root, keep=10)
+    for step in (1, 2, 3):
+        train_step(model, opt, sched, cursor)
+        mgr.save(step)
+    if fault == "bit-rot":
+        flip_inside_tensor(root / name(3), model[0].weight)
+    else:
+        forge_metadata(root / name(3), metadata_reading_outside(tmp_path)[0])
+    mgr2, model2, opt2, sched2, cursor2 = tiny_job(root, seed=9, keep=2)
+    res = mgr2.restore()
+    assert res.step == 2 and [s.name for s in res.skipped] == [name(3)]
+    at_restore = params(model2)
+    train_step(model2, opt2, sched2, cursor2)
+    saved = mgr2.save(3).path
+    left = [c.name for c in candidates(root)]
+    assert left == [saved.name, name(3), name(2)], left  # step 3 kept as evidence; step 1 pruned
+    mgr3, model3, *_ = tiny_job(root, seed=4)
+    assert mgr3.restore(path=root / name(2)).step == 2 and same(params(model3), at_restore)
+
+
+def test_prune_leaves_a_symlinked_in_flight_directory_alone(tmp_path):
+    root = tmp_path / "ckpt"
+    make_checkpoints(root, steps=(1, 2, 3), keep=10)
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "data.bin").write_bytes(b"x" * 100)
+    (victim / "OWNER.json").write_text(json.dumps(  # looks like a dead writer's leftovers
+        {"host": os.uname().nodename, "pid": 2**22 + 12345, "attempt": 0, "created_unix": 0.0}))
+    link = root / ".tmp-step-0000000004-abcdef"
+    os.symlink(victim, link)
+    result = prune(root, keep=2, remove_partial=True, partial_grace_s=0)
+    assert [s.name for s in result.skipped] == [link.name] and "symlink" in result.skipped[0].reason
+    assert result.removed_partial == [] and result.removed == [name(1)]
+    assert link.is_symlink() and (victim / "data.bin").read_bytes() == b"x" * 100

@@ -11,6 +11,7 @@ See ``docs/checkpoints.md`` for the on-disk format and the guarantees.
 
 from supervisor.checkpoint.discovery import (
     Discovery,
+    PruneResult,
     Skipped,
     Verified,
     candidates,
@@ -39,7 +40,7 @@ __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "RNG_DERIVED", "RNG_EXACT",
     "CheckpointError", "CheckpointLoadError", "CheckpointManager", "CheckpointSaveError",
     "DataCursor", "Discovery", "Manifest", "ManifestError", "NoCheckpointError",
-    "RestoreResult", "SaveResult", "Skipped", "UnsafeContentError", "UnsafePathError", "Verified", "VerificationError",
+    "PruneResult", "RestoreResult", "SaveResult", "Skipped", "UnsafeContentError", "UnsafePathError", "Verified", "VerificationError",
     "candidates", "derived_seed", "in_flight", "latest_complete", "prune", "read_manifest",
     "require_latest", "verify",
 ]

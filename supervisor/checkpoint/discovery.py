@@ -273,9 +273,14 @@ def require_latest(root: str | os.PathLike, level: Level = "fast", **kw) -> Veri
 
 @dataclass
 class PruneResult:
+    """What :func:`prune` did. ``kept`` includes ``failed`` (kept as evidence) and protected ones."""
+
     kept: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     removed_partial: list[str] = field(default_factory=list)
+    verified: list[str] = field(default_factory=list)  # passed full verification in this call
+    failed: list[Skipped] = field(default_factory=list)  # failed verification or known bad: kept as evidence
+    skipped: list[Skipped] = field(default_factory=list)  # left alone (e.g. a symlinked in-flight dir), with why
 
 
 def prune(
@@ -287,41 +292,86 @@ def prune(
     partial_grace_s: float = 3600.0,
     protect: Iterable[str] = (),
     now: float | None = None,
+    verified: Iterable[str] = (),
+    known_bad: Iterable[str] = (),
 ) -> PruneResult:
-    """Keep the newest ``keep`` (>= 2) complete checkpoints and delete older complete ones.
+    """Keep the newest ``keep`` (>= 2) checkpoints that pass full verification; delete older ones.
 
-    Never deleted: the newest checkpoint that verifies (even if ``keep`` newer ones exist
-    that do not), directories that fail verification (evidence; they are never picked
-    anyway), anything in ``protect`` and saves in flight. With ``remove_partial``, partial
+    Newest first, each checkpoint that could count toward ``keep`` is verified at the ``full``
+    level (every checksum), except names in ``verified``, which the caller vouches for (this
+    process wrote them, or checked their checksums): those get the ``fast`` checks only. One
+    that fails is kept as evidence and does not count, and so are names in ``known_bad`` (e.g.
+    checkpoints a restore in this process found corrupt), without being read. So the newest
+    checkpoint that passes full verification is always kept, whatever is newer than it.
+    Checkpoints beyond the ``keep`` counted ones are removed if they pass the fast checks
+    (one that does not is evidence and stays). Never removed: anything in ``protect`` (the
+    supervisor's restore point, suspects), saves in flight. With ``remove_partial``, partial
     saves are removed only when their writer is provably gone (same host, dead pid) or they
-    are older than ``partial_grace_s``.
+    are older than ``partial_grace_s``; one that is not a real directory (a symlink) is left
+    alone, never followed, and reported in ``skipped``.
     """
     if keep < 2:
         raise ValueError("keep must be at least 2: the newest checkpoint may still be unproven")
     result = PruneResult()
     protected = set(protect)
-    complete_seen = 0
-    # Candidates come newest first, so the first one that verifies (the newest verified one)
-    # is always within the first ``keep`` and is never removed.
+    vouched = set(verified)
+    bad = set(known_bad)
+    counted = 0
     for cand in candidates(root):
+        name = cand.name
+        if name in bad:
+            result.kept.append(name)
+            result.failed.append(Skipped(name, "known bad to the caller (kept as evidence)"))
+            continue
+        if counted < keep:
+            level: Level = "fast" if name in vouched else "full"
+            try:
+                verify(cand.path, level)
+            except (CheckpointError, OSError) as exc:
+                result.kept.append(name)
+                result.failed.append(Skipped(name, getattr(exc, "reason", None) or f"unreadable: {exc}"))
+                continue
+            counted += 1
+            result.kept.append(name)
+            if level == "full":
+                result.verified.append(name)
+            continue
+        if name in protected:
+            result.kept.append(name)
+            continue
         try:
             verify(cand.path, "fast")
-        except (CheckpointError, OSError):
-            result.kept.append(cand.name)  # bad ones stay as evidence and are never picked
-            continue
-        complete_seen += 1
-        if complete_seen <= keep or cand.name in protected:
-            result.kept.append(cand.name)
+        except (CheckpointError, OSError) as exc:
+            result.kept.append(name)
+            result.failed.append(Skipped(name, getattr(exc, "reason", None) or f"unreadable: {exc}"))
             continue
         if not dry_run:
-            remove_tree(cand.path)
-        result.removed.append(cand.name)
+            try:
+                remove_tree(cand.path)
+            except OSError as exc:
+                result.skipped.append(Skipped(name, f"could not be removed: {exc}"))
+                continue
+        result.removed.append(name)
     if remove_partial:
         now = time.time() if now is None else now
         for tmp in in_flight(root):
+            try:
+                st = os.lstat(tmp)
+            except FileNotFoundError:
+                continue  # finished or removed meanwhile
+            if stat.S_ISLNK(st.st_mode):
+                result.skipped.append(Skipped(tmp.name, "in-flight entry is a symlink: left alone, not followed"))
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                result.skipped.append(Skipped(tmp.name, "in-flight entry is not a directory: left alone"))
+                continue
             if _partial_is_stale(tmp, now, partial_grace_s):
                 if not dry_run:
-                    remove_tree(tmp, trash_prefix=".deleting")
+                    try:
+                        remove_tree(tmp, trash_prefix=".deleting")
+                    except OSError as exc:
+                        result.skipped.append(Skipped(tmp.name, f"could not be removed: {exc}"))
+                        continue
                 result.removed_partial.append(tmp.name)
     return result
 
@@ -334,13 +384,26 @@ def write_owner(tmp_dir: Path, attempt: int) -> None:
     )
 
 
+_MAX_OWNER_BYTES = 64 << 10
+
+
+def _read_owner(tmp: Path) -> dict:
+    """OWNER.json of a save in flight: a small regular file, never followed through a symlink
+    (a link to a FIFO or a device would hang or flood the reader)."""
+    fd = os.open(tmp / OWNER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("OWNER.json is not a regular file")
+        return json.loads(f.read(_MAX_OWNER_BYTES))  # a bounded read, whatever the file claims
+
+
 def _partial_is_stale(tmp: Path, now: float, grace_s: float) -> bool:
     try:
-        owner = json.loads((tmp / OWNER_NAME).read_text())
+        owner = _read_owner(tmp)
         host, pid, created = owner["host"], int(owner["pid"]), float(owner["created_unix"])
     except (OSError, ValueError, KeyError, TypeError):
         try:
-            return now - tmp.stat().st_mtime > grace_s
+            return now - os.lstat(tmp).st_mtime > grace_s
         except OSError:
             return False
     if host == socket.gethostname() and not pid_alive(pid):

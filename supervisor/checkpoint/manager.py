@@ -191,6 +191,10 @@ class CheckpointManager:
         self._pending_lock = threading.Lock()
         self.last_error: BaseException | None = None
         self._staging: threading.Event | None = None
+        # Retention's memory (rank 0): checkpoints this process committed or saw pass full
+        # verification (never re-hashed by its pruning), and ones its restore() refused.
+        self._vouched: set[str] = set()
+        self._known_bad: set[str] = set()
         self._root_mode_checked = False
         self._step_hook = (
             optimizer.register_step_pre_hook(self._before_optimizer_step) if optimizer is not None else None
@@ -444,7 +448,11 @@ class CheckpointManager:
                 step, result.path, total, snap.blocked_s, result.seconds_total,
             )
             try:
-                pr = prune(self.root, self.keep, protect={final_name}, remove_partial=True)
+                # the checkpoint just committed is vouched for: its digests come from the bytes written
+                self._vouched.add(final_name)
+                pr = prune(self.root, self.keep, protect={final_name}, remove_partial=True,
+                           verified=self._vouched, known_bad=self._known_bad)
+                self._vouched = (self._vouched | set(pr.verified)) & set(pr.kept)
                 if pr.removed or pr.removed_partial:
                     log.info("event=checkpoint_pruned removed=%s partial=%s", pr.removed, pr.removed_partial)
             except (CheckpointError, OSError) as exc:
@@ -546,6 +554,7 @@ class CheckpointManager:
             if isinstance(choice, str):
                 raise CheckpointLoadError(choice, path=str(path or self.root))
             if choice is None:
+                self._known_bad.update(s.name for s in skipped)
                 if skipped and self.rank == 0:
                     log.warning("event=no_verified_checkpoint root=%s skipped=%d", self.root, len(skipped))
                 if overwritten is not None:
@@ -616,6 +625,7 @@ class CheckpointManager:
                     manifest.global_step, ckpt_path, manifest.writer_world_size, self.world_size, rng_mode,
                     len(skipped),
                 )
+            self._known_bad.update(s.name for s in skipped)  # never counted by this process's pruning
             return RestoreResult(manifest.global_step, ckpt_path, manifest, rng_mode, skipped)
 
     def _pick_preferred(self, name: str, skipped: list[Skipped]):
