@@ -48,4 +48,9 @@ class CheckpointSaveError(CheckpointError):
 
 
 class CheckpointLoadError(CheckpointError):
-    """A load failed after a checkpoint was chosen."""
+    """A restore failed: a chosen checkpoint could not be loaded, or none verifies where one is
+    required. ``skipped`` holds the checkpoints refused on the way, with their reasons."""
+
+    def __init__(self, reason: str, *, path: str | None = None, skipped=()) -> None:
+        super().__init__(reason, path=path)
+        self.skipped = list(skipped)

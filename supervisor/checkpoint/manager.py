@@ -522,6 +522,7 @@ class CheckpointManager:
         path: str | os.PathLike | None = None,
         prefer: str | None = None,
         exclude: Iterable[str] = (),
+        required: bool = False,
     ) -> RestoreResult | None:
         """Load the newest checkpoint that verifies; ``None`` if there is none.
 
@@ -533,7 +534,9 @@ class CheckpointManager:
         ``path``: load exactly this checkpoint or raise. ``prefer``: the name of the
         checkpoint to try first (the supervisor's pick); if it does not verify, discovery
         continues from the newest other one. ``exclude``: names never to load (suspects).
-        Only rank 0's arguments count.
+        ``required``: a checkpoint must be loaded (the job has had one): when none verifies,
+        raise :class:`CheckpointLoadError` instead of returning ``None`` (a fresh start).
+        Only rank 0's arguments count. A :class:`CheckpointLoadError` carries ``skipped``.
         """
         self._wait_previous()
         skipped: list[Skipped] = []
@@ -550,9 +553,12 @@ class CheckpointManager:
                     preferred = None
                 if choice is None:
                     choice = self._pick(explicit, excluded, skipped)
+                if choice is None and required:
+                    choice = ("no checkpoint verifies, and one is required (the job has had one): refusing to "
+                              "train from scratch" + "".join(f"; {s.name}: {s.reason}" for s in skipped))
             choice = self._broadcast(choice)  # rank 0's view: other ranks' arguments are ignored
             if isinstance(choice, str):
-                raise CheckpointLoadError(choice, path=str(path or self.root))
+                raise CheckpointLoadError(choice, path=str(path or self.root), skipped=skipped)
             if choice is None:
                 self._known_bad.update(s.name for s in skipped)
                 if skipped and self.rank == 0:
@@ -563,7 +569,7 @@ class CheckpointManager:
                         "model and optimizer hold some of its tensors. Rebuild them (a new process) before "
                         f"training from scratch, with restore(exclude=[{overwritten!r}]) or that checkpoint "
                         "removed (the supervisor excludes it by itself).",
-                        path=str(self.root))
+                        path=str(self.root), skipped=skipped)
                 return None
             is_explicit = choice[2]
             ckpt_path, manifest = Path(choice[0]), Manifest.from_dict(choice[1])
@@ -582,7 +588,7 @@ class CheckpointManager:
                     if self.rank == 0:
                         log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, errors[0])
                     if is_explicit:
-                        raise CheckpointLoadError(errors[0], path=str(ckpt_path))
+                        raise CheckpointLoadError(errors[0], path=str(ckpt_path), skipped=skipped)
                     excluded.add(ckpt_path.name)
                     continue
             if self.model is not None:
@@ -600,7 +606,7 @@ class CheckpointManager:
                     if self.rank == 0:
                         log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, err)
                     if is_explicit:
-                        raise CheckpointLoadError(err, path=str(ckpt_path))
+                        raise CheckpointLoadError(err, path=str(ckpt_path), skipped=skipped)
                     excluded.add(ckpt_path.name)
                     continue
             try:
@@ -616,7 +622,7 @@ class CheckpointManager:
                 if is_explicit:
                     raise CheckpointLoadError(f"{exc.reason}; found while loading: the model and optimizer hold "
                                               "some of its tensors, rebuild them before training",
-                                              path=str(ckpt_path)) from None
+                                              path=str(ckpt_path), skipped=skipped) from None
                 excluded.add(ckpt_path.name)
                 continue
             if self.rank == 0:
