@@ -163,6 +163,10 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for name in result.removed + result.removed_partial:
         print(f"{verb} {name}")
+    for s in result.failed:
+        print(f"kept as evidence {s.name}: {s.reason}")
+    for s in result.skipped:
+        print(f"skipped {s.name}: {s.reason}")
     print(f"kept {len(result.kept)}, {verb} {len(result.removed)} complete and "
           f"{len(result.removed_partial)} partial")
     return EXIT_OK

@@ -90,6 +90,16 @@ def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
     assert c.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
 
 
+def test_a_replayed_heartbeat_does_not_move_a_ranks_reply_address(tmp_path):
+    c, _ = controller(tmp_path)
+    intake = Intake(c)
+    captured = encode(hb(0, seq=3).to_payload(), TOKEN)
+    intake.datagram_received(captured, ("127.0.0.1", 5000))
+    intake.datagram_received(encode(hb(0, seq=4).to_payload(), TOKEN), ("127.0.0.1", 5000))
+    intake.datagram_received(captured, ("10.9.9.9", 6666))  # the attacker replays it from elsewhere
+    assert c.addr_by_rank == {0: ("127.0.0.1", 5000)} and c.registry.ranks[0].hb.seq == 4
+
+
 def test_metrics_read_the_controller_state(tmp_path):
     c, clock = controller(tmp_path)
     c.registry.observe(hb(0, ckpt_s=0.25), clock.t - 2.5)

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import time
@@ -32,6 +31,7 @@ from typing import Any
 from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller import state as state_file
+from supervisor.controller import token as job_token
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     EXIT_CODES,
@@ -56,6 +56,7 @@ from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platfor
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     REJECT_STALE_ATTEMPT,
+    ControlSequencer,
     ProtocolError,
     control_message,
     decode_heartbeat,
@@ -99,8 +100,8 @@ class Intake(asyncio.DatagramProtocol):
             c.rejected["schema"] = c.rejected.get("schema", 0) + 1
             return
         c.received += 1
-        c.registry.observe(hb, c.clock())
-        c.addr_by_rank[hb.rank] = addr
+        if c.registry.observe(hb, c.clock()):
+            c.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
 
     def send(self, payload: dict, addr) -> None:
         if self.transport is not None and addr is not None:
@@ -117,6 +118,7 @@ class Controller:
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
+        self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
         self.platform = platform
         self.clock = clock
         self.log_dir = Path(cfg.log_dir).resolve()
@@ -312,14 +314,11 @@ class Controller:
         raise AssertionError("unreachable")
 
     def _init_token(self, saved: dict | None) -> None:
-        token_path = self.log_dir / "token"
-        if saved and token_path.exists():
-            self.token = token_path.read_bytes().strip()
-            return
-        self.token = secrets.token_hex(24).encode()
-        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.token)
+        """A continued run keeps its token (its live ranks hold it); a new run gets a new one."""
+        try:
+            self.token = job_token.load_or_create(self.log_dir / "token", reuse=bool(saved))
+        except job_token.TokenError as exc:
+            raise state_file.StateError(str(exc)) from None
 
     async def _first_launch(self, saved: dict | None) -> None:
         if saved:
@@ -551,7 +550,7 @@ class Controller:
         rung = fault.rung
         if rung == RUNG_ABORT:
             for rank in fault.ranks:
-                self.intake.send(control_message("abort", attempt=self.attempt, rank=rank,
+                self.intake.send(control_message("abort", attempt=self.attempt, rank=rank, seq=self.control_seq.next(),
                                                  reason=f"{fault.kind}: {fault.detail}"[:400]),
                                  self.addr_by_rank.get(rank))
             self.event("action", attempt=self.attempt, action="abort_ranks", ranks=list(fault.ranks),
@@ -625,7 +624,8 @@ class Controller:
     async def _save_evidence(self, fault: Fault) -> None:
         """Before anything is killed: every live rank dumps its stacks; keep their last heartbeats."""
         for rank, addr in self.addr_by_rank.items():
-            self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, reason=fault.kind), addr)
+            self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, seq=self.control_seq.next(),
+                                             reason=fault.kind), addr)
         await asyncio.sleep(min(1.0, self.cfg.heartbeat.interval_s * 1.2))
         now = self.clock()
         ev_dir = self.log_dir / "evidence"

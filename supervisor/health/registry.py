@@ -33,13 +33,14 @@ class Registry:
         self.world_size = world_size
         self.ranks = {}
 
-    def observe(self, hb: Heartbeat, now: float) -> None:
+    def observe(self, hb: Heartbeat, now: float) -> bool:
+        """Record ``hb``; False when it is older than what is held (reordered or replayed)."""
         rec = self.ranks.get(hb.rank)
         if rec is None:
             self.ranks[hb.rank] = RankRecord(hb=hb, received=now, first_received=now, step_changed=now)
-            return
+            return True
         if hb.seq <= rec.hb.seq and hb.pid == rec.hb.pid:
-            return  # reordered or replayed datagram: keep the newer state
+            return False  # reordered or replayed datagram: keep the newer state
         if hb.step != rec.hb.step:
             rec.step_changed = now
             if hb.last_step_s > 0:
@@ -47,6 +48,7 @@ class Registry:
                 rec.work_times.append(hb.last_data_s + hb.last_compute_s)
         rec.hb = hb
         rec.received = now
+        return True
 
     def max_step(self) -> int:
         return max((r.hb.step for r in self.ranks.values()), default=0)

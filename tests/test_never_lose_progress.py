@@ -1,0 +1,174 @@
+"""Never lose progress: real `supervisor launch` runs of the example job (real torchrun, gloo)
+in which a good checkpoint used to be called suspect, forgotten, deleted or ignored.
+
+Each test injects the fault for real and checks what the supervisor decided (events.jsonl),
+what the ranks really did (their step logs) and what is left on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import PYTHON, TRAIN, job_env, kill_tree
+
+pytestmark = pytest.mark.slow
+C10, C15 = "step-0000000010", "step-0000000015"
+
+
+def wait_for_checkpoint(run, name: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run.ckpt / name / "manifest.json").exists():
+            return
+        assert run.proc.poll() is None, run.output()[-3000:]
+        time.sleep(0.02)
+    raise AssertionError(f"no checkpoint {name}")
+
+
+def flip_a_bit(ckpt_dir) -> None:
+    shard = max(ckpt_dir.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40  # same size: only the checksum can tell
+    shard.write_bytes(bytes(data))
+
+
+def test_a_crash_one_step_after_a_good_restore_never_sends_the_job_back_to_step_0(supervisor_run):
+    # fires in every attempt: each resumed attempt restores step 10, takes step 11, dies at 12
+    run = supervisor_run(["--steps", "40", "--checkpoint-every", "10", "--step-sleep", "0.05"],
+                         fault="kind=crash,rank=1,step=12")
+    assert run.wait() == 3, run.output()[-3000:]
+    relaunches = [e for e in run.events("launched") if e["attempt"] > 0]
+    assert len(relaunches) == 3
+    assert all(e["restore_from"] == C10 and e["require_checkpoint"] for e in relaunches), relaunches
+    assert run.events("checkpoint_suspect") == []
+    restored = run.events("checkpoint_restored")
+    assert [e["name"] for e in restored if e["attempt"] > 0] == [C10] * 3
+    # what the ranks really did: no attempt after the first trained from random weights
+    resumed = [r for r in run.rank_log(0) if r["attempt"] > 0]
+    assert resumed and min(r["step"] for r in resumed) == 11
+    finished = run.events("job_finished")[-1]
+    assert finished["phase"] == "stopped_no_progress"
+    # each restart got to its first step (step 11): its restore and first step are timed by the
+    # ranks' own clocks, not rounded to a heartbeat sample (first step used to read 0.00)
+    done = run.events("restart_complete")
+    assert len(done) == 3 and all(0 < e["phases"]["first_step"] < 5 and e["phases"]["restore"] > 0 for e in done)
+
+
+def test_a_rerun_after_a_finished_run_starts_a_new_history(supervisor_run):
+    failing = supervisor_run(["--steps", "20", "--checkpoint-every", "100"], fault="kind=crash,rank=0,step=3")
+    assert failing.wait() == 3, failing.output()[-3000:]
+    assert failing.events("job_finished")[-1]["phase"] == "stopped_no_progress"
+    # the same log directory, a one-off fault: the old run's no-progress count must not stop it
+    rerun = supervisor_run(["--steps", "20", "--checkpoint-every", "100"], fault="kind=crash,rank=0,step=3,attempt=0")
+    assert rerun.wait() == 0, rerun.output()[-3000:]
+    started = rerun.events("run_started")[-1]
+    assert started["run"] == 2 and started["previous_run"]["phase"] == "stopped_no_progress"
+    assert "nothing" in started["inherited"]
+    archived = rerun.log_dir / os.path.basename(started["previous_run"]["state"])
+    assert json.loads(archived.read_text())["phase"] == "stopped_no_progress"  # kept for the post-mortem
+    mine = [e for e in rerun.events() if e.get("run") == 2]
+    assert [e["attempt"] for e in mine if e["event"] == "launched"] == [0, 1]
+    assert mine[-1]["event"] == "job_finished" and mine[-1]["phase"] == "completed"
+
+
+def test_the_supervisor_judges_progress_where_the_ranks_save(supervisor_run, tmp_path):
+    own = tmp_path / "myckpt"  # given to the script only: the supervisor was told its default
+    run = supervisor_run(["--steps", "25", "--checkpoint-every", "5", "--step-sleep", "0.05",
+                          "--checkpoint-dir", str(own)], fault="kind=kill,rank=1,step=13,attempt=0")
+    assert run.wait() == 0, run.output()[-3000:]
+    adopted = run.wait_event("checkpoint_root_adopted")
+    assert adopted["root"] == str(own.resolve()) and adopted["watched"] == str(run.ckpt.resolve())
+    assert run.wait_event("launched", attempt=1)["restore_from"] == C10
+    assert {e["name"] for e in run.events("checkpoint_complete")} >= {C10}
+    assert not run.ckpt.exists()
+
+
+def test_a_corrupt_newest_checkpoint_is_named_made_suspect_and_the_good_one_kept(supervisor_run):
+    run = supervisor_run(["--steps", "19", "--checkpoint-every", "5", "--keep", "2", "--step-sleep", "0.05"],
+                         fault="kind=hang,rank=1,step=17,attempt=0")
+    wait_for_checkpoint(run, C15)
+    flip_a_bit(run.ckpt / C15)
+    assert run.wait() == 0, run.output()[-3000:]
+    assert run.wait_event("launched", attempt=1)["restore_from"] == C15  # sizes are fine: fast verification
+    restored = run.wait_event("checkpoint_restored", attempt=1)
+    assert restored["name"] == C10 and restored["announced"] == C15
+    assert "checksum" in restored["refused"][C15]
+    suspect = run.wait_event("checkpoint_suspect", name=C15)
+    assert "refused" in suspect["detail"]
+    assert [r["step"] for r in run.rank_log(0) if r["attempt"] == 1][0] == 11
+    # the job's own pruning (keep 2) counted the corrupt step 15 as good and deleted step 10
+    left = sorted(p.name for p in run.ckpt.iterdir() if p.name.startswith("step-"))
+    assert C10 in left and C15 in left, left  # the good one, and the corrupt one as evidence
+    status = subprocess.run([PYTHON, "-m", "supervisor", "status", "--log-dir", str(run.log_dir)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "phase completed" in status.stdout and "exit code 0" in status.stdout
+    assert f"suspect checkpoint: {C15}" in status.stdout and "last checkpoint: step-0000000015-1" in status.stdout
+
+
+def test_one_job_one_controller_and_a_taken_http_port_is_replaced(supervisor_run, tmp_path):
+    run = supervisor_run(["--steps", "60", "--checkpoint-every", "10", "--step-sleep", "0.15"])
+    run.wait_event("running")
+    second = subprocess.run(run.cmd, env=run.env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert second.returncode == 2
+    assert f"another supervisor (pid {run.proc.pid}" in second.stderr and "supervisor status" in second.stderr
+    # kill -9 the controller; hold its HTTP port; the next one adopts and serves elsewhere
+    port = json.loads((run.log_dir / "supervisor-state.json").read_text())["http_port"]
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.proc.wait()
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    try:
+        run.start()
+        run.wait_event("adopted")
+        changed = run.wait_event("http_port_changed")
+        assert changed["old"] == port
+        assert run.wait() == 0, run.output()[-3000:]
+    finally:
+        squatter.close()
+    assert [e["attempt"] for e in run.events("launched")] == [0]  # the gang was adopted, not relaunched
+    assert run.events("fault_detected") == []
+
+
+def test_an_unreadable_state_is_refused_until_fresh_and_fresh_leaves_no_stray(tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    (log_dir / "supervisor-state.json").write_text('{"job": "local", "phase": "running", "attem')  # torn write
+    stray = subprocess.Popen(["sleep", "300"], env={"SUPERVISOR_LOG_DIR": str(log_dir / "ranks")},
+                             start_new_session=True)
+    cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", "1", "--log-dir", str(log_dir),
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-linger", "0", "--heartbeat-interval", "0.5",
+           "--heartbeat-timeout", "3", "--", PYTHON, str(TRAIN), "--steps", "5"]
+    try:
+        refused = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        assert "unreadable" in refused.stderr and "--fresh" in refused.stderr
+        assert stray.poll() is None  # nothing was touched without --fresh
+        fresh = subprocess.run(cmd[:4] + ["--fresh"] + cmd[4:], env=job_env(tmp_path), capture_output=True, text=True,
+                               timeout=180, cwd=tmp_path)
+        assert fresh.returncode == 0, fresh.stderr[-3000:]
+        assert stray.wait(timeout=10) == -signal.SIGKILL  # the old gang's leftover was stopped first
+        assert list(log_dir.glob("supervisor-state.unreadable-*.json"))
+        assert json.loads((log_dir / "supervisor-state.json").read_text())["phase"] == "completed"
+    finally:
+        kill_tree(stray.pid)
+
+
+def test_a_drill_whose_fault_never_fires_fails(tmp_path):
+    out = tmp_path / "drill"
+    cmd = [sys.executable, "-m", "supervisor", "drill", "--nnodes", "1", "--out", str(out),
+           "--fault", "kind=kill,rank=0,step=999", "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3",
+           "--", sys.executable, str(TRAIN), "--steps", "6", "--checkpoint-every", "3"]
+    proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the fault never fired" in proc.stdout and "drill PASSED" not in proc.stdout
