@@ -172,6 +172,9 @@ def main(argv=None) -> int:
     exit_code = 0
     try:
         while step < args.steps:
+            if worker.skip_batch(step + 1):  # its loss was non-finite twice: the supervisor asks to skip it
+                sampler.next_indices()
+                continue
             with worker.step(step + 1) as rec:
                 with worker.phase("data"):
                     indices = sampler.next_indices()

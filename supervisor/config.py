@@ -157,6 +157,29 @@ class RestartConfig:
 
 
 @dataclass(frozen=True)
+class NonfiniteConfig:
+    """What a non-finite loss (NaN/inf; every rank stops before the optimizer step) leads to.
+
+    The first one is taken as transient (a bad batch, a silent data corruption): restart from
+    the newest verified checkpoint. One again within ``window_steps`` of an earlier one is not:
+    the job skips that step's batch while fewer than ``skip_batches`` were skipped, else stops
+    in ``stopped_nonfinite`` (exit 7) instead of looping."""
+
+    window_steps: int = 0
+    """How close (in steps) a second non-finite loss must be to an earlier one to count as the
+    same one recurring. 0: only at the very same step (the deterministic case: the same batch
+    on the same weights)."""
+    skip_batches: int = 0
+    """How many offending batches the job may skip in total (the ranks consume the batch of
+    that step and take no optimizer step on it; the script calls ``Worker.skip_batch``). 0:
+    never skip, stop instead."""
+
+    def __post_init__(self) -> None:
+        if self.window_steps < 0 or self.skip_batches < 0:
+            raise ConfigError("nonfinite.window_steps and nonfinite.skip_batches: must be >= 0")
+
+
+@dataclass(frozen=True)
 class HeartbeatConfig:
     interval_s: float = 1.0
     """How often every rank reports."""
@@ -225,6 +248,7 @@ class JobConfig:
     restart: RestartConfig = field(default_factory=RestartConfig)
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    nonfinite: NonfiniteConfig = field(default_factory=NonfiniteConfig)
     http: ListenConfig = field(default_factory=ListenConfig)
     intake: ListenConfig = field(default_factory=ListenConfig)
     env: dict[str, str] = field(default_factory=dict)

@@ -46,6 +46,13 @@ PHASES = ("init", "restore", "data", "compute", "collective", "checkpoint", "idl
 # or a failure (nothing that verifies when one was required, or a load error).
 RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED = "restored", "fresh", "failed"
 RESTORE_STATES = ("", RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED)
+# How a rank that closed its SDK cleanly ended: its training finished, or it stopped early.
+OUTCOME_FINISHED, OUTCOME_STOPPED = "finished", "stopped"
+OUTCOMES = ("", OUTCOME_FINISHED, OUTCOME_STOPPED)
+# Rank exit codes the SDK and the example use (one definition for worker and controller).
+EXIT_CRASH = 17          # the drills' "crash" fault
+EXIT_NONFINITE = 18      # every rank stops before the optimizer step on a non-finite loss
+EXIT_PREEMPTED = 143     # 128 + SIGTERM: an emergency checkpoint was written; the scheduler may requeue
 
 REJECT_MALFORMED = "malformed"
 REJECT_OVERSIZED = "oversized"
@@ -155,6 +162,10 @@ class Heartbeat:
     """Steps this process completed (since its restore). Sent at once when the first completes."""
     first_step_s: float = 0.0
     """From the end of the restore to the end of the first step (this rank's own clock)."""
+    outcome: str = ""
+    """Phase ``done``: :data:`OUTCOME_FINISHED` (the training ran to its end) or
+    :data:`OUTCOME_STOPPED` (it stopped early: a non-finite loss, a stop request); the reason
+    is in ``error``."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
@@ -227,6 +238,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "restore_s": (float, 0, 1e9),
     "steps_done": (int, 0, _BIG),
     "first_step_s": (float, 0, 1e9),
+    "outcome": (str, 0, 16),
 }
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s"}
 _INT, _FLOAT, _BOOL, _STR = range(4)
@@ -234,6 +246,7 @@ _CHECKS = tuple((name, {int: _INT, float: _FLOAT, bool: _BOOL, str: _STR}[kind],
                 for name, (kind, lo, hi) in _FIELDS.items())
 _PHASE_SET = frozenset(PHASES)
 _RESTORE_SET = frozenset(RESTORE_STATES)
+_OUTCOME_SET = frozenset(OUTCOMES)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Heartbeat) if f.default is not dataclasses.MISSING}
 _FACTORIES = tuple((f.name, f.default_factory) for f in dataclasses.fields(Heartbeat)
                    if f.default_factory is not dataclasses.MISSING)
@@ -246,6 +259,8 @@ def _build(values: dict[str, Any]) -> Heartbeat:
         raise ProtocolError(REJECT_SCHEMA, "rank >= world_size")
     if values["phase"] not in _PHASE_SET:
         raise ProtocolError(REJECT_SCHEMA, f"unknown phase {values['phase']!r}"[:120])
+    if values["outcome"] not in _OUTCOME_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown outcome {values['outcome']!r}"[:120])
     if values["restore_state"] not in _RESTORE_SET:
         raise ProtocolError(REJECT_SCHEMA, f"unknown restore_state {values['restore_state']!r}"[:120])
     for name, factory in _FACTORIES:

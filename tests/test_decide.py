@@ -24,8 +24,9 @@ from supervisor.controller.decide import (
     root_verdict,
 )
 from supervisor.health import Finding, Kind
+from supervisor.platforms.agent_output import RankFailure
 from supervisor.platforms.base import NodeState, NodeStatus
-from supervisor.protocol import Heartbeat
+from supervisor.protocol import OUTCOME_FINISHED, OUTCOME_STOPPED, Heartbeat
 
 
 def node(name, state=NodeState.RUNNING, code=None, ours=False, stopped=False):
@@ -36,11 +37,30 @@ RN = {0: "a", 1: "b"}
 KW = dict(now=100.0, last_heard={0: 99.0, 1: 90.0}, phase_started={0: 95.0, 1: 80.0}, rank_nodes=RN)
 
 
-def test_completion():
-    assert completed({"a": node("a", NodeState.EXITED, 0), "b": node("b", NodeState.EXITED, 0)}, False)
-    assert not completed({"a": node("a", NodeState.EXITED, 0), "b": node("b")}, False)
-    assert completed({"a": node("a", NodeState.LOST)}, True)  # adopted: ranks said done
-    assert not completed({}, True)
+F, S = OUTCOME_FINISHED, OUTCOME_STOPPED
+OK0, FAIL1, RUN, LOST = (NodeState.EXITED, 0), (NodeState.EXITED, 1), (NodeState.RUNNING, None), (NodeState.LOST, None)
+
+
+@pytest.mark.parametrize("agents, outcomes, world, done", [
+    # every rank finished and every agent exited 0, whichever arrived first
+    ((OK0, OK0), {0: F, 1: F}, 2, True),
+    ((OK0, RUN), {0: F, 1: F}, 2, False),          # the ranks' last words came first: not yet
+    ((RUN, RUN), {0: F, 1: F}, 2, False),
+    ((OK0, OK0), {}, 2, True),                      # no SDK at all: the agents' exit 0 is all there is (warned)
+    # an early stop is never completion: a NaN stops every rank cleanly, then the agents fail
+    ((RUN, RUN), {0: S, 1: S}, 2, False),           # the ranks said "stopped" before the agents exited
+    ((FAIL1, FAIL1), {0: S, 1: S}, 2, False),
+    ((FAIL1, OK0), {0: F, 1: ""}, 2, False),
+    ((OK0, OK0), {0: S, 1: F}, 2, False),           # even if the agents exited 0
+    # adopted agents (exit codes unknown): only every rank's "finished" completes
+    ((LOST, LOST), {0: F, 1: F}, 2, True),
+    ((LOST, LOST), {0: F}, 2, False),
+    ((LOST, LOST), {0: F, 1: S}, 2, False),
+    ((), {0: F}, 1, False),
+])
+def test_completion_means_the_training_finished(agents, outcomes, world, done):
+    nodes = {f"n{i}": node(f"n{i}", state, code) for i, (state, code) in enumerate(agents)}
+    assert completed(nodes, outcomes, world) is done
 
 
 @pytest.mark.parametrize("nodes, kind, rung, node_failure", [
@@ -177,7 +197,7 @@ def test_progress_guard_and_max_restarts():
 def test_a_checkpoint_is_suspect_only_on_evidence_about_it(reports, suspects, pick):
     h = History()
     for report in reports:
-        d = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": report, "guard_attempts": 10})
+        d = plan_next(history=h, fault=fault("dead"), **PLAN | {"report": report, "guard_attempts": 10})
     assert h.suspects == suspects and d.restore_from == pick and d.require_checkpoint
     assert all(h.suspect_why[n] for n in suspects)
 
@@ -237,3 +257,78 @@ def test_restart_timer():
                              "first_step": 0.5}
     assert t.total(100.0) == 8.5 and t.budget_remaining(900, 100.0) == 891.5
     assert RestartTimer(0, "x", 10.0, 12.0).budget_remaining(5.0, 20.0) == -5.0
+
+
+def failed_node(name, *failures, code=1):
+    return NodeStatus(name=name, attempt=0, state=NodeState.EXITED, exit_code=code, failures=tuple(failures))
+
+
+@pytest.mark.parametrize("failure, steps, kind, detail", [
+    (RankFailure(1, -9, "", True), {1: 60}, "rank_killed", "rank 1 killed by signal 9 (SIGKILL) at step 60"),
+    (RankFailure(1, 18, "", True), {1: 9}, "nonfinite", "rank 1: non-finite loss at step 9"),
+    (RankFailure(1, 1, "ModuleNotFoundError: No module named 'torch'", True), {}, "rank_error",
+     "rank 1 crashed: ModuleNotFoundError: No module named 'torch'"),
+    (RankFailure(1, 17, "", True), {1: 12}, "crash", "rank 1 crashed (exit 17) at step 12"),
+    (RankFailure(1, 3, "", True), {1: 4}, "rank_exit", "rank 1 exited with code 3 at step 4"),
+])
+def test_a_failed_node_is_named_from_its_ranks_own_end(failure, steps, kind, detail):
+    nodes = {"a": node("a"), "b": failed_node("b", failure, RankFailure(0, -15))}
+    f = classify(nodes, [], **KW, rank_steps=steps)
+    assert (f.kind, f.detail, f.ranks, f.nodes) == (kind, detail, (1,), ("b",))
+    assert f.step == steps.get(1)
+
+
+def test_a_nan_reported_in_the_heartbeat_names_the_fault_even_without_an_exit_code():
+    nodes = {"a": node("a"), "b": NodeStatus("b", 0, NodeState.EXITED, 1)}
+    f = classify(nodes, [], **KW, rank_steps={1: 9}, nonfinite_ranks=[1])
+    assert f.kind == "nonfinite" and f.detail == "rank 1: non-finite loss at step 9"
+    lone = {"a": NodeStatus("a", 0, NodeState.EXITED, 1, output_error="ModuleNotFoundError: No module named 'x'")}
+    f = classify(lone, [], now=1.0, last_heard={}, phase_started={}, rank_nodes={})
+    assert "ModuleNotFoundError: No module named 'x'" in f.detail
+
+
+def nan_fault(step):
+    return Fault("nonfinite", (0,), ("a",), "nan", RUNG_TEARDOWN, False, 0.0, step=step)
+
+
+@pytest.mark.parametrize("steps, window, skips, outcome", [
+    ([9], 0, 0, "relaunch"),                      # the first one is transient
+    ([9, 9], 0, 0, "stop"),                       # the same step again: not transient
+    ([9, 12], 0, 0, "relaunch"),                  # elsewhere: a new transient
+    ([9, 12], 5, 0, "stop"),                      # within the configured window
+    ([9, 9], 0, 1, "skip"),                       # skipping allowed: skip that batch
+    ([9, 9, 9], 0, 1, "stop"),                    # only as many skips as allowed
+])
+def test_nonfinite_policy(steps, window, skips, outcome):
+    h = History()
+    for s in steps:
+        d = plan_next(history=h, fault=nan_fault(s), **PLAN | {"nonfinite_window": window, "skip_batches": skips,
+                                                               "guard_attempts": 10})
+    if outcome == "stop":
+        assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NONFINITE and EXIT_CODES[d.phase] == 7
+        assert f"step {steps[-1]}" in d.reason
+    else:
+        assert isinstance(d, Relaunch) and d.skip_steps == ((steps[-1],) if outcome == "skip" else ())
+
+
+def test_the_same_failure_before_the_first_step_twice_stops_at_once():
+    h = History()
+    broken = Fault("rank_error", (0,), ("a",), "rank 0 crashed: ModuleNotFoundError: No module named 'torch'",
+                   RUNG_TEARDOWN, False, 0.0)
+    nothing = RestoreReport()
+    assert isinstance(plan_next(history=h, fault=broken, **PLAN | {"report": nothing}), Relaunch)
+    same_on_another_rank = Fault("rank_error", (1,), ("b",), "rank 1 crashed: ModuleNotFoundError: No module named "
+                                 "'torch'", RUNG_TEARDOWN, False, 0.0)
+    d = plan_next(history=h, fault=same_on_another_rank, **PLAN | {"report": nothing})
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_STARTUP_FAILURE and EXIT_CODES[d.phase] == 8
+    assert "ModuleNotFoundError" in d.reason and h.restarts == 2
+    # once a step was taken, the same crash is no startup failure (the progress guard handles it)
+    h = History()
+    for _ in range(2):
+        d = plan_next(history=h, fault=broken, **PLAN | {"report": RESTORED_10_STEPPED})
+    assert isinstance(d, Relaunch)
+    # a different failure each time is not "the same"
+    h = History()
+    plan_next(history=h, fault=broken, **PLAN | {"report": nothing})
+    other = Fault("rank_error", (0,), ("a",), "rank 0 crashed: OSError: disk full", RUNG_TEARDOWN, False, 0.0)
+    assert isinstance(plan_next(history=h, fault=other, **PLAN | {"report": nothing}), Relaunch)

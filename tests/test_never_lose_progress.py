@@ -172,3 +172,44 @@ def test_a_drill_whose_fault_never_fires_fails(tmp_path):
     proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "the fault never fired" in proc.stdout and "drill PASSED" not in proc.stdout
+
+
+# ------------------------------------------------------------------ verdicts (issue: a verdict you can trust)
+def test_a_nan_stop_is_never_completion_it_restarts_from_the_last_checkpoint(supervisor_run):
+    job = ["--steps", "20", "--checkpoint-every", "4", "--step-sleep", "0.02"]
+    once = supervisor_run(job, fault="kind=nan,rank=0,step=9,attempt=0")
+    assert once.wait() == 0, once.output()[-3000:]
+    fault = once.wait_event("fault_detected")
+    assert fault["kind"] == "nonfinite" and fault["detail"] == "rank 0: non-finite loss at step 9", fault
+    assert once.wait_event("launched", attempt=1)["restore_from"] == "step-0000000008"
+    finished = once.events("job_finished")
+    assert len(finished) == 1 and finished[0]["phase"] == "completed"
+    assert sorted({r["step"] for r in once.rank_log(0)}) == list(range(1, 21))  # it did finish its work
+
+
+def test_a_nan_at_the_same_step_after_a_restart_stops_in_its_own_state(supervisor_run):
+    # the same NaN in every attempt: transient once, then a named stop (exit 7), not a loop
+    again = supervisor_run(["--steps", "20", "--checkpoint-every", "4", "--step-sleep", "0.02"],
+                           fault="kind=nan,rank=0,step=9")
+    assert again.wait() == 7, again.output()[-3000:]
+    end = again.events("job_finished")[-1]
+    assert end["phase"] == "stopped_nonfinite" and "step 9 again" in end["reason"]
+    assert [e["attempt"] for e in again.events("launched")] == [0, 1]
+
+
+def test_a_job_that_cannot_start_stops_at_once_with_the_ranks_own_error(tmp_path):
+    cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", "2", "--log-dir", str(tmp_path / "logs"),
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics-linger", "0", "--heartbeat-interval", "0.5",
+           "--heartbeat-timeout", "3", "--", PYTHON, "-c", "import torch_but_misspelled"]
+    proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 8, proc.stderr[-3000:]
+    events = [json.loads(x) for x in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    faults = [e for e in events if e["event"] == "fault_detected"]
+    assert faults and "ModuleNotFoundError: No module named 'torch_but_misspelled'" in faults[0]["detail"]
+    assert faults[0]["kind"] == "rank_error"
+    end = events[-1]
+    assert end["event"] == "job_finished" and end["phase"] == "stopped_startup_failure"
+    assert "torch_but_misspelled" in end["reason"] and "before its first step" in end["reason"]
+    assert len([e for e in events if e["event"] == "launched"]) == 2  # not the whole restart budget
+    log = (tmp_path / "logs" / "attempt-0" / "node0.log").read_text()
+    assert "[rank0]:" in log and "[rank1]:" not in log  # each line says whose it is (node1 holds rank 1)

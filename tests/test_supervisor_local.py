@@ -69,7 +69,10 @@ def test_kill_9_a_rank_mid_step(supervisor_run, control):
     run = supervisor_run(JOB, fault="kind=kill,rank=1,step=13,attempt=0")
     assert run.wait() == 0, run.output()[-3000:]
     fault = run.wait_event("fault_detected")
-    assert fault["attempt"] == 0 and fault["nodes"] == ["node1"] and fault["kind"] == "rank_exit"
+    assert fault["attempt"] == 0 and fault["nodes"] == ["node1"] and fault["kind"] == "rank_killed"
+    # named from the rank's own end (torchrun's agent exits 1 whatever happened); the step is
+    # its last heartbeat's, sent at most an interval before the kill at step 13
+    assert fault["detail"].startswith("rank 1 killed by signal 9 (SIGKILL) at step 1") and fault["ranks"] == [1]
     relaunch = run.wait_event("launched", attempt=1)
     assert relaunch["restore_from"] == "step-0000000010" and relaunch["world_size"] == 2
     done = run.wait_event("restart_complete")
@@ -234,7 +237,7 @@ def test_drill_command_compares_loss_paths(tmp_path):
     assert "drill PASSED" in proc.stdout
     row = proc.stdout.split("MISSING")[1].split()
     assert row[:4] == ["15", "15", "15", "15"]  # every step compared and bit-identical
-    assert "fault (attempt 0): rank_exit" in proc.stdout and "FIRST_STEP" in proc.stdout
+    assert "fault (attempt 0): rank_killed ranks [1]" in proc.stdout and "FIRST_STEP" in proc.stdout
     bad = subprocess.run(cmd[:-4] + ["--checkpoint-dir", "x"], env=job_env(tmp_path), capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "leave --checkpoint-dir" in bad.stderr

@@ -115,6 +115,7 @@ class Controller:
         self.run_no = 1
         self.run_started = time.time()
         self.require_checkpoint = False
+        self.skip_steps: list[int] = []
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -325,6 +326,7 @@ class Controller:
             # a previous controller's gang is gone: continue its history with a new attempt
             self.attempt = int(saved.get("attempt", 0)) + 1
             self.history = saved["history"]
+            self.skip_steps = list(self.history.skip_steps)
             self.event("adopt_failed", detail="no live node of the saved gang; relaunching with the run's history")
         slots = [s for s in self.platform.slots() if s not in self.history.excluded]
         if len(slots) < self.cfg.nodes.min:
@@ -347,6 +349,7 @@ class Controller:
         attempt = int(saved["attempt"])
         self.attempt = attempt
         self.history = saved["history"]
+        self.skip_steps = list(self.history.skip_steps)
         self.nodes = list(saved.get("nodes", []))
         self.restore_from = saved.get("restore_from")
         self.restored_step = int(saved.get("restored_step", 0))
@@ -379,9 +382,15 @@ class Controller:
         self._poll_checkpoints()
         reg = self.registry
         world = reg.world_size
-        ranks_done = world > 0 and len(reg.ranks) == world and all(r.hb.phase == "done" for r in reg.ranks.values())
-        if completed(self.node_status, ranks_done):
-            self._finish(JobPhase.COMPLETED, "every rank finished")
+        if completed(self.node_status, {r: rec.hb.outcome for r, rec in reg.ranks.items()}, world):
+            if not reg.ranks:
+                log.warning("event=no_heartbeats the command ended without a heartbeat from any rank: it never "
+                            "started the worker SDK, so nothing about its training was watched or verified")
+                self.event("no_heartbeats", attempt=self.attempt,
+                           detail="every agent exited 0 but no rank ever sent a heartbeat (no worker SDK?)")
+                self._finish(JobPhase.COMPLETED, "every agent exited 0 (no rank ever sent a heartbeat)")
+            else:
+                self._finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
             return
         self._track_progress(now)
         if now - self._last_calibration >= CALIBRATE_S:
@@ -405,6 +414,8 @@ class Controller:
             done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == "done"},
             failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
             failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
+            rank_steps={r: rec.hb.step for r, rec in reg.ranks.items()},
+            nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
         )
         if fault is not None and fault.secondary:
             # only ranks that lost a peer have failed so far: give the culprit's node a moment
@@ -587,6 +598,7 @@ class Controller:
             nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
             checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
+            nonfinite_window=self.cfg.nonfinite.window_steps, skip_batches=self.cfg.nonfinite.skip_batches,
             straggler_nodes=straggler_nodes,
         )
         for name in self.history.suspects:
@@ -600,6 +612,10 @@ class Controller:
         if decision.newly_excluded:
             self.event("nodes_excluded", nodes=list(decision.newly_excluded), reason=fault.kind)
         self.require_checkpoint = decision.require_checkpoint
+        if decision.skip_steps and decision.skip_steps != tuple(self.skip_steps):
+            self.event("batches_skipped", steps=list(decision.skip_steps),
+                       detail="a non-finite loss recurred at these steps: the ranks skip their batches")
+        self.skip_steps = list(decision.skip_steps)
         self.attempt += 1  # every message and process of the next gang carries the new number
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
@@ -665,7 +681,7 @@ class Controller:
             "SUPERVISOR_CHECKPOINT_DIR": str(self.ckpt_root),
             "SUPERVISOR_HEARTBEAT_INTERVAL": str(self.cfg.heartbeat.interval_s),
             "SUPERVISOR_WATCHDOG": self.timeouts.watchdog_env(),
-        }
+        } | ({"SUPERVISOR_SKIP_STEPS": ",".join(map(str, self.skip_steps))} if self.skip_steps else {})
         spec = LaunchSpec(
             attempt=self.attempt, nodes=nodes, nnodes_min=min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
             nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,

@@ -9,6 +9,8 @@ The job's phases::
                                                       --guard--> STOPPED_MAX_RESTARTS (4)
                                                       --no capacity--> STOPPED_NO_CAPACITY (5)
                                                       --no usable checkpoint--> STOPPED_NO_CHECKPOINT (6)
+                                                      --non-finite again--> STOPPED_NONFINITE (7)
+                                                      --same failure before the first step--> STOPPED_STARTUP_FAILURE (8)
 
 Progress is never thrown away on a guess: a checkpoint becomes suspect only on evidence about
 it (a rank refused it when verifying or loading it, or two attempts restored it and neither
@@ -34,6 +36,7 @@ from typing import Any, Iterable, Mapping
 
 from supervisor.health import Finding, Kind
 from supervisor.platforms.base import NodeState, NodeStatus
+from supervisor.protocol import EXIT_CRASH, EXIT_NONFINITE, EXIT_PREEMPTED, OUTCOME_FINISHED, OUTCOME_STOPPED
 
 
 class JobPhase(str, enum.Enum):
@@ -45,11 +48,14 @@ class JobPhase(str, enum.Enum):
     STOPPED_MAX_RESTARTS = "stopped_max_restarts"
     STOPPED_NO_CAPACITY = "stopped_no_capacity"
     STOPPED_NO_CHECKPOINT = "stopped_no_checkpoint"
+    STOPPED_NONFINITE = "stopped_nonfinite"
+    STOPPED_STARTUP_FAILURE = "stopped_startup_failure"
     FAILED = "failed"
 
 
 TERMINAL = frozenset({JobPhase.COMPLETED, JobPhase.STOPPED_NO_PROGRESS, JobPhase.STOPPED_MAX_RESTARTS,
-                      JobPhase.STOPPED_NO_CAPACITY, JobPhase.STOPPED_NO_CHECKPOINT, JobPhase.FAILED})
+                      JobPhase.STOPPED_NO_CAPACITY, JobPhase.STOPPED_NO_CHECKPOINT, JobPhase.STOPPED_NONFINITE,
+                      JobPhase.STOPPED_STARTUP_FAILURE, JobPhase.FAILED})
 EXIT_CODES = {
     JobPhase.COMPLETED: 0,
     JobPhase.FAILED: 1,
@@ -57,11 +63,18 @@ EXIT_CODES = {
     JobPhase.STOPPED_MAX_RESTARTS: 4,
     JobPhase.STOPPED_NO_CAPACITY: 5,
     JobPhase.STOPPED_NO_CHECKPOINT: 6,
+    JobPhase.STOPPED_NONFINITE: 7,
+    JobPhase.STOPPED_STARTUP_FAILURE: 8,
 }
 RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 1, 2, 3
 
-# Rank exit codes the SDK and the example use; anything else is a plain crash.
-_EXIT_KINDS = {17: "crash", 18: "nonfinite", 143: "preempted"}
+# Rank exit codes the SDK and the example use (supervisor.protocol defines them once).
+_EXIT_KINDS = {EXIT_CRASH: "crash", EXIT_NONFINITE: "nonfinite", EXIT_PREEMPTED: "preempted"}
+# Every fault kind a restart can carry (the label values of supervisor_restarts_total{reason}).
+FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", "crash", "nonfinite", "preempted",
+               *(k.value for k in Kind if k != Kind.NONFINITE))
+# Failures that repeat the same way before the first step are a broken job, not bad luck.
+_STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
 
 
 @dataclass(frozen=True)
@@ -75,19 +88,53 @@ class Fault:
     fault_at: float
     secondary: bool = False
     """Every failed rank said a peer broke it: the culprit has probably not shown up yet."""
+    step: int | None = None
+    """The culprit rank's step when it failed (its last heartbeat), where known."""
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "ranks": list(self.ranks), "nodes": list(self.nodes), "detail": self.detail,
                 "rung": self.rung, "node_failure": self.node_failure}
 
 
-def completed(nodes: Mapping[str, NodeStatus], ranks_done: bool) -> bool:
-    """Every agent exited 0, or (adopted agents, no exit codes) every rank reported done."""
-    if not nodes:
+def completed(nodes: Mapping[str, NodeStatus], outcomes: Mapping[int, str], world_size: int) -> bool:
+    """Whether the job finished its work: never on a guess, never on an early stop.
+
+    ``outcomes`` holds each rank's last word (:data:`~supervisor.protocol.OUTCOMES`; "" for a
+    rank that has not closed its SDK). Completed when no agent runs, none failed, no rank
+    stopped early, and either every agent exited 0 or (adopted agents, whose exit codes are
+    unknown) every rank of the world said its training finished. Whatever order the agents'
+    exits and the ranks' last heartbeats arrive in, the answer is the same once both are in:
+    ranks done but agents still running is "not yet"; an agent that failed is a fault.
+    """
+    if not nodes or any(n.state == NodeState.RUNNING for n in nodes.values()):
         return False
-    if all(n.state == NodeState.EXITED and n.exit_code == 0 for n in nodes.values()):
-        return True
-    return ranks_done and all(n.state != NodeState.RUNNING for n in nodes.values())
+    if any(n.state == NodeState.EXITED and n.exit_code != 0 for n in nodes.values()):
+        return False
+    if any(o == OUTCOME_STOPPED for o in outcomes.values()):
+        return False
+    if all(n.state == NodeState.EXITED for n in nodes.values()):
+        return True  # every agent exited 0 (torchrun: every worker exited 0)
+    return world_size > 0 and len(outcomes) == world_size and all(o == OUTCOME_FINISHED for o in outcomes.values())
+
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+def name_rank_failure(rank: int, code: int, error: str, step: int | None) -> tuple[str, str]:
+    """(kind, detail) of one rank's end, from its own exit code or signal and last words."""
+    at = f" at step {step}" if step is not None and step >= 0 else ""
+    if code < 0:
+        sig = _SIGNALS.get(-code, "")
+        return "rank_killed", f"rank {rank} killed by signal {-code}{f' ({sig})' if sig else ''}{at}"
+    if code == EXIT_NONFINITE:
+        return "nonfinite", f"rank {rank}: non-finite loss{at}"
+    if code == EXIT_PREEMPTED:
+        return "preempted", f"rank {rank} stopped on SIGTERM (exit {code}){at}"
+    if code in _EXIT_KINDS:
+        return _EXIT_KINDS[code], f"rank {rank} crashed (exit {code}){at}" + (f": {error}" if error else "")
+    if error:
+        return "rank_error", f"rank {rank} crashed{at}: {error}"
+    return "rank_exit", f"rank {rank} exited with code {code}{at}"
 
 
 def classify(
@@ -101,6 +148,8 @@ def classify(
     done_ranks: frozenset[int] | set[int] = frozenset(),
     failed_ranks: Mapping[int, bool] | None = None,
     failed_errors: Mapping[int, str] | None = None,
+    rank_steps: Mapping[int, int] | None = None,
+    nonfinite_ranks: Iterable[int] = (),
 ) -> Fault | None:
     """The fault to act on now, if any. Node failures win over findings (the gang is broken).
 
@@ -113,8 +162,15 @@ def classify(
     whose failed ranks all lost a peer is ``secondary``: the caller may wait for the culprit
     to show, either as its node's exit or as a silent rank (a dead or frozen node), which
     then wins.
+
+    A failed node's fault is named from what its culprit rank itself said (the agent's
+    account of its exit code or signal, the rank's last error line, its last heartbeat):
+    "rank 1 killed by signal 9 at step 60", "rank 0: non-finite loss at step 9", "rank 2
+    crashed: ModuleNotFoundError: ...", not from torchrun's own exit code (1 for anything).
     """
     failed = failed_ranks or {}
+    steps = rank_steps or {}
+    nonfinite = set(nonfinite_ranks)
     candidates = []
     for name, n in sorted(nodes.items()):
         if n.killed_by_us or n.state == NodeState.RUNNING:
@@ -153,9 +209,22 @@ def classify(
             if n.exit_code is not None and n.exit_code < 0:
                 return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
                              RUNG_TEARDOWN, True, now)
-            kind = _EXIT_KINDS.get(n.exit_code or 0, "rank_exit")
-            return Fault(kind, ranks, (name,), f"node {name}: a rank exited with code {n.exit_code}{suffix}",
-                         RUNG_TEARDOWN, False, now, secondary=order == 2)
+            root = next((f for f in n.failures if f.root_cause), n.failures[0] if n.failures else None)
+            if root is not None:
+                error = (failed_errors or {}).get(root.rank) or root.error
+                kind, detail = name_rank_failure(root.rank, root.exit_code, error, steps.get(root.rank))
+                culprits = (root.rank,)
+            else:
+                culprits = ranks
+                kind = _EXIT_KINDS.get(n.exit_code or 0, "rank_exit")
+                own = f": {n.output_error}" if n.output_error else ""
+                detail = f"node {name}: exited with code {n.exit_code}{own}{suffix}" if own or suffix or not ranks \
+                    else f"node {name}: a rank exited with code {n.exit_code}"
+            if any(r in nonfinite for r in culprits or ranks) and kind in ("rank_exit", "rank_error", "crash"):
+                bad = next(r for r in (culprits or ranks) if r in nonfinite)
+                kind, detail = "nonfinite", f"rank {bad}: non-finite loss at step {steps.get(bad, '?')}"
+            step = next((steps[r] for r in culprits if r in steps), None)
+            return Fault(kind, culprits, (name,), detail, RUNG_TEARDOWN, False, now, secondary=order == 2, step=step)
         # only peers of the culprit have failed, and the culprit is a silent rank (its whole
         # node died or froze, so no agent exit tells of it): name it
         findings = silent_culprits
@@ -187,6 +256,8 @@ class Relaunch:
     require_checkpoint: bool = False
     """The ranks must restore a checkpoint (the job has had one): none that verifies is an
     error on the ranks, never a silent fresh start."""
+    skip_steps: tuple[int, ...] = ()
+    """Steps whose batch the ranks skip (a non-finite loss there twice, skipping allowed)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +281,11 @@ class History:
     """Per checkpoint: attempts that restored it and then completed no step (ranks' reports)."""
     had_checkpoint: bool = False
     """A complete checkpoint existed in this run: training from scratch would lose progress."""
+    nonfinite_steps: list[int] = field(default_factory=list)
+    """Steps at which a rank reported a non-finite loss, one entry per attempt it happened in."""
+    skip_steps: list[int] = field(default_factory=list)
+    startup_failure: str = ""
+    """The last attempt's failure if it came before any step (else ""): the same one twice stops."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +388,8 @@ def plan_next(
     exclude_after: int,
     checkpoints: list[str],
     allow_fresh_start: bool = False,
+    nonfinite_window: int = 0,
+    skip_batches: int = 0,
     straggler_nodes: Iterable[str] = (),
 ) -> Relaunch | Stop:
     """Decide the next attempt after a failed one; updates ``history`` in place.
@@ -327,7 +405,14 @@ def plan_next(
       fine and adding spares in slot order;
     * it resumes from the newest of ``checkpoints`` (those that verify, newest first) that
       is not suspect; with none left, a job that has had a checkpoint stops
-      (``STOPPED_NO_CHECKPOINT``) unless ``allow_fresh_start``.
+      (``STOPPED_NO_CHECKPOINT``) unless ``allow_fresh_start``;
+    * a non-finite loss is first taken as transient (restart from the newest verified
+      checkpoint); the same again within ``nonfinite_window`` steps of an earlier one skips
+      that step's batch while fewer than ``skip_batches`` have been skipped, and otherwise
+      stops the job (``STOPPED_NONFINITE``) instead of looping;
+    * a rank-level failure (a crash, an error) before any rank took a step, identical in two
+      attempts in a row, is a job that cannot start: it stops at once with that error
+      (``STOPPED_STARTUP_FAILURE``) instead of spending the restart budget on it.
     """
     note_refusals(history, report)
     if report.state == "restored" and report.restored and not report.stepped:
@@ -352,12 +437,31 @@ def plan_next(
             newly.append(node)
     history.attempts_without_progress = 0 if made_progress else history.attempts_without_progress + 1
     history.restarts += 1
+    before_first_step = not report.stepped and fault.kind in _STARTUP_KINDS
+    # which rank shows it first is chance: the same error from another rank is the same failure
+    signature = re.sub(r"\branks? [\d, ]+", "rank N", f"{fault.kind}: {fault.detail}") if before_first_step else ""
+    if signature and signature == history.startup_failure:
+        return Stop(JobPhase.STOPPED_STARTUP_FAILURE,
+                    f"the job fails the same way before its first step in two attempts in a row: {fault.detail}")
+    history.startup_failure = signature
+    if fault.kind == "nonfinite" and fault.step is not None:
+        again = [s for s in history.nonfinite_steps if abs(s - fault.step) <= nonfinite_window]
+        history.nonfinite_steps.append(fault.step)
+        if again:
+            if len(history.skip_steps) < skip_batches:
+                history.skip_steps.append(fault.step)
+            else:
+                return Stop(JobPhase.STOPPED_NONFINITE,
+                            f"non-finite loss at step {fault.step} again after a restart from a verified checkpoint "
+                            f"(earlier at step {again[-1]}; window {nonfinite_window} steps"
+                            + (f", {len(history.skip_steps)} batches skipped already" if skip_batches else
+                               "; nonfinite.skip_batches is 0") + "): not transient, stopping instead of looping")
     if history.restarts > max_restarts:
         return Stop(JobPhase.STOPPED_MAX_RESTARTS, f"{history.restarts - 1} restarts reached restart.max_restarts={max_restarts}")
     if history.attempts_without_progress >= guard_attempts:
         return Stop(JobPhase.STOPPED_NO_PROGRESS,
                     f"{history.attempts_without_progress} attempts in a row without a new complete checkpoint "
-                    f"(last fault: {fault.kind})")
+                    f"(last fault: {fault.kind}: {fault.detail[:300]})")
     healthy = [s for s in slots if s not in history.excluded]
     if len(healthy) < nodes_min:
         return Stop(JobPhase.STOPPED_NO_CAPACITY,
@@ -373,7 +477,8 @@ def plan_next(
     spares = [s for s in healthy if s not in keep]
     chosen = (keep + spares)[:nodes_max]
     return Relaunch(tuple(chosen), pick, tuple(history.suspects), tuple(newly),
-                    require_checkpoint=history.had_checkpoint and not allow_fresh_start)
+                    require_checkpoint=history.had_checkpoint and not allow_fresh_start,
+                    skip_steps=tuple(history.skip_steps))
 
 
 @dataclass

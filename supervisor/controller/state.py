@@ -95,8 +95,10 @@ def _check_history(raw: dict) -> History:
             good = isinstance(value, bool)
         elif tp is int:
             good = isinstance(value, int) and not isinstance(value, bool)
+        elif tp is str:
+            good = isinstance(value, str)
         elif origin is list:
-            good = isinstance(value, list) and all(isinstance(x, str) for x in value)
+            good = isinstance(value, list) and all(isinstance(x, args[0]) and not isinstance(x, bool) for x in value)
         elif origin is dict:
             good = isinstance(value, dict) and all(
                 isinstance(k, str) and isinstance(v, args[1]) and not isinstance(v, bool) for k, v in value.items())

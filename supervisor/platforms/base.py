@@ -14,6 +14,8 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from supervisor.platforms.agent_output import RankFailure
+
 
 class PlatformError(RuntimeError):
     """The platform could not do what was asked (a scheduler command failed or timed out)."""
@@ -36,6 +38,12 @@ class NodeStatus:
     pid: int | None = None
     stopped: bool = False
     """The agent process is stopped (SIGSTOP / frozen), as far as the platform can tell."""
+    failures: tuple[RankFailure, ...] = ()
+    """A failed agent's ranks as its own output tells them (root cause first): exit code or
+    signal, and each rank's last error line. Empty when unknown."""
+    output_error: str = ""
+    """The last error line of a failed node's output when it names no rank (e.g. the command
+    could not start)."""
 
 
 @dataclass(frozen=True)

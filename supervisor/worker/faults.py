@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervisor.protocol import EXIT_CRASH
+
 KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save")
 _KEYS = {"kind", "rank", "step", "attempt", "ms"}
-CRASH_EXIT_CODE = 17
+CRASH_EXIT_CODE = EXIT_CRASH  # one definition: supervisor.protocol
 
 
 class FaultSpecError(ValueError):

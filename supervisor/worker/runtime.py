@@ -50,7 +50,15 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 
 from supervisor.checkpoint import CheckpointLoadError, CheckpointManager, RestoreResult, Skipped
 from supervisor.checkpoint.discovery import parse_name
-from supervisor.protocol import RESTORE_FAILED, RESTORE_FRESH, RESTORE_RESTORED
+from supervisor.protocol import (
+    EXIT_NONFINITE,
+    EXIT_PREEMPTED,
+    OUTCOME_FINISHED,
+    OUTCOME_STOPPED,
+    RESTORE_FAILED,
+    RESTORE_FRESH,
+    RESTORE_RESTORED,
+)
 from supervisor.worker import collectives
 from supervisor.worker.faults import CRASH_EXIT_CODE, Fault, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
@@ -59,9 +67,6 @@ from supervisor.worker.telemetry import RankState
 from supervisor.worker.watchdog import Watchdog, dump_stacks
 
 log = logging.getLogger("supervisor.worker")
-
-EXIT_NONFINITE = 18
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: the scheduler sees "terminated", not "completed"
 
 
 # What a rank sees when *another* rank died or hung under it: gloo's "Connection reset by
@@ -114,6 +119,7 @@ class Worker:
         self._timing = None
         self._aborting = threading.Event()
         self._restored_at: float | None = None
+        self._skipped: dict[int, int] = {}
         log_dir = session.log_dir
         stack_path = log_dir / f"stacks-rank-{session.rank}.txt" if log_dir else None
         self.stack_path = stack_path
@@ -142,8 +148,23 @@ class Worker:
         )
         return self
 
-    def close(self) -> None:
-        self.state.set_phase("done")
+    def close(self, *, finished: bool | None = None, reason: str = "") -> None:
+        """The rank's last word: it is done, and whether its training *finished*.
+
+        ``finished`` defaults to what the SDK saw: a non-finite loss or a stop request (an
+        emergency checkpoint) means it stopped early. The supervisor reports a job completed
+        only when every rank finished and every agent exited 0: an early stop is never exit 0.
+        """
+        if finished is None:
+            finished = self.state.loss_ok and not self.stop_requested
+            if not reason:
+                reason = ("non-finite loss at step %d" % self.state.step if not self.state.loss_ok
+                          else "stop requested (SIGTERM): emergency checkpoint" if self.stop_requested else "")
+        st = self.state
+        st.outcome = OUTCOME_FINISHED if finished else OUTCOME_STOPPED
+        if reason and not finished:
+            st.error = reason[:512]
+        st.set_phase("done")
         self.heartbeat.beat_now()
         self.watchdog.stop()
         self.heartbeat.stop()
@@ -259,6 +280,16 @@ class Worker:
                 "step_s": round(total, 6), "time": time.time(), **record.extra,
             }
             self._timing.write(json.dumps(rec) + "\n")
+
+    def skip_batch(self, step: int) -> bool:
+        """Whether to skip the batch of ``step`` (consume it, take no optimizer step): the
+        supervisor asks for it when that step's loss was non-finite twice and the job allows
+        skipping (``nonfinite.skip_batches``). True as many times as the step is listed."""
+        if self._skipped.get(step, 0) < self.session.skip_steps.get(step, 0):
+            self._skipped[step] = self._skipped.get(step, 0) + 1
+            log.warning("event=batch_skipped step=%d reason=non-finite loss at this step in earlier attempts", step)
+            return True
+        return False
 
     def fault_point(self) -> None:
         """Where drills fire: call inside the compute phase of every step."""

@@ -14,6 +14,7 @@ one process): heartbeats are written to the rank's log directory instead of bein
 ``SUPERVISOR_LOG_DIR``                    per-rank logs: timing, heartbeats, stack dumps
 ``SUPERVISOR_HEARTBEAT_INTERVAL``         seconds between heartbeats (default 1)
 ``SUPERVISOR_WATCHDOG``                   phase timeouts, e.g. ``compute=120,collective=60``
+``SUPERVISOR_SKIP_STEPS``                 steps whose batch to skip (non-finite twice), ``9,12``
 ========================================  ===================================================
 """
 
@@ -55,6 +56,8 @@ class Session:
     log_dir: Path | None = None
     heartbeat_interval: float = 1.0
     timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
+    skip_steps: dict[int, int] = field(default_factory=dict)
+    """Step -> how many batches to skip there (a step may be listed more than once)."""
 
     @property
     def supervised(self) -> bool:
@@ -99,6 +102,11 @@ class Session:
                 raise SessionError(f"SUPERVISOR_WATCHDOG: {value!r} is not a number") from None
             if timeouts[name] <= 0:
                 raise SessionError(f"SUPERVISOR_WATCHDOG: {name} must be > 0")
+        skip: dict[int, int] = {}
+        for item in filter(None, (s.strip() for s in env.get("SUPERVISOR_SKIP_STEPS", "").split(","))):
+            if not item.isdigit() or int(item) < 1:
+                raise SessionError(f"SUPERVISOR_SKIP_STEPS: {item!r} is not a step number >= 1")
+            skip[int(item)] = skip.get(int(item), 0) + 1
         ld = log_dir if log_dir is not None else env.get("SUPERVISOR_LOG_DIR") or None
         job = env.get("SUPERVISOR_JOB", "local")
         if len(job) > 128:
@@ -107,7 +115,7 @@ class Session:
             rank=rank, local_rank=_int(env, "LOCAL_RANK", 0, minimum=0), world_size=world, attempt=attempt,
             job=job, node=env.get("SUPERVISOR_NODE") or socket.gethostname(), heartbeat_addr=addr,
             api=env.get("SUPERVISOR_API") or None, token=token, log_dir=Path(ld) if ld else None,
-            heartbeat_interval=interval, timeouts=timeouts,
+            heartbeat_interval=interval, timeouts=timeouts, skip_steps=skip,
         )
 
 

@@ -42,6 +42,7 @@ class Snapshot:
     restore_s: float
     steps_done: int
     first_step_s: float
+    outcome: str
 
 
 class RankState:
@@ -74,6 +75,7 @@ class RankState:
         self.restore_s = 0.0
         self.steps_done = 0
         self.first_step_s = 0.0
+        self.outcome = ""
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -159,4 +161,5 @@ class RankState:
                 restore_s=self.restore_s,
                 steps_done=self.steps_done,
                 first_step_s=self.first_step_s,
+                outcome=self.outcome,
             )

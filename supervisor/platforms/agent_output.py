@@ -1,0 +1,89 @@
+"""What a torchrun agent's own output says about its failed ranks (pure parsing).
+
+torchrun's agent exits 1 for any failed worker, so its exit code says nothing about what
+happened. Its output does: the ``ChildFailedError`` summary names the *root cause* (the
+first rank that failed: its global rank, exit code or signal) and every other failure, and
+with ``--tee`` and a ``[rankN]:`` line prefix (``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``)
+each rank's own last error line (``ModuleNotFoundError: No module named 'torch'``). The
+platforms read the tail of a failed agent's log and hand the controller these facts as
+data; the controller names the fault from them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TAIL_BYTES = 64 << 10
+# A rank line as the local platform has torchrun prefix it.
+RANK_PREFIX = "[rank${rank}]:"
+_PREFIXED = re.compile(r"^\[rank(\d+)\]:(.*)$")
+_BLOCK = re.compile(r"^\s+rank\s*:\s*(\d+).*?^\s+exitcode\s*:\s*(-?\d+).*?^\s+traceback\s*:\s*(.*?)$",
+                    re.M | re.S)
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure)): ?(.*)$")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    exit_code: int
+    """The worker's exit code; negative: killed by that signal."""
+    error: str = ""
+    """The rank's own last error line, when its output has one."""
+    root_cause: bool = False
+    """torchrun's "first observed failure" (the others were mostly stopped by the agent)."""
+
+
+def parse(text: str) -> tuple[RankFailure, ...]:
+    """Every failed rank the agent's summary names (root cause first), with the last error
+    line each rank printed; empty when the text holds no summary."""
+    errors: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _PREFIXED.match(line)
+        if m:
+            e = _ERROR_LINE.match(m.group(2).strip())
+            if e and not e.group(1).endswith("ChildFailedError"):
+                errors[int(m.group(1))] = f"{e.group(1)}: {e.group(2)}".strip().rstrip(":")[:300]
+    failed = text.rfind(" FAILED\n")
+    if failed < 0:
+        return ()
+    summary = text[failed:]
+    root_at = summary.find("Root Cause")
+    out: dict[int, RankFailure] = {}
+    for m in _BLOCK.finditer(summary):
+        rank, code, trace = int(m.group(1)), int(m.group(2)), m.group(3).strip()
+        is_root = root_at >= 0 and m.start() > root_at
+        error = errors.get(rank, "")
+        if not error and trace and not trace.startswith(("To enable traceback", "Signal ")):
+            error = trace[:300]
+        out[rank] = RankFailure(rank, code, error, is_root)
+    roots = [f for f in out.values() if f.root_cause and not f.error]
+    if len(roots) == 1 and not errors:  # unprefixed output: the last error line is the root cause's
+        unprefixed = last_error(text[:failed])
+        if unprefixed:
+            f = roots[0]
+            out[f.rank] = RankFailure(f.rank, f.exit_code, unprefixed, True)
+    return tuple(sorted(out.values(), key=lambda f: (not f.root_cause, f.rank)))
+
+
+def last_error(text: str) -> str:
+    """The last error line in output with no summary (an agent that died before its ranks
+    ran, or a command that is not a torchrun job): what a person would look for first."""
+    for line in reversed(text.splitlines()):
+        m = _PREFIXED.match(line)
+        body = (m.group(2) if m else line).strip()
+        e = _ERROR_LINE.match(body)
+        if e and not e.group(1).endswith("ChildFailedError"):
+            return body[:300]
+    return ""
+
+
+def read_tail(path, limit: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
