@@ -185,8 +185,9 @@ def _run_controller(cfg, fresh: bool = False) -> int:
     platform = LocalPlatform(cfg.node_slots, Path(cfg.log_dir).resolve())
     logging.getLogger("supervisor").setLevel(logging.INFO)
     print(f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} "
-          f"(slots: {cfg.node_slots}); logs and events in {cfg.log_dir}; `supervisor status --log-dir {cfg.log_dir}`",
-          file=sys.stderr)
+          f"(slots: {cfg.node_slots}); events and state in {cfg.log_dir}; the job's own output in "
+          f"{cfg.log_dir}/attempt-K/NODE.log (each line prefixed [rankN]:); watch with "
+          f"`supervisor status --log-dir {cfg.log_dir}`", file=sys.stderr)
     try:
         return asyncio.run(Controller(cfg, platform, fresh=fresh).run())
     except StateError as exc:
@@ -225,13 +226,30 @@ def _launch_config(args: argparse.Namespace):
         command = command[1:]
     if not command:
         raise ConfigError("give the training command after --")
-    lo, _, hi = args.nnodes.partition(":")
+    nnodes = "1" if args.standalone else args.nnodes
+    lo, _, hi = nnodes.partition(":")
     try:
         nmin, nmax = int(lo), int(hi or lo)
     except ValueError:
-        raise ConfigError(f"--nnodes {args.nnodes!r} is not N or MIN:MAX") from None
-    return from_dict({
-        "job": args.job, "command": command, "nproc_per_node": args.nproc_per_node,
+        raise ConfigError(f"--nnodes {nnodes!r} is not N or MIN:MAX") from None
+    if nmin > nmax:
+        raise ConfigError(f"--nnodes {nnodes}: MIN ({nmin}) is above MAX ({nmax})")
+    nproc = args.nproc_per_node
+    if nproc == "auto":  # torchrun's meaning: one rank per GPU, else per CPU
+        import os
+
+        try:
+            import torch
+
+            nproc = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
+        except ImportError:
+            nproc = os.cpu_count() or 1
+    try:
+        nproc = int(nproc)
+    except ValueError:
+        raise ConfigError(f"--nproc-per-node {args.nproc_per_node!r} is not a number or 'auto'") from None
+    raw = {
+        "job": args.job, "command": command, "nproc_per_node": nproc,
         "nodes": {"min": nmin, "max": nmax},
         "platform": {"kind": "local", "nodes": args.slots or nmax},
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
@@ -241,7 +259,29 @@ def _launch_config(args: argparse.Namespace):
         "health": {"phase_floor_s": args.hang_timeout_floor},
         "http": {"port": args.port},
         "metrics_linger_s": args.metrics_linger,
-    })
+    }
+    try:
+        return from_dict(raw)
+    except ConfigError as exc:
+        # say it in the words the user typed: the flag, not the config field behind it
+        msg = str(exc)
+        for path, flag, value in _FLAGS:
+            if msg.startswith(path + ":") or msg.startswith(path + " "):
+                raise ConfigError(f"{flag} {getattr(args, value)}{msg[len(path):]}") from None
+        raise
+
+
+# config field -> the launch flag that sets it (and the argparse attribute holding its value)
+_FLAGS = (
+    ("platform.nodes", "--slots", "slots"), ("nodes.min", "--nnodes", "nnodes"), ("nodes.max", "--nnodes", "nnodes"),
+    ("nproc_per_node", "--nproc-per-node", "nproc_per_node"), ("job", "--job", "job"),
+    ("checkpoint_dir", "--checkpoint-dir", "checkpoint_dir"), ("log_dir", "--log-dir", "log_dir"),
+    ("heartbeat.interval_s", "--heartbeat-interval", "heartbeat_interval"),
+    ("heartbeat.timeout_s", "--heartbeat-timeout", "heartbeat_timeout"),
+    ("restart.budget_s", "--restart-budget", "restart_budget"), ("restart.max_restarts", "--max-restarts", "max_restarts"),
+    ("health.phase_floor_s", "--hang-timeout-floor", "hang_timeout_floor"), ("http.port", "--port", "port"),
+    ("metrics_linger_s", "--metrics-linger", "metrics_linger"), ("port", "--port", "port"),
+)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
@@ -486,21 +526,31 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _add_launch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="node count range (default 1)")
-    p.add_argument("--slots", type=int, default=0, help="node slots on this machine, spares included (default MAX)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node (default 1)")
+    # torchrun's spellings are accepted where they mean the same thing (--nproc_per_node,
+    # --nproc-per-node auto, --standalone, --max_restarts)
+    p.add_argument("--nnodes", default="1", metavar="MIN:MAX", help="node count, N or a range MIN:MAX (as torchrun)")
+    p.add_argument("--standalone", action="store_true", help="one node (as torchrun's --standalone: --nnodes 1)")
+    p.add_argument("--slots", type=int, default=0, help="node slots on this machine, spares included (0: MAX)")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", default="1", metavar="N|auto",
+                   help="ranks per node; 'auto' as torchrun: one per GPU, else one per CPU")
     p.add_argument("--job", default="local", help="job name (labels metrics and events)")
     p.add_argument("--checkpoint-dir", default="checkpoints", help="checkpoint root (also passed to ranks)")
-    p.add_argument("--log-dir", default="supervisor-logs", help="events, state, rank logs, stack dumps")
-    p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds (default 1)")
-    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="a rank silent this long is dead (default 5)")
-    p.add_argument("--hang-timeout-floor", type=float, default=30.0,
-                   help="hang timeouts are calibrated from step times but never below this (default 30 s)")
-    p.add_argument("--restart-budget", type=float, default=900.0, help="seconds from fault to first step (default 900)")
-    p.add_argument("--max-restarts", type=int, default=20)
-    p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (default: a free one)")
+    p.add_argument("--log-dir", default="supervisor-logs",
+                   help="events, state, the job's output (attempt-K/NODE.log, lines prefixed [rankN]:), stack dumps")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, metavar="SECONDS", help="how often ranks report")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="a rank silent this long is dead")
+    p.add_argument("--hang-timeout-floor", type=float, default=30.0, metavar="SECONDS",
+                   help="hang timeouts are calibrated from step times but never below this")
+    p.add_argument("--restart-budget", type=float, default=900.0, metavar="SECONDS",
+                   help="fault to first resumed step, at most (past it the job is flagged, not stopped)")
+    p.add_argument("--max-restarts", "--max_restarts", type=int, default=20,
+                   help="restarts before the job stops in stopped_max_restarts (exit 4); unlike torchrun's, each "
+                   "restart is the supervisor's: detect, keep evidence, tear down, relaunch from a verified checkpoint")
+    p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (0: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
-                   help="after the job ends keep serving /metrics this long, for a last scrape (default 15)")
+                   help="after the job ends keep serving /metrics this long for a last scrape, only if a scraper "
+                   "has been seen (otherwise the command returns at once)")
     _add_run_args(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the training command")
 
@@ -615,6 +665,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the job's supervisor log dir: never delete the checkpoint its state restores from, nor "
                    "the suspects it keeps as evidence")
     p.set_defaults(func=cmd_checkpoints_prune)
+    for sp in [*sub.choices.values(), *ck_sub.choices.values()]:
+        sp.formatter_class = argparse.ArgumentDefaultsHelpFormatter  # --help shows every default
     return parser
 
 

@@ -383,6 +383,10 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{prefix}{missing[0]}: required (see examples/job.yaml)")
     kwargs = {}
     for name, value in raw.items():
         kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
@@ -405,6 +409,14 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):
+            # YAML 1.1 (PyYAML) reads 1e3 (no dot) as a string: a number written so is still one
+            try:
+                value = float(value.strip().replace("_", ""))
+            except ValueError:
+                raise ConfigError(f"{path}: must be a number, got {value!r}") from None
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ConfigError(f"{path}: must be a finite number")
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError(f"{path}: must be a number, got {value!r}")
         return float(value)

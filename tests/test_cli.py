@@ -100,3 +100,37 @@ def test_console_script_help():
     assert proc.returncode == 0 and "--full" in proc.stdout and "--step" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "supervisor", "checkpoints"], capture_output=True, text=True)
     assert proc.returncode == 2 and "list" in proc.stdout
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--slots", "-3"], "--slots -3: must be >= 0"),
+    (["--nnodes", "3:2"], "--nnodes 3:2: MIN (3) is above MAX (2)"),
+    (["--nproc-per-node", "many"], "--nproc-per-node 'many' is not a number or 'auto'"),
+    (["--port", "99999"], "--port 99999"),
+])
+def test_launch_errors_name_the_flag_the_user_typed(argv, says, capsys):
+    assert main(["launch", *argv, "--", "python", "x.py"]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_torchrun_spellings_and_every_default_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["launch", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # as read, not as wrapped
+    assert "--nproc_per_node" in out and "--standalone" in out and "--max_restarts" in out
+    assert "(default: checkpoints)" in out and "(default: supervisor-logs)" in out
+    with pytest.raises(SystemExit):
+        main(["drill", "--help"])
+    assert "(default: drill-out)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_config_without_command_and_yaml_1_1_numbers(tmp_path, capsys):
+    from supervisor.config import ConfigError, load
+
+    bad = tmp_path / "job.yaml"
+    bad.write_text("nodes: {min: 1, max: 1}\n")
+    with pytest.raises(ConfigError, match="command: required"):
+        load(bad)
+    good = tmp_path / "ok.yaml"
+    good.write_text("command: [python, x.py]\nrestart: {budget_s: 1e3}\n")  # YAML 1.1 reads 1e3 as a string
+    assert load(good).restart.budget_s == 1000.0
