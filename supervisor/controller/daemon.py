@@ -30,6 +30,7 @@ from typing import Any
 
 from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
 from supervisor.checkpoint.discovery import parse_name
+from supervisor.controller import preflight
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
 from supervisor.config import JobConfig
@@ -198,6 +199,7 @@ class Controller:
             if adopt_gang:
                 self._adopt(saved)
             else:
+                self._preflight()
                 await self._first_launch(saved)
             self.ready = True
             await self._reconcile_loop()
@@ -314,6 +316,17 @@ class Controller:
                 self.event("http_port_changed", old=port, reason=str(exc))
         raise AssertionError("unreachable")
 
+    def _preflight(self) -> None:
+        """The commonest mistakes as one clear line before anything is launched."""
+        try:
+            warnings = preflight.check(self.cfg.command, dict(os.environ) | dict(self.cfg.env), self.ckpt_root)
+        except preflight.PreflightError as exc:
+            self.event("preflight_failed", error=str(exc))
+            raise state_file.StateError(str(exc)) from None
+        for w in warnings:
+            log.warning("event=preflight_warning %s", w)
+            self.event("preflight_warning", warning=w)
+
     def _init_token(self, saved: dict | None) -> None:
         """A continued run keeps its token (its live ranks hold it); a new run gets a new one."""
         try:
@@ -414,7 +427,7 @@ class Controller:
             done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == "done"},
             failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
             failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
-            rank_steps={r: rec.hb.step for r, rec in reg.ranks.items()},
+            rank_steps=self._rank_steps(),
             nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
         )
         if fault is not None and fault.secondary:
@@ -428,6 +441,18 @@ class Controller:
         self._secondary_since = None
         if fault is not None:
             await self._recover(fault)
+
+    def _rank_steps(self) -> dict[int, int]:
+        """Each rank's step: its last heartbeat's, or, for a rank of a failed node, the one after
+        the last step its own log recorded in this attempt (heartbeats are sampled; a rank
+        killed mid-step leaves its log one step behind)."""
+        steps = {r: rec.hb.step for r, rec in self.registry.ranks.items()}
+        for st in self.node_status.values():
+            for f in st.failures:
+                logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{f.rank}.jsonl", self.attempt)
+                if logged is not None:
+                    steps[f.rank] = max(steps.get(f.rank, 0), logged + 1)
+        return steps
 
     def _track_progress(self, now: float) -> None:
         reg = self.registry
@@ -781,6 +806,25 @@ class Controller:
             "stop_reason": self.stop_reason, "ckpt_root": str(self.ckpt_root), "last_checkpoint": self.latest_ckpt,
             "run": self.run_no, "run_started": self.run_started,
         } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
+
+
+def _last_logged_step(path: Path, attempt: int) -> int | None:
+    """The last step a rank's own log (rank-R.jsonl, written by the SDK) records for ``attempt``."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("attempt") == attempt and isinstance(rec.get("step"), int):
+            return rec["step"]
+    return None
 
 
 def _grow_receive_buffer(sock) -> None:

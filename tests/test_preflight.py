@@ -1,0 +1,46 @@
+"""Preflight: the commonest mistakes as one clear line before anything is launched (real
+interpreters, a real read-only directory, the real `supervisor launch`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import PYTHON, TRAIN, job_env
+from supervisor.controller.preflight import PreflightError, check
+
+
+@pytest.fixture(scope="module")
+def python_without_torch(tmp_path_factory):
+    """A real interpreter whose environment lacks torch: what `python` is outside the venv."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    return venv / "bin" / "python"
+
+
+def test_an_interpreter_without_torch_is_one_clear_line_within_seconds(tmp_path, python_without_torch):
+    t0 = time.monotonic()
+    cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", "2", "--log-dir", str(tmp_path / "logs"),
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--", str(python_without_torch), str(TRAIN)]
+    proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cannot import torch" in proc.stderr and str(python_without_torch) in proc.stderr
+    assert not list((tmp_path / "logs").glob("attempt-*"))  # nothing was launched
+    assert time.monotonic() - t0 < 30
+
+
+def test_preflight_checks(tmp_path, python_without_torch):
+    env = dict(os.environ)
+    with pytest.raises(PreflightError, match="'no-such-program' is not found"):
+        check(["no-such-program"], env, tmp_path / "ckpt")
+    with pytest.raises(PreflightError, match="cannot import torch"):
+        check([str(python_without_torch), "x.py"], env, tmp_path / "ckpt")
+    assert check([PYTHON, "x.py"], env, tmp_path / "ckpt") == [] and (tmp_path / "ckpt").is_dir()
+    assert check(["sleep", "1"], env, tmp_path / "ckpt") == []  # not Python: nothing to import
+    (tmp_path / "a-file").write_text("x")  # (a mode cannot stop root, which CI runs as)
+    with pytest.raises(PreflightError, match="not writable"):
+        check([PYTHON], env, tmp_path / "a-file" / "ckpt")
