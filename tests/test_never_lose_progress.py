@@ -213,3 +213,23 @@ def test_a_job_that_cannot_start_stops_at_once_with_the_ranks_own_error(tmp_path
     assert len([e for e in events if e["event"] == "launched"]) == 2  # not the whole restart budget
     log = (tmp_path / "logs" / "attempt-0" / "node0.log").read_text()
     assert "[rank0]:" in log and "[rank1]:" not in log  # each line says whose it is (node1 holds rank 1)
+
+
+@pytest.mark.parametrize("fault, slots, resized", [
+    ("kind=node-kill,rank=1,step=8,attempt=0", 2, True),     # no spare: the job continues smaller
+    ("kind=node-stop,rank=1,step=8,attempt=0", 3, False),    # a frozen node, a spare takes its place
+])
+def test_drill_node_faults_with_and_without_a_spare(tmp_path, fault, slots, resized):
+    out = tmp_path / "drill"
+    cmd = [sys.executable, "-m", "supervisor", "drill", "--nnodes", "1:2", "--slots", str(slots), "--out", str(out),
+           "--fault", fault, "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3",
+           "--", sys.executable, str(TRAIN), "--steps", "14", "--checkpoint-every", "5", "--step-sleep", "0.05"]
+    proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "drill PASSED" in proc.stdout
+    events = [json.loads(x) for x in (out / "drill" / "logs" / "events.jsonl").read_text().splitlines()]
+    fault_ev = next(e for e in events if e["event"] == "fault_detected")
+    assert fault_ev["nodes"] == ["node1"], fault_ev
+    relaunch = next(e for e in events if e["event"] == "launched" and e["attempt"] == 1)
+    assert relaunch["world_size"] == (1 if resized else 2)
+    assert ("compared within relative tolerance" in proc.stdout) == resized

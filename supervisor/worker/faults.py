@@ -8,7 +8,10 @@ Syntax (``SUPERVISOR_FAULT``)::
   compute), ``stop`` (SIGSTOP self), ``skip-collective`` (skip this step's gradient
   all-reduce so the peers block inside it), ``slow`` (+``ms`` per step from ``step`` on,
   default 200), ``nan`` (the loss becomes NaN), ``crash-in-save`` (SIGKILL self after the
-  first shard file of the save at ``step`` is written).
+  first shard file of the save at ``step`` is written), ``node-kill`` (SIGKILL every process
+  of this rank's node: its torchrun agent and every rank under it, a lost machine) and
+  ``node-stop`` (SIGSTOP them all: a frozen machine). The node faults fire from the rank
+  named by ``rank`` and take its whole node down with it.
 * ``rank``: the global rank it fires on (default: every rank).
 * ``step``: the step at which it fires (default 1; ``slow`` applies from it on).
 * ``attempt``: fire only in this attempt (default: every attempt). Without it a fault fires
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 from supervisor.protocol import EXIT_CRASH
 
-KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save")
+KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save", "node-kill", "node-stop")
 _KEYS = {"kind", "rank", "step", "attempt", "ms"}
 CRASH_EXIT_CODE = EXIT_CRASH  # one definition: supervisor.protocol
 

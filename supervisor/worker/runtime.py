@@ -59,6 +59,7 @@ from supervisor.protocol import (
     RESTORE_FRESH,
     RESTORE_RESTORED,
 )
+from supervisor.procfs import descendants
 from supervisor.worker import collectives
 from supervisor.worker.faults import CRASH_EXIT_CODE, Fault, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
@@ -298,6 +299,10 @@ class Worker:
                 continue
             if f.kind == "slow":
                 time.sleep(f.ms / 1000)
+            elif f.kind in ("node-kill", "node-stop"):
+                log.warning("event=fault_injected kind=%s rank=%d step=%d", f.kind, self.session.rank, self.state.step)
+                logging.shutdown()
+                _signal_node(signal.SIGKILL if f.kind == "node-kill" else signal.SIGSTOP)
             elif f.kind in ("crash", "kill", "stop", "hang"):
                 log.warning("event=fault_injected kind=%s rank=%d step=%d", f.kind, self.session.rank, self.state.step)
                 if f.kind == "crash":
@@ -459,6 +464,18 @@ class Worker:
             log.warning("event=restore_point_rejected reason=bad_exclude")
             return None
         return {"checkpoint": name, "exclude": exclude, "required": raw.get("required") is True}
+
+
+def _signal_node(sig: int) -> None:
+    """The node drills: ``sig`` to every process of this rank's node: its torchrun agent (the
+    parent), every rank under it, and this process last."""
+    agent = os.getppid()
+    me = os.getpid()
+    for pid in [p for p in descendants(agent) if p != me] + [agent, me]:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
 
 
 def _skipped_text(skipped: list[Skipped]) -> str:
