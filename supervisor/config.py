@@ -255,7 +255,8 @@ class JobConfig:
     """Extra environment for every rank."""
     metrics_linger_s: float = 15.0
     """After the job ends, keep serving /metrics this long (a signal cuts it short), so that
-    Prometheus scrapes the final phase at least once."""
+    Prometheus scrapes the final phase at least once: only when /metrics has been scraped during
+    the run (without a scraper the command returns as soon as the job ends)."""
     metrics_per_rank_limit: int = 256
     """/metrics exports per-rank series (heartbeat age, step, straggler score, phase, node: 13
     series a rank) for every rank while the world size is at most this; above it, only for the

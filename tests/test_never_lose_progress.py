@@ -233,3 +233,29 @@ def test_drill_node_faults_with_and_without_a_spare(tmp_path, fault, slots, resi
     relaunch = next(e for e in events if e["event"] == "launched" and e["attempt"] == 1)
     assert relaunch["world_size"] == (1 if resized else 2)
     assert ("compared within relative tolerance" in proc.stdout) == resized
+
+
+def test_the_command_returns_when_the_job_ends_unless_a_scraper_was_seen(tmp_path):
+    import urllib.request
+
+    def launch(name: str, scrape: bool) -> list[dict]:
+        log_dir = tmp_path / name
+        cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", "1", "--log-dir", str(log_dir), "--checkpoint-dir",
+               str(tmp_path / f"{name}-ckpt"), "--metrics-linger", "2", "--heartbeat-interval", "0.5",
+               "--heartbeat-timeout", "3", "--", PYTHON, str(TRAIN), "--steps", "30", "--step-sleep", "0.1"]
+        proc = subprocess.Popen(cmd, env=job_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                cwd=tmp_path)
+        if scrape:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    port = json.loads((log_dir / "supervisor-state.json").read_text())["http_port"]
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+                    break
+                except (OSError, ValueError, KeyError):
+                    time.sleep(0.2)
+        assert proc.wait(timeout=180) == 0
+        return [json.loads(x)["event"] for x in (log_dir / "events.jsonl").read_text().splitlines()]
+
+    assert "metrics_linger" not in launch("quiet", scrape=False)  # nobody scraped: no wait
+    assert "metrics_linger" in launch("scraped", scrape=True)

@@ -117,6 +117,7 @@ class Controller:
         self.run_started = time.time()
         self.require_checkpoint = False
         self.skip_steps: list[int] = []
+        self.scraped = False  # /metrics has been read: linger after the end for one last scrape
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -203,7 +204,11 @@ class Controller:
                 await self._first_launch(saved)
             self.ready = True
             await self._reconcile_loop()
-            if self.phase in TERMINAL and not self._stop.is_set() and self.cfg.metrics_linger_s > 0:
+            # keep serving for a scraper that has been seen, never for nobody: a torchrun-like
+            # command returns when its job ends
+            if self.phase in TERMINAL and not self._stop.is_set() and self.cfg.metrics_linger_s > 0 and self.scraped:
+                self.event("metrics_linger", seconds=self.cfg.metrics_linger_s,
+                           detail="serving /metrics for the scraper's last look at the final phase")
                 try:
                     # keep serving /metrics so Prometheus records the final phase (the
                     # SupervisorJobFailed alert reads it; SupervisorDown stays quiet on success)
