@@ -380,7 +380,7 @@ def test_pagerduty_gets_the_same_page_and_its_resolution(hang_scenario):
     sc = hang_scenario
     pd = sc.receiver.received("/pagerduty")
     triggers = [p.body for p in pd if p.body.get("event_action") == "trigger"
-                and "(hang)" in p.body["payload"]["summary"]]
+                and "is hung (hang;" in p.body["payload"]["summary"]]
     assert triggers, [p.body for p in pd]
     trig = triggers[0]
     assert trig["routing_key"] == "R0UT1NGKEY0000000000000000000000"
