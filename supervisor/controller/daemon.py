@@ -117,7 +117,9 @@ class Controller:
         self.run_started = time.time()
         self.require_checkpoint = False
         self.skip_steps: list[int] = []
-        self.scraped = False  # /metrics has been read: linger after the end for one last scrape
+        self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
+        self.stop_requested = False  # the job ends on purpose (a signal): metrics say so, alerts stay quiet
+        self._linger_cut = False
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -204,17 +206,7 @@ class Controller:
                 await self._first_launch(saved)
             self.ready = True
             await self._reconcile_loop()
-            # keep serving for a scraper that has been seen, never for nobody: a torchrun-like
-            # command returns when its job ends
-            if self.phase in TERMINAL and not self._stop.is_set() and self.cfg.metrics_linger_s > 0 and self.scraped:
-                self.event("metrics_linger", seconds=self.cfg.metrics_linger_s,
-                           detail="serving /metrics for the scraper's last look at the final phase")
-                try:
-                    # keep serving /metrics so Prometheus records the final phase (the
-                    # SupervisorJobFailed alert reads it; SupervisorDown stays quiet on success)
-                    await asyncio.wait_for(self._stop.wait(), self.cfg.metrics_linger_s)
-                except asyncio.TimeoutError:
-                    pass
+            await self._linger()
         finally:
             transport.close()
             await runner.cleanup()
@@ -222,10 +214,27 @@ class Controller:
         self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason)
         return code
 
+    async def _linger(self) -> None:
+        """After the end, keep serving /metrics until the scraper that has been watching has
+        seen the final phase once (the alerts need it: a job that ended, or was stopped on
+        purpose, must never page as "down"), at most ``metrics_linger_s``; never for nobody:
+        a torchrun-like command returns when its job ends. A second signal cuts it short."""
+        if self.phase not in TERMINAL or self.cfg.metrics_linger_s <= 0 or not self.scrapes:
+            return
+        self.event("metrics_linger", seconds=self.cfg.metrics_linger_s,
+                   detail="serving /metrics until the scraper has seen the final phase")
+        seen, deadline = self.scrapes, self.clock() + self.cfg.metrics_linger_s
+        while self.scrapes == seen and self.clock() < deadline and not self._linger_cut:
+            await asyncio.sleep(0.05)
+
     def request_stop(self, sig: int) -> None:
         """Tear the gang down (SIGTERM, restart.kill_grace_s: ranks write an emergency checkpoint) and exit."""
+        if self._stop.is_set():
+            self._linger_cut = True  # a second signal: do not wait for a last scrape either
+            return
         log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
+        self.stop_requested = True
         self._stop.set()
 
     def _open_history(self) -> dict | None:
@@ -699,6 +708,7 @@ class Controller:
         world = len(nodes) * self.cfg.nproc_per_node
         self.registry.reset(self.attempt, world)
         self.addr_by_rank = {}
+        self._step_marks = []  # the step rate of this attempt only (a resume goes back in steps)
         self.report, self.restored = None, None
         rank_log_dir = self.log_dir / "ranks"
         env = dict(self.cfg.env) | {

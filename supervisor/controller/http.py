@@ -32,7 +32,7 @@ def build_app(controller: "Controller") -> web.Application:
     app[EXPORTER] = exporter
 
     async def metrics(request: web.Request) -> web.Response:
-        controller.scraped = True  # a scraper is watching: after the job ends, linger for its last scrape
+        controller.scrapes += 1  # a scraper is watching: after the job ends, linger for its last scrape
         out = await exporter.render(accepts_gzip(request.headers.get("Accept-Encoding", "")))
         headers = {"Content-Type": CONTENT_TYPE_LATEST, "Vary": "Accept-Encoding"}
         if out.gzipped:
