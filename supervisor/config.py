@@ -112,13 +112,23 @@ class NodesConfig:
     min: int = 1
     """Smallest gang worth running; below it the job waits, then stops (no capacity)."""
     max: int = 1
-    """Largest gang; relaunches use the largest healthy count in [min, max]."""
+    """Largest gang; relaunches use the largest healthy count in [min, max] whose world size
+    (nodes x nproc_per_node) the job accepts."""
+    world_sizes: tuple[int, ...] = ()
+    """The world sizes (ranks) the job accepts, e.g. ``[2, 4, 8]`` for a global batch that must
+    divide evenly; empty: any."""
+    world_size_multiple_of: int = 1
+    """The world size must be a multiple of this (e.g. a tensor-parallel degree)."""
 
     def __post_init__(self) -> None:
         if self.min < 1:
             raise ConfigError("nodes.min: must be >= 1")
         if self.max < self.min:
             raise ConfigError(f"nodes.max: {self.max} is below nodes.min {self.min}")
+        if any(w < 1 for w in self.world_sizes):
+            raise ConfigError("nodes.world_sizes: every world size must be >= 1")
+        if self.world_size_multiple_of < 1:
+            raise ConfigError("nodes.world_size_multiple_of: must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -425,6 +435,10 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(f"{path}: must be a string, got {value!r}")
         return str(value)
+    if origin is tuple and typing.get_args(tp)[:1] == (int,):
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{path}: must be a list of integers, got {value!r}"[:200])
+        return tuple(value)
     if origin is tuple:
         if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{path}: must be a list of strings")

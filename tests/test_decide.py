@@ -18,6 +18,7 @@ from supervisor.controller.decide import (
     Stop,
     classify,
     completed,
+    gang_size,
     parse_skipped,
     plan_next,
     restore_report,
@@ -332,3 +333,25 @@ def test_the_same_failure_before_the_first_step_twice_stops_at_once():
     plan_next(history=h, fault=broken, **PLAN | {"report": nothing})
     other = Fault("rank_error", (0,), ("a",), "rank 0 crashed: OSError: disk full", RUNG_TEARDOWN, False, 0.0)
     assert isinstance(plan_next(history=h, fault=other, **PLAN | {"report": nothing}), Relaunch)
+
+
+@pytest.mark.parametrize("available, lo, hi, nproc, sizes, multiple, want", [
+    (3, 1, 3, 1, (), 1, 3),
+    (3, 1, 3, 1, (1, 2, 4, 8), 1, 2),      # global batch 16: 3 ranks do not divide it, 2 do
+    (3, 1, 3, 2, (), 4, 2),                # 2 per node, a multiple of 4: 4 ranks on 2 nodes
+    (1, 2, 3, 1, (), 1, None),             # below min
+    (3, 3, 3, 1, (2, 4), 1, None),         # nothing accepted in range
+])
+def test_the_gang_is_the_largest_with_an_accepted_world_size(available, lo, hi, nproc, sizes, multiple, want):
+    assert gang_size(available, lo, hi, nproc, sizes, multiple) == want
+
+
+def test_a_relaunch_after_a_lost_node_picks_an_accepted_world_size():
+    h = History()
+    kw = PLAN | {"slots": ["a", "b", "c", "d"], "previous_nodes": ["a", "b", "c", "d"], "nodes_max": 4,
+                 "world_sizes": (1, 2, 4, 8)}
+    d = plan_next(history=h, fault=fault("node_lost", nodes=("d",), node_failure=True), **kw)
+    assert d.nodes == ("a", "b")  # 3 healthy nodes; 3 is not an accepted world size, 2 is
+    d = plan_next(history=History(), fault=fault("node_lost", nodes=("d",), node_failure=True),
+                  **kw | {"world_sizes": (4,)})
+    assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CAPACITY and "world size" in d.reason

@@ -47,6 +47,7 @@ from supervisor.controller.decide import (
     Stop,
     classify,
     completed,
+    gang_size,
     note_refusals,
     plan_next,
     restore_report,
@@ -356,8 +357,12 @@ class Controller:
             self.skip_steps = list(self.history.skip_steps)
             self.event("adopt_failed", detail="no live node of the saved gang; relaunching with the run's history")
         slots = [s for s in self.platform.slots() if s not in self.history.excluded]
-        if len(slots) < self.cfg.nodes.min:
-            self._finish(JobPhase.STOPPED_NO_CAPACITY, f"{len(slots)} node slots for nodes.min={self.cfg.nodes.min}")
+        n = self.cfg.nodes
+        size = gang_size(len(slots), n.min, n.max, self.cfg.nproc_per_node, n.world_sizes, n.world_size_multiple_of)
+        if size is None:
+            self._finish(JobPhase.STOPPED_NO_CAPACITY,
+                         f"{len(slots)} node slots and no node count in [{n.min}, {n.max}] with a world size the job "
+                         f"accepts (world_sizes={list(n.world_sizes)}, multiple of {n.world_size_multiple_of})")
             return
         self._poll_checkpoints(force=True)
         usable = self._usable_checkpoints()
@@ -370,7 +375,7 @@ class Controller:
                          "train from scratch (allow it with restart.allow_fresh_start / --allow-fresh-start)")
             return
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        await self._launch(slots[: self.cfg.nodes.max], pick)
+        await self._launch(slots[:size], pick)
 
     def _adopt(self, saved: dict) -> None:
         attempt = int(saved["attempt"])
@@ -638,6 +643,8 @@ class Controller:
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
             checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
             nonfinite_window=self.cfg.nonfinite.window_steps, skip_batches=self.cfg.nonfinite.skip_batches,
+            nproc_per_node=self.cfg.nproc_per_node, world_sizes=self.cfg.nodes.world_sizes,
+            world_size_multiple_of=self.cfg.nodes.world_size_multiple_of,
             straggler_nodes=straggler_nodes,
         )
         for name in self.history.suspects:

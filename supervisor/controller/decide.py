@@ -373,6 +373,18 @@ def root_verdict(watched: str, report: RestoreReport) -> tuple[str, str]:
     return "conflict", f"the ranks save checkpoints to different roots: {', '.join(report.roots)}"
 
 
+def gang_size(available: int, nodes_min: int, nodes_max: int, nproc_per_node: int,
+              world_sizes: Iterable[int] = (), multiple_of: int = 1) -> int | None:
+    """The largest node count in [nodes_min, min(nodes_max, available)] whose world size the job
+    accepts (in ``world_sizes`` when given, a multiple of ``multiple_of``); None if none does."""
+    accepted = set(world_sizes)
+    for n in range(min(nodes_max, available), nodes_min - 1, -1):
+        world = n * nproc_per_node
+        if world % multiple_of == 0 and (not accepted or world in accepted):
+            return n
+    return None
+
+
 def plan_next(
     *,
     history: History,
@@ -388,6 +400,9 @@ def plan_next(
     exclude_after: int,
     checkpoints: list[str],
     allow_fresh_start: bool = False,
+    nproc_per_node: int = 1,
+    world_sizes: Iterable[int] = (),
+    world_size_multiple_of: int = 1,
     nonfinite_window: int = 0,
     skip_batches: int = 0,
     straggler_nodes: Iterable[str] = (),
@@ -401,8 +416,9 @@ def plan_next(
       are excluded;
     * the progress guard stops the job after ``guard_attempts`` failed attempts in a row
       with no new complete checkpoint, or after ``max_restarts``;
-    * the next gang is the largest healthy one in [min, max], keeping the nodes that were
-      fine and adding spares in slot order;
+    * the next gang is the largest healthy one in [min, max] whose world size the job accepts
+      (``world_sizes``, ``world_size_multiple_of``), keeping the nodes that were fine and
+      adding spares in slot order;
     * it resumes from the newest of ``checkpoints`` (those that verify, newest first) that
       is not suspect; with none left, a job that has had a checkpoint stops
       (``STOPPED_NO_CHECKPOINT``) unless ``allow_fresh_start``;
@@ -473,9 +489,15 @@ def plan_next(
                     f"no usable checkpoint is left ({why}); refusing to train from scratch. Inspect them with "
                     "`supervisor checkpoints verify --full`, then run again (a new run starts a new history) or "
                     "allow a fresh start explicitly (restart.allow_fresh_start / --allow-fresh-start)")
+    size = gang_size(len(healthy), nodes_min, nodes_max, nproc_per_node, world_sizes, world_size_multiple_of)
+    if size is None:
+        return Stop(JobPhase.STOPPED_NO_CAPACITY,
+                    f"{len(healthy)} healthy node slots left and no node count in [{nodes_min}, {nodes_max}] gives a "
+                    f"world size the job accepts (world_sizes={list(world_sizes)}, multiple of "
+                    f"{world_size_multiple_of}, {nproc_per_node} per node)")
     keep = [n for n in previous_nodes if n in healthy]
     spares = [s for s in healthy if s not in keep]
-    chosen = (keep + spares)[:nodes_max]
+    chosen = (keep + spares)[:size]
     return Relaunch(tuple(chosen), pick, tuple(history.suspects), tuple(newly),
                     require_checkpoint=history.had_checkpoint and not allow_fresh_start,
                     skip_steps=tuple(history.skip_steps))
