@@ -728,6 +728,7 @@ def _run_slurm_controller(cfg, fresh: bool = False) -> int:
 
         def on_warning() -> None:
             warned.append(time.time())
+            controller.requeue_planned = sc.requeue_on_warning
             controller.event("slurm_warning_signal", signal=warning.name, action="emergency checkpoint: stop the gang "
                              "with SIGTERM" + (", then requeue" if sc.requeue_on_warning else ""))
             controller.request_stop(warning)  # teardown with restart.kill_grace_s: ranks save, then exit
@@ -742,8 +743,10 @@ def _run_slurm_controller(cfg, fresh: bool = False) -> int:
                                  detail="the requeued job resumes from the newest verified checkpoint")
                 return EXIT_OK
             except PlatformError as exc:
-                controller.event("slurm_requeue_failed", error=str(exc))
+                controller.event("slurm_requeue_failed", error=str(exc),
+                                 detail="the job stopped for a requeue that did not happen: submit it again")
                 logging.getLogger("supervisor").error("event=slurm_requeue_failed error=%s", exc)
+                return EXIT_FAILED
         return code
 
     from supervisor.controller.state import StateError

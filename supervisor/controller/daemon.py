@@ -120,6 +120,7 @@ class Controller:
         self.skip_steps: list[int] = []
         self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
         self.stop_requested = False  # the job ends on purpose (a signal): metrics say so, alerts stay quiet
+        self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
         self._linger_cut = False
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
@@ -398,8 +399,15 @@ class Controller:
     async def _reconcile_loop(self) -> None:
         while self.phase not in TERMINAL:
             if self._stop.is_set():
+                # stopped on purpose: the ranks get kill_grace_s to write their emergency checkpoint
+                before = self.latest_ckpt["step"] if self.latest_ckpt else -1
                 await self.platform.teardown(self.cfg.restart.kill_grace_s)
-                self._finish(JobPhase.FAILED, self.stop_reason or "stopped")
+                self._poll_checkpoints(force=True)
+                if self.latest_ckpt and self.latest_ckpt["step"] > before:
+                    self.event("emergency_checkpoint", name=self.latest_ckpt["name"], step=self.latest_ckpt["step"],
+                               detail="written by the ranks on the way out; the next run resumes from it")
+                self._finish(JobPhase.REQUEUED if self.requeue_planned else JobPhase.CANCELLED,
+                             self.stop_reason or "stopped")
                 return
             try:
                 await self._tick()

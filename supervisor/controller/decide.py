@@ -11,6 +11,7 @@ The job's phases::
                                                       --no usable checkpoint--> STOPPED_NO_CHECKPOINT (6)
                                                       --non-finite again--> STOPPED_NONFINITE (7)
                                                       --same failure before the first step--> STOPPED_STARTUP_FAILURE (8)
+    any phase --SIGTERM/SIGINT (scancel, Ctrl-C)--> CANCELLED (10); --time-limit warning + requeue--> REQUEUED (9)
 
 Progress is never thrown away on a guess: a checkpoint becomes suspect only on evidence about
 it (a rank refused it when verifying or loading it, or two attempts restored it and neither
@@ -50,12 +51,16 @@ class JobPhase(str, enum.Enum):
     STOPPED_NO_CHECKPOINT = "stopped_no_checkpoint"
     STOPPED_NONFINITE = "stopped_nonfinite"
     STOPPED_STARTUP_FAILURE = "stopped_startup_failure"
+    REQUEUED = "requeued"
+    CANCELLED = "cancelled"
     FAILED = "failed"
 
 
 TERMINAL = frozenset({JobPhase.COMPLETED, JobPhase.STOPPED_NO_PROGRESS, JobPhase.STOPPED_MAX_RESTARTS,
                       JobPhase.STOPPED_NO_CAPACITY, JobPhase.STOPPED_NO_CHECKPOINT, JobPhase.STOPPED_NONFINITE,
-                      JobPhase.STOPPED_STARTUP_FAILURE, JobPhase.FAILED})
+                      JobPhase.STOPPED_STARTUP_FAILURE, JobPhase.REQUEUED, JobPhase.CANCELLED, JobPhase.FAILED})
+# Ended on purpose (an operator's scancel or Ctrl-C, a planned requeue): never a failure page.
+ON_PURPOSE = frozenset({JobPhase.REQUEUED, JobPhase.CANCELLED})
 EXIT_CODES = {
     JobPhase.COMPLETED: 0,
     JobPhase.FAILED: 1,
@@ -65,6 +70,8 @@ EXIT_CODES = {
     JobPhase.STOPPED_NO_CHECKPOINT: 6,
     JobPhase.STOPPED_NONFINITE: 7,
     JobPhase.STOPPED_STARTUP_FAILURE: 8,
+    JobPhase.REQUEUED: 9,
+    JobPhase.CANCELLED: 10,
 }
 RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 1, 2, 3
 
