@@ -32,9 +32,26 @@ from supervisor.checkpoint.errors import (
     UnsafePathError,
     VerificationError,
 )
-from supervisor.checkpoint.manager import CheckpointManager, RestoreResult, SaveResult
 from supervisor.checkpoint.manifest import FORMAT_VERSION, MANIFEST_NAME, Manifest
-from supervisor.checkpoint.state import RNG_DERIVED, RNG_EXACT, DataCursor, derived_seed
+
+# Saving and restoring need torch; discovery and verification do not. The controller (and its
+# container image) imports only the latter, so the torch-bound names load on first use.
+_LAZY = {
+    "CheckpointManager": "supervisor.checkpoint.manager", "RestoreResult": "supervisor.checkpoint.manager",
+    "SaveResult": "supervisor.checkpoint.manager", "RNG_DERIVED": "supervisor.checkpoint.state",
+    "RNG_EXACT": "supervisor.checkpoint.state", "DataCursor": "supervisor.checkpoint.state",
+    "derived_seed": "supervisor.checkpoint.state",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "RNG_DERIVED", "RNG_EXACT",
