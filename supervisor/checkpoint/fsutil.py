@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from supervisor.checkpoint.checksum import new_hasher
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from supervisor.files import fsync_dir  # noqa: F401 - re-exported: the library's writers use it from here
 
 
 class HashingFile:
