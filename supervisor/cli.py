@@ -792,7 +792,8 @@ def cmd_sbatch(argv: Sequence[str]) -> int:
         "python train.py --steps 1000")
     p.add_argument("--nodes", "-N", type=int, help="most nodes the job runs on (nodes.max; default: from --config)")
     p.add_argument("--min-nodes", type=int, default=0, help="fewest nodes worth running (nodes.min; default: "
-                   "--config's, else --nodes). Slurm gets --nodes=MIN-MAX and starts the job on what it has")
+                   "--nodes, or --config's without --nodes). Slurm gets --nodes=MIN-MAX and starts the job on what "
+                   "it has")
     p.add_argument("--time", "-t", help="sbatch time limit, e.g. 2:00:00 (every field after the first in range)")
     p.add_argument("--nproc-per-node", type=int, default=None)
     p.add_argument("--job", "--job-name", "-J", dest="job", default=None, help="job name (Slurm's and the supervisor's)")
@@ -844,8 +845,8 @@ def cmd_sbatch(argv: Sequence[str]) -> int:
         slurm = section(plat.get("slurm"), "platform.slurm")
         slurm["requeue_on_warning"] = args.requeue or slurm.get("requeue_on_warning", False)
         nodes = section(base.get("nodes"), "nodes")
-        if args.nodes is not None:
-            nodes = {"min": args.min_nodes or args.nodes, "max": args.nodes}
+        if args.nodes is not None:  # (the base config's other nodes.* settings stay)
+            nodes |= {"min": args.min_nodes or args.nodes, "max": args.nodes}
         elif args.min_nodes:
             nodes["min"] = args.min_nodes
         if "max" not in nodes:

@@ -235,6 +235,50 @@ def test_slurmctld_stopped_is_a_clear_error_and_the_steps_keep_running(slurm, tm
     asyncio.run(scenario())
 
 
+def test_a_drained_node_does_not_hold_back_a_job_of_two_to_three_nodes(slurm, tmp_path):
+    """--min-nodes reaches Slurm (--nodes=2-3): with n3 drained the job starts on n1 and n2."""
+    slurm.cmd("scontrol", "update", "nodename=n3", "state=drain", "reason=es-test")
+    code = "import os; print('ran on', os.environ['SUPERVISOR_NODE'])"
+    job = Submitted(slurm, tmp_path, [PY, "-c", code], nodes=3, min_nodes=2)
+    info = job.finish(timeout=120)
+    assert info["NumNodes"] == "2" and job.wait_event("launched")["nodes"] == ["n1", "n2"]
+
+
+def test_sbatch_refuses_more_nodes_than_the_partition_has_and_a_failed_sbatch_leaves_nothing(slurm, tmp_path):
+    def sbatch(*args: str) -> subprocess.CompletedProcess:
+        argv = [PY, "-m", "supervisor", "sbatch", "--log-dir", str(tmp_path / "logs"), "--time", "10:00", *args,
+                "--", PY, "-c", "pass"]
+        return subprocess.run(argv, env=slurm.env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    too_many = sbatch("--nodes", "5")
+    assert too_many.returncode == 2, too_many.stderr
+    assert "partition debug (3 nodes) has fewer nodes: the job would pend forever" in too_many.stderr
+    assert slurm.cmd("squeue", "-h") == "" and not (tmp_path / "logs").exists()
+    # sbatch itself refuses (this cluster has no GPUs): nothing written, nothing queued
+    refused = sbatch("--nodes", "2", "--gres=gpu:1")
+    assert refused.returncode == 1 and "Invalid generic resource" in refused.stderr, refused.stderr
+    assert slurm.cmd("squeue", "-h") == "" and not (tmp_path / "logs").exists()
+
+
+def test_the_dry_run_script_submitted_as_is_runs_the_job(slurm, tmp_path):
+    out = tmp_path / "argv"
+    out.mkdir()
+    code = ("import json, os, sys; from pathlib import Path; "
+            "Path(os.environ['ARGV_OUT'], os.environ['SUPERVISOR_NODE']).write_text(json.dumps(sys.argv[1:]))")
+    (tmp_path / "base.json").write_text(json.dumps(FAST))
+    dry = subprocess.run([PY, "-m", "supervisor", "sbatch", "--config", "base.json", "--nodes", "2", "--time", "10:00",
+                          "--log-dir", str(tmp_path / "logs"), "--env", f"ARGV_OUT={out}", "--dry-run", "--",
+                          PY, "-c", code, *NASTY], env=slurm.env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    (tmp_path / "saved.sbatch").write_text(dry.stdout)
+    (tmp_path / "logs").mkdir()  # as the dry run says: Slurm does not create the --output folder
+    job_id = slurm.cmd("sbatch", "--parsable", str(tmp_path / "saved.sbatch")).strip()
+    info = slurm.wait_job(job_id, timeout=150)
+    assert info["JobState"] == "COMPLETED", (tmp_path / "logs" / f"slurm-{job_id}.out").read_text()[-3000:]
+    assert {p.name: json.loads(p.read_text()) for p in out.iterdir()} == {"n1": NASTY, "n2": NASTY}
+
+
 # ---------------------------------------------------------------------------- end to end (sbatch)
 class Submitted:
     def __init__(self, c: Cluster, tmp: Path, command: list[str], *, nodes: int = 3, min_nodes: int = 2,

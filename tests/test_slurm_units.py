@@ -17,7 +17,8 @@ import pytest
 from supervisor.config import ConfigError, from_dict
 from supervisor.platforms.base import PlatformError
 from supervisor.platforms.clients import commands
-from supervisor.platforms.slurm import SlurmPlatform, expand_hostlist, render_batch_script, srun_env, srun_exit_code
+from supervisor.platforms.slurm import (SlurmPlatform, expand_hostlist, parse_time_limit, render_batch_script, srun_env,
+                                        srun_exit_code)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,38 +124,119 @@ def _sbatch(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
+def _heredoc_config(script: str) -> dict:
+    """The job config inline in a batch script (the quoted heredoc)."""
+    import yaml
+
+    head, marker = script.split("<<'", 1)
+    marker, body = marker.split("'", 1)
+    return yaml.safe_load(body.split("\n", 1)[1].split(f"\n{marker}\n", 1)[0])
+
+
 def test_sbatch_dry_run_prints_the_script_and_keeps_arguments_exact(tmp_path):
     proc = _sbatch(["--nodes", "4", "--min-nodes", "2", "--time", "2:00:00", "--partition", "gpu", "--exclusive",
                     "--log-dir", "logs", "--dry-run", "--", "python", "train.py", *NASTY], tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for line in ("#SBATCH --nodes=4", "#SBATCH --no-kill", "#SBATCH --time=2:00:00", "#SBATCH --signal=B:USR1@120",
-                 "#SBATCH --ntasks-per-node=1"):
-        assert line in out
-    assert "-m supervisor run --config" in out
-    assert "sbatch --parsable --partition gpu --exclusive" in out
+    for line in ("#SBATCH --nodes=2-4", "#SBATCH --no-kill", "#SBATCH --time=2:00:00", "#SBATCH --signal=B:USR1@120",
+                 "#SBATCH --ntasks-per-node=1", "#SBATCH --partition gpu --exclusive"):
+        assert line in out.splitlines()
+    assert '-m supervisor run --config "$config"' in out
     assert not (tmp_path / "logs").exists()  # a dry run writes nothing
-    # the config's command is the argv as given
-    cfg_text = out.split("# --- ", 2)[1].split("\n", 1)[1].split("# --- submit")[0]
-    cfg = json.loads("\n".join(line[2:] for line in cfg_text.splitlines()))
+    # the config is inline, its command the argv as given
+    cfg = _heredoc_config(out)
     assert cfg["command"] == ["python", "train.py", *NASTY]
-    assert cfg["nodes"] == {"min": 2, "max": 4} and cfg["platform"]["kind"] == "slurm"
+    assert (cfg["nodes"]["min"], cfg["nodes"]["max"]) == (2, 4) and cfg["platform"]["kind"] == "slurm"
     # no argument appears in the script's shell text
-    script = out.split("# --- ")[0]
-    assert "pwned" not in script and "train.py" not in script
+    shell = out.split("<<'")[0] + out.rsplit("SUPERVISOR_CONFIG_JSON\n", 1)[1]
+    assert "pwned" not in shell and "train.py" not in shell
+    # nothing names a file that does not exist: the script is all there is
+    assert "slurm-submit/job-" not in proc.stderr and "submit with: sbatch" not in out
+
+
+def test_the_dry_run_script_is_self_contained_and_runs_as_printed(tmp_path):
+    """Saved as printed and run by the real bash, the script writes the config it carries and
+    hands exactly that to `supervisor run --config` (here a stand-in python that keeps it)."""
+    fake = tmp_path / "py"
+    fake.write_text('#!/bin/sh\n[ "$1 $2 $3 $4" = "-m supervisor run --config" ] || exit 9\ncp "$5" "$0.got"\n')
+    fake.chmod(0o755)
+    proc = _sbatch(["--nodes", "2", "--log-dir", str(tmp_path / "log dir"), "--python", str(fake), "--dry-run", "--",
+                    "python", "train.py", *NASTY], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "saved.sbatch"
+    script.write_text(proc.stdout)
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "77"}
+    ran = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    got = json.loads((tmp_path / "py.got").read_text())
+    assert got["command"] == ["python", "train.py", *NASTY] and (got["nodes"]["min"], got["nodes"]["max"]) == (2, 2)
+    written = tmp_path / "log dir" / "slurm-submit" / "job-77.json"
+    assert json.loads(written.read_text()) == got and oct(written.stat().st_mode & 0o777) == "0o600"
+    # the output path has a space: quoted as sbatch reads #SBATCH lines
+    assert f'#SBATCH "--output={tmp_path}/log dir/slurm-%j.out"' in proc.stdout
 
 
 def test_sbatch_script_is_valid_shell_with_quoted_paths(tmp_path):
     cfg = from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "log dir $(x)"),
-                     "platform": {"kind": "slurm"}})
-    r = render_batch_script(cfg, nodes=2, time_limit=None, warning_s=60, requeue=True, sbatch_opts=["-A", "my acct"],
+                     "nodes": {"min": 1, "max": 2}, "platform": {"kind": "slurm"}})
+    r = render_batch_script(cfg, time_limit=None, warning_s=60, requeue=True, sbatch_opts=["-A", "my acct"],
                             python="/opt/py thon/bin/python", workdir=str(tmp_path / "w d"))
     subprocess.run(["bash", "-n"], input=r.script, text=True, check=True)
     assert "#SBATCH --requeue" in r.script and "#SBATCH --signal=B:USR1@60" in r.script
-    assert f"exec {shlex.quote('/opt/py thon/bin/python')} -m supervisor run --config " in r.script
-    # the output path has a space: it goes on sbatch's command line, exactly
-    assert f"--output={tmp_path / 'log dir $(x)' / 'slurm-%j.out'}" in r.sbatch_argv
-    assert r.sbatch_argv[-3:-1] == ("-A", "my acct")
+    assert "#SBATCH --nodes=1-2" in r.script
+    assert f'exec {shlex.quote("/opt/py thon/bin/python")} -m supervisor run --config "$config"' in r.script
+    # every option is in the script, quoted as sbatch parses #SBATCH lines; sbatch reads it on stdin
+    assert f'#SBATCH "--output={tmp_path}/log dir $(x)/slurm-%j.out"' in r.script
+    assert '#SBATCH -A "my acct"' in r.script
+    assert r.sbatch_argv == ("sbatch", "--parsable")
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("10", 600), ("10:30", 630), ("1:02:03", 3723), ("2-0", 172800), ("1-2:03", 93780), ("1-02:03:04", 93784),
+    ("48:00:00", 172800), ("0", None), ("UNLIMITED", None), ("infinite", None),
+])
+def test_time_limits_are_read_as_slurm_reads_them(text, seconds):
+    assert parse_time_limit(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0:10:99", "10:60", "1:60:00", "1-24", "1-2:60", "1-2:3:60", "1:2:3:4", "2h",
+                                  "-5", "", "1-", "a-1"])
+def test_time_limits_slurm_would_carry_over_or_reject_are_refused(text):
+    with pytest.raises(ValueError, match="not a Slurm time"):
+        parse_time_limit(text)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--warning-seconds", "-5"], "--warning-seconds -5: must be > 0"),
+    (["--warning-seconds", "0"], "--warning-seconds 0: must be > 0"),
+    # 30 s kill grace + 10 s kill confirmation: 20 s of warning cannot cover the emergency checkpoint
+    (["--warning-seconds", "20"], "--warning-seconds 20 is shorter than stopping the job takes: restart.kill_grace_s 30"),
+    # with --requeue, scontrol requeue's own timeout too (30 + 10 + 20 = 60)
+    (["--warning-seconds", "50", "--requeue"], "command_timeout_s 20 (scontrol requeue) = 60 s"),
+    (["--checkpoint-seconds", "45"], "--checkpoint-seconds 45 is longer than restart.kill_grace_s 30"),
+    (["--time", "0:10:99"], "--time '0:10:99': not a Slurm time"),
+    (["--time", "2", "--warning-seconds", "120"], "is not below the time limit (120 s)"),
+])
+def test_sbatch_refuses_what_would_fail_later_and_submits_nothing(tmp_path, args, message):
+    proc = _sbatch(["--nodes", "2", "--log-dir", "logs", *args, "--dry-run", "--", "python", "x.py"], tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.stdout == "" and "nothing submitted" in proc.stderr and not (tmp_path / "logs").exists()
+
+
+def test_sbatch_warning_that_covers_the_stop_is_accepted(tmp_path):
+    ok = _sbatch(["--nodes", "2", "--warning-seconds", "60", "--requeue", "--time", "1:00:00", "--checkpoint-seconds",
+                  "25", "--dry-run", "--", "python", "x.py"], tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "#SBATCH --signal=B:USR1@60" in ok.stdout
+
+
+def test_sbatch_takes_the_node_range_from_its_base_config(tmp_path):
+    (tmp_path / "base.yaml").write_text("nodes: {min: 2, max: 3}\nnproc_per_node: 2\n")
+    proc = _sbatch(["--config", "base.yaml", "--dry-run", "--", "python", "x.py"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=2-3" in proc.stdout and _heredoc_config(proc.stdout)["nproc_per_node"] == 2
+    none = _sbatch(["--dry-run", "--", "python", "x.py"], tmp_path)
+    assert none.returncode == 2 and "give --nodes" in none.stderr
 
 
 def test_sbatch_usage_errors(tmp_path):
@@ -170,7 +252,7 @@ def test_an_sbatch_option_with_a_line_break_is_refused_and_no_option_runs_as_she
                      "platform": {"kind": "slurm"}})
 
     def render(opts, time_limit=None):
-        return render_batch_script(cfg, nodes=1, time_limit=time_limit, warning_s=60, requeue=False,
+        return render_batch_script(cfg, time_limit=time_limit, warning_s=60, requeue=False,
                                    sbatch_opts=opts, python="true", workdir=str(tmp_path))
 
     # a line break would end the "# sbatch options ..." comment line: the rest would be a command
@@ -212,15 +294,54 @@ def test_sbatch_config_is_read_with_the_bounded_loader(tmp_path):
         assert proc.returncode == 2 and f"base.yaml: {field}: must be a mapping" in proc.stderr, proc.stderr[-500:]
 
 
-def test_the_hand_written_template_and_its_config():
-    from supervisor.config import load
+def test_the_hand_written_template_matches_the_wrapper_and_runs_the_venv_python(tmp_path):
+    import yaml
 
-    cfg = load(REPO / "slurm" / "job.yaml")
+    from supervisor.config import from_dict, load
+
+    path = REPO / "slurm" / "supervisor.sbatch"
+    text = path.read_text()
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    raw = _heredoc_config(text)
+    cfg = from_dict(raw)
     assert cfg.platform.kind == "slurm" and cfg.platform.host == "auto" and cfg.platform.slurm.requeue_on_warning
-    text = (REPO / "slurm" / "supervisor.sbatch").read_text()
-    subprocess.run(["bash", "-n", str(REPO / "slurm" / "supervisor.sbatch")], check=True)
-    for line in ("#SBATCH --no-kill", "#SBATCH --signal=B:USR1@", "#SBATCH --ntasks-per-node=1"):
-        assert line in text
+    # slurm/job.yaml (the wrapper's base config) is the same job
+    assert load(REPO / "slurm" / "job.yaml") == cfg
+    # its #SBATCH options are what the wrapper writes for that config (the output: see its comment)
+    def options(script: str) -> set[str]:
+        return {ln.split(None, 1)[1] for ln in script.splitlines() if ln.startswith("#SBATCH ")
+                and not ln.startswith(("#SBATCH --output=", '#SBATCH "--output='))}
+
+    limit = next(ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("#SBATCH --time="))
+    warning = int(next(ln.split("@", 1)[1] for ln in text.splitlines() if ln.startswith("#SBATCH --signal=")))
+    wrapper = render_batch_script(cfg, time_limit=limit, warning_s=warning, requeue=True, sbatch_opts=[],
+                                  python="python", workdir=".")
+    assert options(text) == options(wrapper.script)
+    assert f"#SBATCH --nodes={cfg.nodes.min}-{cfg.nodes.max}" in text
+    # the comments say what the config says
+    assert f"nproc_per_node below, {cfg.nproc_per_node})" in text
+    assert f"restart.kill_grace_s ({cfg.restart.kill_grace_s:g})" in text
+    assert f"--nodes={cfg.nodes.min}-{cfg.nodes.max}  " in text
+    # run by the real bash as a batch job would: it writes the config and runs the venv's python,
+    # not the `python` first on PATH
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    venv_py = tmp_path / ".venv" / "bin" / "python"
+    venv_py.write_text('#!/bin/sh\necho "$@" > "$0.args"\n')
+    venv_py.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "python").write_text("#!/bin/sh\nexit 97\n")
+    (tmp_path / "bin" / "python").chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "42"}
+    ran = subprocess.run(["bash", str(path)], env=env, cwd="/", capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 0, ran.stderr
+    written = tmp_path / "supervisor-logs" / "slurm-submit" / "train-42.yaml"
+    assert (tmp_path / ".venv" / "bin" / "python.args").read_text().split() == [
+        "-m", "supervisor", "run", "--config", "supervisor-logs/slurm-submit/train-42.yaml"]
+    assert yaml.safe_load(written.read_text()) == raw
+    # without the venv: a clear error, not whatever python is on PATH
+    venv_py.unlink()
+    ran = subprocess.run(["bash", str(path)], env=env, cwd="/", capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 2 and "create the venv" in ran.stderr
 
 
 def test_cluster_script_is_valid_shell_and_prints_usage():

@@ -71,16 +71,18 @@ async def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | N
 
 
 def run_sync(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-             check: bool = True) -> Result:
-    """The same for the few calls made outside an event loop (start-up, the sbatch wrapper)."""
+             check: bool = True, input: str | None = None) -> Result:
+    """The same for the few calls made outside an event loop (start-up, the sbatch wrapper);
+    ``input``: text for the command's standard input (none otherwise)."""
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=None if env is None else dict(env), start_new_session=True)
     except OSError as exc:
         raise PlatformError(f"cannot run `{_describe(argv)}`: {exc.strerror or exc}") from None
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(None if input is None else input.encode(), timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         try:
