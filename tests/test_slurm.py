@@ -235,6 +235,34 @@ def test_slurmctld_stopped_is_a_clear_error_and_the_steps_keep_running(slurm, tm
     asyncio.run(scenario())
 
 
+def test_a_new_run_of_the_platform_never_appends_to_an_old_runs_node_log(slurm, tmp_path):
+    """A requeued job (or a new run in the same log directory) launches attempt 0 again: its node
+    logs start clean, the older run's are kept beside them, and no line is written twice."""
+    job_id = allocation(slurm, nodes=2)
+
+    async def run(tag: str) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        p = SlurmPlatform(job_id, tmp_path, job="r", kill_confirm_s=3, poll_interval_s=0.3, base_env=slurm.env).start()
+        sp = spec(0, ["n1", "n2"], ["echo", f"line-of-{tag}"])
+        await p.launch(LaunchSpec(**{**sp.__dict__, "rdzv_endpoint": f"127.0.0.1:{port}"}))
+        deadline = time.monotonic() + 60
+        while not all(s.state == NodeState.EXITED for s in (await p.observe()).values()):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+
+    asyncio.run(run("first-run"))
+    asyncio.run(run("second-run"))
+    for node in ("n1", "n2"):
+        text = (tmp_path / "attempt-0" / f"{node}.log").read_text()
+        assert text.count("line-of-second-run") == 1 and "line-of-first-run" not in text, text
+        (old,) = tmp_path.glob("attempt-0.before-*")
+        assert (old / f"{node}.log").read_text().count("line-of-first-run") == 1
+
+
 def test_a_drained_node_does_not_hold_back_a_job_of_two_to_three_nodes(slurm, tmp_path):
     """--min-nodes reaches Slurm (--nodes=2-3): with n3 drained the job starts on n1 and n2."""
     slurm.cmd("scontrol", "update", "nodename=n3", "state=drain", "reason=es-test")
@@ -438,4 +466,8 @@ def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path
     assert int(info.get("Restarts", "0")) >= 1
     second = [e for e in job.events("launched") if e["restore_from"]]
     assert second and second[0]["restore_from"] == emergency.name
+    # the requeued run's node logs hold its own lines only: the first run's are kept beside them
+    for log in (job.log_dir / "slurm").glob("attempt-*/n*.log"):
+        assert log.read_text().count("event=worker_started") <= 1, log
+    assert list((job.log_dir / "slurm").glob("attempt-0.before-*/n1.log"))
     assert_same_path(job.losses(), control, exact=False)  # 3 ranks: see the SIGSTOP test

@@ -184,6 +184,7 @@ class SlurmPlatform(Platform):
         self.last_error = ""
         self._last_error_logged = 0.0
         self._poll_lock = asyncio.Lock()
+        self._launched_attempts: set[int] = set()
 
     # ------------------------------------------------------------------ commands
     def _bin(self, name: str) -> str:
@@ -358,8 +359,7 @@ class SlurmPlatform(Platform):
         if any(n not in self.addrs for n in spec.nodes):
             await self._read_addrs(list(spec.nodes))
         host_node = self.batch_host if self.batch_host in spec.nodes else spec.nodes[0]
-        out_dir = self.log_dir / f"attempt-{spec.attempt}"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir = self._attempt_dir(spec.attempt)
         self.nodes = {}
         for name in spec.nodes:
             node = _Node(name, spec.attempt, self.step_name(spec.attempt, name), out_dir / f"{name}.log")
@@ -386,6 +386,30 @@ class SlurmPlatform(Platform):
             log.info("event=node_launched node=%s attempt=%d srun_pid=%d step_name=%s", name, spec.attempt,
                      node.srun_pid, node.step_name)
         await self._wait_steps_listed()
+
+    def _attempt_dir(self, attempt: int) -> Path:
+        """``LOG_DIR/slurm/attempt-K``, holding this platform's own node logs only.
+
+        A requeued job (or a new run in the same log directory) starts again at attempt 0: its
+        srun output appended to the old ``attempt-0/NODE.log`` would show every line twice, the
+        old run's and the new one's. The first launch of an attempt by this platform object sets
+        an older folder of that name aside (``attempt-K.before-TIME``); a retried launch of the
+        same attempt keeps appending."""
+        out_dir = self.log_dir / f"attempt-{attempt}"
+        if attempt not in self._launched_attempts and out_dir.exists():
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(out_dir.stat().st_mtime))
+            n = 0
+            while True:
+                aside = out_dir.with_name(f"{out_dir.name}.before-{stamp}{f'-{n}' if n else ''}")
+                if not os.path.lexists(aside):
+                    break
+                n += 1
+            os.rename(out_dir, aside)
+            log.info("event=node_logs_set_aside attempt=%d old=%s (written by an earlier run of this log directory)",
+                     attempt, aside)
+        self._launched_attempts.add(attempt)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return out_dir
 
     async def _read_addrs(self, nodes: list[str]) -> None:
         res = await self._run("scontrol", "show", "node", "-o", ",".join(nodes))
@@ -598,6 +622,7 @@ class SlurmPlatform(Platform):
             node.gone = not ours
             node.lost = node.gone
             self.nodes[name] = node
+            self._launched_attempts.add(attempt)  # its steps still write to attempt-K: never set it aside
         return any(not n.gone for n in self.nodes.values())
 
 
