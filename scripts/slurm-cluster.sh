@@ -137,8 +137,22 @@ start_munge() {
     die "munged did not start: $(tail -5 "$DIR/log/munged.log" "$DIR/log/munged.out" 2>/dev/null)"
 }
 
+# A daemon in the foreground (-D) copies every line of its log file to stderr. Its .out file
+# keeps only what the log file does not get (errors before the log file is open, a crash), so
+# that no line is written twice: a "PREFIX: ..." line is dropped once LOGFILE has grown. (The
+# filter's own stdout/stderr are replaced with exec: a copy of the caller's would hold its pipe.)
+log_copy_filter() {  # LOGFILE PREFIX
+    local logfile=$1 prefix=$2 size0 line
+    size0=$(stat -c %s "$logfile" 2>/dev/null || echo 0)
+    while IFS= read -r line; do
+        if [[ $line == "$prefix"* ]] && (($(stat -c %s "$logfile" 2>/dev/null || echo 0) > size0)); then continue; fi
+        printf '%s\n' "$line"
+    done
+}
+
 start_controller() {
-    setsid slurmctld -D -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 &
+    setsid slurmctld -D -f "$CONF" </dev/null \
+        > >(exec >>"$DIR/log/slurmctld.out" 2>&1; log_copy_filter "$DIR/log/slurmctld.log" "slurmctld: ") 2>&1 &
     echo $! >"$DIR/run/slurmctld.main.pid"
     local t; for ((t = 0; t < 150; t++)); do
         timeout 5 scontrol ping 2>/dev/null | grep -q "is UP" && return 0
@@ -153,7 +167,7 @@ start_node() {  # NODE: its slurmd in its own cgroup (when cgroup v2 is writable
     if [[ -n $CGDIR ]] && mkdir -p "$CGDIR/$n" 2>/dev/null && [[ -w $CGDIR/$n/cgroup.procs ]]; then cg="$CGDIR/$n"; fi
     mkdir -p "$DIR/spool/$n"
     CG="$cg" setsid bash -c '[[ -n $CG ]] && echo $$ > "$CG/cgroup.procs"; exec slurmd -D -N "$0" -f "$1"' \
-        "$n" "$CONF" </dev/null >>"$DIR/log/slurmd-$n.out" 2>&1 &
+        "$n" "$CONF" </dev/null > >(exec >>"$DIR/log/slurmd-$n.out" 2>&1; log_copy_filter "$DIR/log/slurmd-$n.log" "slurmd: ") 2>&1 &
     echo $! >"$DIR/run/slurmd-$n.main.pid"
 }
 

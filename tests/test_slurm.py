@@ -263,6 +263,29 @@ def test_a_new_run_of_the_platform_never_appends_to_an_old_runs_node_log(slurm, 
         assert (old / f"{node}.log").read_text().count("line-of-first-run") == 1
 
 
+def test_the_test_clusters_node_logs_hold_each_line_once(slurm):
+    """slurmd and slurmctld run in the foreground (-D) and copy their log to stderr: the
+    cluster's .out files keep only what the log files do not get."""
+    log_dir = Path(CLUSTER_DIR) / "log"
+    files = [log_dir / f"{n}.{ext}" for n in ("slurmctld", "slurmd-n1", "slurmd-n2", "slurmd-n3") for ext in ("log", "out")]
+    sizes = {f: f.stat().st_size if f.exists() else 0 for f in files}
+    slurm.cmd("srun", "-N3", "true", timeout=60)
+    slurm.cmd("sbatch", "--parsable", "--wait", "-N2", "-o", "/dev/null", "--wrap", "srun true", timeout=60)
+
+    def new_lines(f: Path, strip) -> list[str]:
+        if not f.exists():
+            return []
+        with open(f, errors="replace") as fh:
+            fh.seek(sizes[f])
+            return [strip(ln) for ln in fh.read().splitlines() if ln.strip()]
+
+    for name in ("slurmctld", "slurmd-n1", "slurmd-n2", "slurmd-n3"):
+        logged = new_lines(log_dir / f"{name}.log", lambda ln: ln.split("] ", 1)[-1])
+        copied = new_lines(log_dir / f"{name}.out", lambda ln: ln.split(": ", 1)[-1])
+        assert logged, name  # the jobs were logged ...
+        assert not set(logged) & set(copied), (name, sorted(set(logged) & set(copied))[:5])  # ... once
+
+
 def test_a_drained_node_does_not_hold_back_a_job_of_two_to_three_nodes(slurm, tmp_path):
     """--min-nodes reaches Slurm (--nodes=2-3): with n3 drained the job starts on n1 and n2."""
     slurm.cmd("scontrol", "update", "nodename=n3", "state=drain", "reason=es-test")
