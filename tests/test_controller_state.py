@@ -67,3 +67,100 @@ def test_a_second_controller_is_refused_while_the_first_holds_the_lock(tmp_path)
     lock.release()  # (the kernel also drops it when the holder dies, kill -9 included)
     again = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+# ----------------------------------------------------------------- the owner lease across hosts
+# A flock may not reach other hosts on a shared filesystem; the owner record must. Each "host" is
+# a real process in its own UTS namespace (`unshare --uts`, its own hostname) sharing this log
+# directory, as two hosts share an NFS folder. A holder killed with SIGKILL drops its flock at
+# once, exactly as a holder on another host whose flock this host never sees: only its lease is left.
+HOLD = ("import os, sys, time; from pathlib import Path; from supervisor.controller.state import JobLock\n"
+        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2])); lock.acquire()\n"
+        "print('held', flush=True); time.sleep(600)\n")
+TAKE = ("import json, sys; from pathlib import Path; from supervisor.controller.state import JobLock, StateError\n"
+        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2]))\n"
+        "try:\n    lock.acquire()\nexcept StateError as e:\n    print(e); sys.exit(3)\n"
+        "print(json.dumps(lock.took_over)); lock.release()\n")
+
+
+def _on_host(host: str, code: str, *args: str, env: dict | None = None, **kw):
+    import os
+
+    argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', host, sys.executable, "-c", code, *args]
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | (env or {})
+    return argv, e
+
+
+def _start_holder(tmp_path, host: str, lease: float, env: dict) -> subprocess.Popen:
+    argv, e = _on_host(host, HOLD, str(tmp_path), str(lease), env=env)
+    proc = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if line.strip() != "held":
+        proc.kill()
+        err = proc.communicate()[1]
+        if "unshare" in err or "Operation not permitted" in err:
+            pytest.skip(f"no UTS namespace here: {err.strip()[-200:]}")
+        raise AssertionError(err)
+    return proc
+
+
+def _take(tmp_path, host: str, lease: float, env: dict) -> subprocess.CompletedProcess:
+    argv, e = _on_host(host, TAKE, str(tmp_path), str(lease), env=env)
+    return subprocess.run(argv, env=e, capture_output=True, text=True, timeout=60)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+def test_a_holder_on_another_host_is_refused_while_its_lease_is_renewed_and_taken_over_once_stale(tmp_path):
+    import time
+
+    lease = 2.0
+    holder = _start_holder(tmp_path, "host-a", lease, {"SLURM_JOB_ID": "101", "SLURMD_NODENAME": "a1"})
+    try:
+        first = json.loads((tmp_path / "supervisor.owner.json").read_text())
+        assert first["host"] == "host-a" and first["slurm_job_id"] == "101" and first["node"] == "a1"
+        # the holder renews its lease by itself: still fresh three lease periods later
+        deadline = time.monotonic() + 10 * lease
+        while time.monotonic() < deadline:
+            rec = json.loads((tmp_path / "supervisor.owner.json").read_text())
+            if rec["renewed"] > first["acquired"] + 3 * lease:
+                break
+            time.sleep(0.1)
+        assert rec["renewed"] > first["acquired"] + 3 * lease and time.time() - rec["renewed"] < lease
+    finally:
+        _kill(holder)  # its flock is gone; its lease is all that is left, as for a host cut off
+    refused = _take(tmp_path, "host-b", lease, {"SLURM_JOB_ID": "202"})
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "host host-a (Slurm node a1), Slurm job 101" in refused.stdout and "scancel 101" in refused.stdout
+    # once the lease has run out (nobody renews it), the other host takes the job over
+    deadline = time.monotonic() + 10 * lease
+    while (took := _take(tmp_path, "host-b", lease, {"SLURM_JOB_ID": "202"})).returncode == 3:
+        assert time.monotonic() < deadline, took.stdout
+        time.sleep(0.2)
+    assert took.returncode == 0, took.stderr
+    prev = json.loads(took.stdout)
+    assert prev["host"] == "host-a" and prev["slurm_job_id"] == "101" and "lease expired" in prev["reason"]
+    assert time.time() - rec["renewed"] > lease  # not before it was stale
+    assert not (tmp_path / "supervisor.owner.json").exists()  # released: nothing left behind
+
+
+def test_the_requeued_run_of_the_same_slurm_job_takes_over_at_once_and_a_same_host_crash_too(tmp_path):
+    lease = 600.0  # a lease that never runs out during the test: only the holder being known gone frees it
+    holder = _start_holder(tmp_path, "host-a", lease, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"})
+    _kill(holder)
+    # the same Slurm job on another host, not requeued: it could be a second copy, refused
+    same = _take(tmp_path, "host-b", lease, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"})
+    assert same.returncode == 3 and "Slurm job 7" in same.stdout
+    # requeued by Slurm (a higher restart count): the earlier run is over
+    requeued = _take(tmp_path, "host-b", lease, {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stdout
+    assert "requeued" in json.loads(requeued.stdout)["reason"]
+    # a holder that crashed on this very host: its pid is gone, taken over at once
+    holder = _start_holder(tmp_path, "host-c", lease, {})
+    _kill(holder)
+    again = _take(tmp_path, "host-c", lease, {})
+    assert again.returncode == 0, again.stdout
+    assert "is gone" in json.loads(again.stdout)["reason"]

@@ -14,7 +14,10 @@ so it must survive a crash at any instant and must never be misread:
   new history.
 
 ``LOG_DIR/supervisor.lock`` is held (``flock``) for the controller's whole life: a second
-controller on the same log directory is refused at once, naming the running one.
+controller on the same log directory is refused at once, naming the running one. Beside it,
+``LOG_DIR/supervisor.owner.json`` is an owner lease (host, Slurm job, pid, renewed every
+``LEASE_S / 3``) that refuses a controller on another host sharing the log directory, where a
+``flock`` may not reach (see :class:`JobLock`).
 """
 
 from __future__ import annotations
@@ -23,18 +26,26 @@ import dataclasses
 import errno
 import fcntl
 import json
+import logging
 import os
+import secrets
+import socket
+import threading
 import time
 import typing
 from pathlib import Path
 from typing import Any
 
 from supervisor.controller.decide import History, JobPhase
+from supervisor.procfs import pid_alive, start_time
 
 STATE_FILE = "supervisor-state.json"
 LOCK_FILE = "supervisor.lock"
+OWNER_FILE = "supervisor.owner.json"
+LEASE_S = 30.0
 MAX_STATE_BYTES = 8 << 20
 VERSION = 2
+_log = logging.getLogger("supervisor.controller")
 
 
 class StateError(Exception):
@@ -212,39 +223,290 @@ def _fsync_dir(d: Path) -> None:
 
 
 class JobLock:
-    """An exclusive ``flock`` on ``LOG_DIR/supervisor.lock`` for the controller's life.
+    """The job's lock for the controller's life: a local ``flock`` and an owner lease that holds
+    across hosts on a shared filesystem.
 
-    The kernel drops it when the process dies (``kill -9`` included), so a crashed controller
-    never blocks the next one; a live one always does.
+    ``LOG_DIR/supervisor.lock`` is held with ``flock``: the kernel drops it when the process dies
+    (``kill -9`` included), so a crashed controller never blocks the next one on the same host. A
+    ``flock`` may not reach other hosts (NFS without lock support, Lustre without ``-o flock``),
+    so beside it ``LOG_DIR/supervisor.owner.json`` records the holder: host, Slurm node, job id and
+    restart count, pid, and a lease renewed every ``lease_s / 3`` (by a thread of this lock, and by
+    :meth:`renew` when the controller calls it). A controller elsewhere is refused while that lease
+    is fresh, and takes over a record whose holder is known gone: its lease expired, its pid is
+    dead on this very host, or it was an earlier run of this Slurm job (requeued: a higher
+    ``SLURM_RESTART_COUNT``). The record is created with ``link()`` (atomic, NFS included) and
+    replaced with ``rename()``; one takeover per stale record is claimed with ``O_EXCL``. Leases
+    compare wall clocks across hosts: keep them in sync (NTP) to well under ``lease_s``.
     """
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, *, lease_s: float = LEASE_S, env: dict[str, str] | None = None) -> None:
+        if lease_s <= 0:
+            raise ValueError("lease_s must be > 0")
         self.path = Path(log_dir) / LOCK_FILE
+        self.owner_path = Path(log_dir) / OWNER_FILE
+        self.lease_s = float(lease_s)
+        self.took_over: dict[str, Any] | None = None
+        """The record of a holder found gone and replaced at :meth:`acquire`, if any (with ``reason``)."""
+        self.lost = ""
+        """Why the lease was lost while held (another controller took the job over); empty while held."""
+        self._env = dict(os.environ if env is None else env)
         self._fd: int | None = None
+        self._me: dict[str, Any] | None = None
+        self._renew_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
+    # ------------------------------------------------------------------ the API
     def acquire(self) -> None:
+        """Take the job, or raise :class:`StateError` naming the holder."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = ""
-            try:
-                holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
-            except OSError:
-                pass
-            os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                holder = ""
+                try:
+                    holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
+                except OSError:
+                    pass
+                os.close(fd)
                 log_dir = self.path.parent
                 raise StateError(
                     f"another supervisor ({holder or 'pid unknown'}) is running this job in {log_dir}: only one "
                     f"controller may act on a job. Watch it with `supervisor status --log-dir {log_dir}`; stop it "
                     "with SIGTERM to that pid.") from None
-            raise StateError(f"cannot lock {self.path}: {exc}") from None
+            if exc.errno not in (errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                os.close(fd)
+                raise StateError(f"cannot lock {self.path}: {exc}") from None
+            # a filesystem without flock: the owner lease below is the lock
+        try:
+            self._claim()
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode(), 0)
         self._fd = fd
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name="job-lock-lease", daemon=True)
+        self._thread.start()
+
+    def renew(self) -> None:
+        """Extend the lease now. Raises :class:`StateError` when it was lost (another controller
+        took the job over: stop acting on it) or cannot be written (the filesystem is away)."""
+        if self._me is None:
+            raise StateError(f"{self.owner_path}: not held")
+        with self._renew_lock:
+            cur = self._read()
+            if not isinstance(cur, dict) or cur.get("owner") != self._me["owner"]:
+                self.lost = (f"the job's owner record {self.owner_path} now names "
+                             f"{_describe_owner(cur) if isinstance(cur, dict) else 'no holder'}: "
+                             "this controller's lease was taken over")
+                raise StateError(self.lost)
+            me = dict(self._me, renewed=time.time())
+            try:
+                self._replace(me)
+            except OSError as exc:
+                raise StateError(f"cannot renew the lease in {self.owner_path}: {exc}") from None
+            self._me = me
 
     def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+        self._thread = None
+        if self._me is not None:
+            with self._renew_lock:
+                cur = self._read()
+                if isinstance(cur, dict) and cur.get("owner") == self._me["owner"]:
+                    try:
+                        os.unlink(self.owner_path)
+                    except OSError:
+                        pass
+                self._me = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    # ------------------------------------------------------------------ the owner record
+    def _identity(self) -> dict[str, Any]:
+        pid = os.getpid()
+        try:
+            restarts = int(self._env.get("SLURM_RESTART_COUNT") or 0)
+        except ValueError:
+            restarts = 0
+        return {"host": socket.gethostname(), "boot_id": _boot_id(), "node": self._env.get("SLURMD_NODENAME", ""),
+                "slurm_job_id": self._env.get("SLURM_JOB_ID", ""), "slurm_restart_count": restarts,
+                "pid": pid, "pid_start": start_time(pid)}
+
+    def _claim(self) -> None:
+        now = time.time()
+        me = self._identity() | {"owner": secrets.token_hex(8), "acquired": now, "renewed": now,
+                                 "lease_s": self.lease_s}
+        for _ in range(5):
+            cur = self._read()
+            if cur is None:
+                if self._create(me):
+                    self._me = me
+                    return
+                continue  # created meanwhile by another: read it
+            gone = self._gone(cur)
+            if not gone:
+                raise StateError(self._held_message(cur))
+            token = cur.get("owner") if isinstance(cur, dict) else None
+            tag = token if isinstance(token, str) and token.isalnum() else f"unreadable-{_mtime(self.owner_path)}"
+            claim = self.owner_path.with_name(f"{OWNER_FILE}.takeover-{tag}")
+            try:
+                os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            except FileExistsError:
+                if time.time() - _mtime(claim) < self.lease_s:
+                    raise StateError(f"another supervisor is taking over the job in {self.owner_path.parent} right "
+                                     f"now (from {_describe_owner(cur)}); try again in a few seconds") from None
+                os.unlink(claim)  # a claim left by a taker that died in between
+                continue
+            try:
+                again = self._read()
+                if again != cur:
+                    continue  # it changed under us: decide again from what it is now
+                self._replace(me)
+                self._me = me
+                self.took_over = (dict(cur) if isinstance(cur, dict) else {"unreadable": True}) | {"reason": gone}
+                return
+            finally:
+                try:
+                    os.unlink(claim)
+                except OSError:
+                    pass
+        raise StateError(f"{self.owner_path} keeps changing: another supervisor is starting this job; try again")
+
+    def _gone(self, cur: dict[str, Any] | str) -> str:
+        """Why the recorded holder is known gone ('' while it may still be acting on the job)."""
+        now = time.time()
+        if not isinstance(cur, dict):  # unreadable (half written by hand?): judged by its age
+            age = now - _mtime(self.owner_path)
+            return f"unreadable record untouched for {age:.0f}s" if age > self.lease_s else ""
+        mine = self._identity()
+        if cur.get("host") == mine["host"] and cur.get("boot_id") == mine["boot_id"] and isinstance(cur.get("pid"), int):
+            pid = cur["pid"]
+            if not pid_alive(pid) or (cur.get("pid_start") is not None and start_time(pid) != cur.get("pid_start")):
+                return f"its process {pid} on this host is gone"
+            if pid == mine["pid"]:
+                return "it is this process"
+            return ""  # alive here: it holds the job (even if it cannot renew)
+        job, restarts = cur.get("slurm_job_id"), cur.get("slurm_restart_count")
+        if job and job == mine["slurm_job_id"] and isinstance(restarts, int) and mine["slurm_restart_count"] > restarts:
+            return f"Slurm requeued job {job} (restart {restarts} -> {mine['slurm_restart_count']}): that run is over"
+        renewed, lease = cur.get("renewed"), cur.get("lease_s")
+        if not isinstance(renewed, (int, float)) or not isinstance(lease, (int, float)):
+            return "the record has no lease"
+        if now - renewed > lease:
+            return f"its lease expired {now - renewed - lease:.0f}s ago (renewed {now - renewed:.0f}s ago, lease {lease:g}s)"
+        return ""
+
+    def _held_message(self, cur: dict[str, Any] | str) -> str:
+        log_dir = self.owner_path.parent
+        if not isinstance(cur, dict):
+            return (f"another supervisor is starting the job in {log_dir} ({self.owner_path} is being written); try "
+                    "again in a few seconds")
+        now = time.time()
+        renewed = cur.get("renewed") if isinstance(cur.get("renewed"), (int, float)) else now
+        lease = cur.get("lease_s") if isinstance(cur.get("lease_s"), (int, float)) else self.lease_s
+        job = cur.get("slurm_job_id")
+        stop = f"scancel {job}" if job else f"SIGTERM to pid {cur.get('pid')} on {cur.get('host')}"
+        return (f"another supervisor holds the job in {log_dir}: {_describe_owner(cur)}, lease renewed "
+                f"{max(0.0, now - renewed):.0f}s ago (lease {lease:g}s). Only one controller may act on a job: two "
+                f"would share its state file and checkpoints. Watch it with `supervisor status --log-dir {log_dir}`; "
+                f"stop it with `{stop}`, or use another --log-dir. A holder that died without releasing is taken over "
+                "once its lease expires.")
+
+    def _read(self) -> dict[str, Any] | str | None:
+        """The record; None when there is none; its text when it is not a JSON object."""
+        try:
+            with open(self.owner_path, "rb") as f:
+                data = f.read(65536)
+        except FileNotFoundError:
+            return None
+        try:
+            obj = json.loads(data.decode())
+        except (UnicodeDecodeError, ValueError):
+            return data.decode(errors="replace")
+        return obj if isinstance(obj, dict) else data.decode(errors="replace")
+
+    def _write_tmp(self, rec: dict[str, Any]) -> Path:
+        tmp = self.owner_path.with_name(f".{OWNER_FILE}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(rec, indent=1).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    def _create(self, rec: dict[str, Any]) -> bool:
+        """Create the record with its content in one step; False if one exists."""
+        tmp = self._write_tmp(rec)
+        try:
+            os.link(tmp, self.owner_path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            try:  # no hard links here: exclusive create (readers treat a young unreadable record as held)
+                fd = os.open(self.owner_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(rec, indent=1).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        finally:
+            os.unlink(tmp)
+            _fsync_dir(self.owner_path.parent)
+
+    def _replace(self, rec: dict[str, Any]) -> None:
+        tmp = self._write_tmp(rec)
+        try:
+            os.replace(tmp, self.owner_path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        _fsync_dir(self.owner_path.parent)
+
+    def _renew_loop(self) -> None:
+        failing = False
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                self.renew()
+                if failing:
+                    _log.warning("event=job_lease_renewed_again path=%s", self.owner_path)
+                failing = False
+            except StateError as exc:
+                if self.lost:
+                    _log.error("event=job_lease_lost %s", self.lost)
+                    return
+                if not failing:
+                    _log.error("event=job_lease_renew_failed error=%s (retrying every %.0fs)", exc, self.lease_s / 3)
+                failing = True
+
+
+def _describe_owner(rec: dict[str, Any]) -> str:
+    where = f"host {rec.get('host')}" + (f" (Slurm node {rec['node']})" if rec.get("node") else "")
+    job = f", Slurm job {rec['slurm_job_id']}" if rec.get("slurm_job_id") else ""
+    return f"{where}{job}, pid {rec.get('pid')}"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
