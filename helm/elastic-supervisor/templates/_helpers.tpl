@@ -1,0 +1,137 @@
+{{/* Names, labels and the rendered job config of the elastic-supervisor chart. */}}
+
+{{- define "es.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every object name. 52 characters at most: the longest suffix the chart adds
+("-leader") keeps names under 63, and ReplicaSet/Pod names add their own hashes.
+*/}}
+{{- define "es.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "es.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels: stable for the release's life (a Deployment's selector is immutable). */}}
+{{- define "es.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "es.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+Labels of every object. part-of is always "elastic-supervisor": the ServiceMonitor takes the
+Prometheus job name from it (jobLabel), and the alert rules match up{job="elastic-supervisor"}.
+*/}}
+{{- define "es.labels" -}}
+helm.sh/chart: {{ include "es.chart" . }}
+{{ include "es.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/part-of: elastic-supervisor
+elastic-supervisor/job: {{ .Values.config.job | quote }}
+{{- end -}}
+
+{{- define "es.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "es.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "es.tokenSecretName" -}}
+{{- default (printf "%s-token" (include "es.fullname" .)) .Values.token.existingSecret -}}
+{{- end -}}
+
+{{- define "es.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "es.workerImage" -}}
+{{- $repo := default .Values.image.repository .Values.workers.image.repository -}}
+{{- $tag := default (default .Chart.AppVersion .Values.image.tag) .Values.workers.image.tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* Where the controller reads the job token (the Secret's volume). */}}
+{{- define "es.tokenDir" -}}/var/run/secrets/elastic-supervisor{{- end -}}
+
+{{/*
+Checks the schema cannot express (they cross fields); supervisor/config.py makes the same
+checks at startup, this only says it at install time.
+*/}}
+{{- define "es.validate" -}}
+{{- $c := .Values.config -}}
+{{- if lt (int $c.nodes.max) (int $c.nodes.min) -}}
+{{- fail (printf "config.nodes.max: %v is below config.nodes.min %v" $c.nodes.max $c.nodes.min) -}}
+{{- end -}}
+{{- $hb := default dict $c.heartbeat -}}
+{{- $interval := default 1.0 $hb.interval_s | float64 -}}
+{{- $timeout := default 5.0 $hb.timeout_s | float64 -}}
+{{- if lt $timeout (mulf 2 $interval) -}}
+{{- fail (printf "config.heartbeat.timeout_s: %v must be >= 2 x interval_s (%v)" $timeout (mulf 2 $interval)) -}}
+{{- end -}}
+{{- if eq (int .Values.service.httpPort) (int .Values.service.heartbeatPort) -}}
+{{- fail (printf "service.heartbeatPort: %v is the HTTP port too; give them different numbers" .Values.service.heartbeatPort) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The job config (supervisor/config.py's JobConfig) the controller runs: the user's `config`
+with the cluster-dependent keys set by the chart. `platform.kind: kubernetes` and everything
+under `platform.kubernetes` is the chart's contract with the Kubernetes platform (issue 9),
+which config.py does not accept yet: see docs/kubernetes.md.
+*/}}
+{{- define "es.jobConfig" -}}
+{{- $fullname := include "es.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $p := .Values.persistence -}}
+{{- $w := .Values.workers -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $worker := dict
+      "image" (include "es.workerImage" .)
+      "image_pull_policy" $w.image.pullPolicy
+      "image_pull_secrets" (default list $w.imagePullSecrets)
+      "service_account" $w.serviceAccountName
+      "resources" (default dict $w.resources)
+      "node_selector" (default dict $w.nodeSelector)
+      "tolerations" (default list $w.tolerations)
+      "priority_class_name" $w.priorityClassName
+      "shm_size" $w.shmSize
+      "labels" (default dict $w.podLabels)
+      "annotations" (default dict $w.podAnnotations) -}}
+{{- $volumes := dict
+      "checkpoints" (dict "claim_name" $p.checkpoints.existingClaim "sub_path" $p.checkpoints.subPath "mount_path" $p.checkpoints.mountPath)
+      "logs" (dict "claim_name" $p.logs.existingClaim "sub_path" $p.logs.subPath "mount_path" $p.logs.mountPath) -}}
+{{- $k8s := dict
+      "namespace" $ns
+      "service" $fullname
+      "lease" (printf "%s-leader" $fullname)
+      "state_config_map" (printf "%s-state" $fullname)
+      "token_secret" (dict "name" (include "es.tokenSecretName" .) "key" .Values.token.secretKey)
+      "token_file" (printf "%s/%s" (include "es.tokenDir" .) .Values.token.secretKey)
+      "node_reads" .Values.rbac.nodeReads
+      "rendezvous" $w.rendezvous
+      "volumes" $volumes
+      "worker" $worker -}}
+{{- $_ := set $cfg "platform" (dict "kind" "kubernetes" "host" (printf "%s.%s.svc" $fullname $ns) "kubernetes" $k8s) -}}
+{{- $_ := set $cfg "checkpoint_dir" $p.checkpoints.mountPath -}}
+{{- $_ := set $cfg "log_dir" $p.logs.mountPath -}}
+{{- $_ := set $cfg "http" (dict "host" .Values.listenHost "port" .Values.service.httpPort) -}}
+{{- $_ := set $cfg "intake" (dict "host" .Values.listenHost "port" .Values.service.heartbeatPort) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
