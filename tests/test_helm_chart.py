@@ -272,6 +272,11 @@ def test_deployment_runs_one_controller(chart, value_set):
     assert "job.yaml" in cm["data"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # on a lost node the controller is replaced after 30 s, not Kubernetes' default 300 s
+    assert pod["tolerations"][:2] == [
+        {"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+        for taint in ("not-ready", "unreachable")]
+    assert rendered_job_config(objs)["platform"]["kubernetes"]["owner_config_map"] == cm["metadata"]["name"]
     # the pod restarts when the job config changes (and then adopts its gang)
     assert re.fullmatch(r"[0-9a-f]{64}", dep["spec"]["template"]["metadata"]["annotations"]["checksum/config"])
 
@@ -282,8 +287,9 @@ def test_custom_resources_and_placement(chart):
     pod = one(objs, "Deployment")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["resources"] == values["resources"]
-    for key in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+    for key in ("nodeSelector", "affinity", "priorityClassName"):
         assert pod[key] == values[key]
+    assert pod["tolerations"][2:] == values["tolerations"]
     assert container["args"] == ["--allow-fresh-start"]
     assert {"name": "LOG_LEVEL", "value": "debug"} in container["env"]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -472,7 +478,7 @@ def test_job_config_loads_with_config_py(chart, value_set):
     raw = rendered_job_config(objects(render(chart, values)))
     assert raw["platform"]["kind"] == "kubernetes"
     assert set(raw["platform"]["kubernetes"]) == {
-        "namespace", "service", "lease", "state_config_map", "token_secret", "token_file", "node_reads",
+        "namespace", "service", "owner_config_map", "lease", "state_config_map", "token_secret", "token_file", "node_reads",
         "rendezvous", "volumes", "worker"}
     try:
         job_config.from_dict(copy.deepcopy(raw))

@@ -94,7 +94,9 @@ checks at startup, this only says it at install time.
 The job config (supervisor/config.py's JobConfig) the controller runs: the user's `config`
 with the cluster-dependent keys set by the chart. `platform.kind: kubernetes` and everything
 under `platform.kubernetes` is the chart's contract with the Kubernetes platform (issue 9),
-which config.py does not accept yet: see docs/kubernetes.md.
+which config.py does not accept yet: see docs/kubernetes.md. owner_config_map is the owner of
+every object the platform creates (pods, the headless Service, the state ConfigMap, the Lease):
+`helm uninstall` deletes it and Kubernetes' garbage collector the rest.
 */}}
 {{- define "es.jobConfig" -}}
 {{- $fullname := include "es.fullname" . -}}
@@ -120,6 +122,7 @@ which config.py does not accept yet: see docs/kubernetes.md.
 {{- $k8s := dict
       "namespace" $ns
       "service" $fullname
+      "owner_config_map" (printf "%s-config" $fullname)
       "lease" (printf "%s-leader" $fullname)
       "state_config_map" (printf "%s-state" $fullname)
       "token_secret" (dict "name" (include "es.tokenSecretName" .) "key" .Values.token.secretKey)
