@@ -1,0 +1,544 @@
+"""The fake API server's contract, driven by the real ``kubernetes`` client.
+
+The Kubernetes platform's tests trust this fake to behave as kube-apiserver does; these tests
+hold it to that (resourceVersion, conflicts, selectors, watch and 410, patches, status,
+graceful deletion, errors as ``Status`` objects) through the same client the platform uses.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from fakes.kube_apiserver import FakeKubeAPIServer
+
+NS = "default"
+
+
+@pytest.fixture
+def api():
+    with FakeKubeAPIServer(bookmark_interval_s=30.0) as server:
+        yield server
+
+
+@pytest.fixture
+def v1(api):
+    return client.CoreV1Api(client.ApiClient(api.configuration()))
+
+
+@pytest.fixture
+def leases(api):
+    return client.CoordinationV1Api(client.ApiClient(api.configuration()))
+
+
+def pod(name: str, labels: dict | None = None, node: str | None = None) -> dict:
+    spec: dict = {"containers": [{"name": "main", "image": "trainer:1"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+def status_of(exc: ApiException) -> dict:
+    return json.loads(exc.body)
+
+
+def expect_error(code: int, reason: str, fn, *args, **kw) -> dict:
+    with pytest.raises(ApiException) as info:
+        fn(*args, **kw)
+    assert info.value.status == code
+    body = status_of(info.value)
+    assert (body["kind"], body["status"], body["code"], body["reason"]) == ("Status", "Failure", code, reason)
+    return body
+
+
+def names(items) -> list[str]:
+    return sorted(i.metadata.name for i in items)
+
+
+def events(v1, rv: str, timeout: int = 2, **kw) -> list[tuple[str, str, int]]:
+    """Every event of a watch from ``rv`` until the server's timeout ends it."""
+    out = []
+    for ev in watch.Watch().stream(v1.list_namespaced_pod, NS, resource_version=rv, timeout_seconds=timeout, **kw):
+        obj = ev["object"]
+        out.append((ev["type"], obj.metadata.name, int(obj.metadata.resource_version)))
+    return out
+
+
+class LiveWatch:
+    """A watch read in a thread, so the test can write while it runs."""
+
+    def __init__(self, api, fn, *args, **kw) -> None:
+        self.events: list[dict] = []
+        self.watch = watch.Watch()
+        self.got = threading.Condition()
+        before = api.watch_count()
+        self.thread = threading.Thread(target=self._read, args=(fn, args, kw), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while api.watch_count() <= before:      # the server has registered it: nothing is missed
+            assert time.monotonic() < deadline, "the watch never reached the server"
+            time.sleep(0.01)
+
+    def _read(self, fn, args, kw) -> None:
+        for ev in self.watch.stream(fn, *args, **kw):
+            with self.got:
+                self.events.append(ev)
+                self.got.notify_all()
+        with self.got:
+            self.events.append({"type": "END"})
+            self.got.notify_all()
+
+    def wait_for(self, n: int, timeout: float = 10) -> list[dict]:
+        with self.got:
+            assert self.got.wait_for(lambda: len(self.events) >= n, timeout), self.events
+            return list(self.events)
+
+
+# --- objects, resourceVersion, errors -----------------------------------------------------------
+
+def test_one_global_resource_version_bumped_by_every_write(v1, leases, api):
+    rvs = [
+        v1.create_namespaced_pod(NS, pod("p0")).metadata.resource_version,
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": "c"}, "data": {"k": "v"}}).metadata.resource_version,
+        leases.create_namespaced_lease(NS, {"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}).metadata.resource_version,
+        v1.create_namespaced_service(NS, {"metadata": {"name": "s"}, "spec": {"clusterIP": "None"}}).metadata.resource_version,
+        v1.patch_namespaced_config_map("c", NS, {"data": {"k": "w"}}).metadata.resource_version,
+    ]
+    numbers = [int(rv) for rv in rvs]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    assert v1.read_namespaced_config_map("c", NS).metadata.resource_version == rvs[-1]
+    assert v1.list_namespaced_pod(NS).metadata.resource_version == rvs[-1] == api.resource_version
+    # an update that changes nothing writes nothing
+    cm = v1.read_namespaced_config_map("c", NS)
+    assert v1.replace_namespaced_config_map("c", NS, cm).metadata.resource_version == rvs[-1]
+    assert api.resource_version == rvs[-1]
+
+
+def test_created_objects_get_server_fields_and_pod_defaults(v1):
+    p = v1.create_namespaced_pod(NS, {**pod("p0"), "status": {"phase": "Running"}})
+    assert p.metadata.uid and p.metadata.creation_timestamp and p.metadata.namespace == NS
+    assert (p.kind, p.api_version) == ("Pod", "v1")
+    assert p.status.phase == "Pending"            # the status in a create is ignored
+    assert p.spec.termination_grace_period_seconds == 30
+    generated = v1.create_namespaced_config_map(NS, {"metadata": {"generateName": "cm-"}})
+    assert generated.metadata.name.startswith("cm-") and len(generated.metadata.name) == 8
+    expect_error(422, "Invalid", v1.create_namespaced_config_map, NS, {"metadata": {}})
+
+
+def test_create_of_an_existing_name_is_409_already_exists(v1):
+    v1.create_namespaced_pod(NS, pod("p0"))
+    body = expect_error(409, "AlreadyExists", v1.create_namespaced_pod, NS, pod("p0"))
+    assert body["message"] == 'pods "p0" already exists'
+    assert body["details"] == {"name": "p0", "kind": "pods"}
+    v1.create_namespaced_pod("other", pod("p0"))      # names are per namespace
+
+
+def test_missing_object_is_404_not_found(v1, leases):
+    body = expect_error(404, "NotFound", v1.read_namespaced_pod, "nope", NS)
+    assert body["message"] == 'pods "nope" not found'
+    body = expect_error(404, "NotFound", leases.read_namespaced_lease, "nope", NS)
+    assert body["message"] == 'leases.coordination.k8s.io "nope" not found'
+    expect_error(404, "NotFound", v1.delete_namespaced_config_map, "nope", NS)
+
+
+def test_put_with_a_stale_resource_version_is_409_conflict(leases, api):
+    first = leases.create_namespaced_lease(NS, {"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}})
+    mine = leases.read_namespaced_lease("l", NS)
+    theirs = leases.read_namespaced_lease("l", NS)
+    theirs.spec.holder_identity = "b"
+    won = leases.replace_namespaced_lease("l", NS, theirs)
+    assert int(won.metadata.resource_version) > int(first.metadata.resource_version)
+    mine.spec.holder_identity = "c"
+    body = expect_error(409, "Conflict", leases.replace_namespaced_lease, "l", NS, mine)
+    assert "the object has been modified" in body["message"]
+    assert api.get("leases", NS, "l")["spec"]["holderIdentity"] == "b"
+    # without a resourceVersion the update is unconditional
+    mine.metadata.resource_version = None
+    assert leases.replace_namespaced_lease("l", NS, mine).spec.holder_identity == "c"
+    # a merge patch that names a resourceVersion is conditional too
+    expect_error(409, "Conflict", leases.patch_namespaced_lease, "l", NS,
+                 {"metadata": {"resourceVersion": first.metadata.resource_version}, "spec": {"holderIdentity": "d"}})
+
+
+def test_put_to_a_missing_object_is_404(leases):
+    body = client.V1Lease(metadata=client.V1ObjectMeta(name="l"), spec=client.V1LeaseSpec(holder_identity="a"))
+    expect_error(404, "NotFound", leases.replace_namespaced_lease, "l", NS, body)
+
+
+# --- selectors ----------------------------------------------------------------------------------
+
+LABELLED = {
+    "a": {"job": "j1", "slot": "0", "tier": "train"},
+    "b": {"job": "j1", "slot": "1"},
+    "c": {"job": "j2", "slot": "0", "tier": "eval"},
+    "d": {},
+}
+
+
+@pytest.mark.parametrize("selector, expected", [
+    ("job=j1", ["a", "b"]),
+    ("job==j1", ["a", "b"]),
+    ("job!=j1", ["c", "d"]),                       # != also matches objects without the key
+    ("job in (j1, j2)", ["a", "b", "c"]),
+    ("slot notin (0)", ["b", "d"]),               # notin also matches objects without the key
+    ("tier", ["a", "c"]),
+    ("!tier", ["b", "d"]),
+    ("job=j1,slot=0", ["a"]),
+    ("job in (j1),!tier", ["b"]),
+    ("", ["a", "b", "c", "d"]),
+])
+def test_label_selectors(v1, selector, expected):
+    for name, labels in LABELLED.items():
+        v1.create_namespaced_pod(NS, pod(name, labels))
+    assert names(v1.list_namespaced_pod(NS, label_selector=selector).items) == expected
+
+
+@pytest.mark.parametrize("selector", ["job in j1", "job=(", "=x", "job=j1,", "job in ()"])
+def test_bad_label_selector_is_400(v1, selector):
+    expect_error(400, "BadRequest", v1.list_namespaced_pod, NS, label_selector=selector)
+
+
+def test_field_selectors(v1):
+    v1.create_namespaced_pod(NS, pod("a", {"job": "j1"}, node="n1"))
+    v1.create_namespaced_pod(NS, pod("b", {"job": "j1"}, node="n2"))
+    v1.create_namespaced_pod(NS, pod("c", {"job": "j2"}))
+    v1.patch_namespaced_pod_status("a", NS, {"status": {"phase": "Running"}})
+    cases = {
+        "metadata.name=b": ["b"],
+        "status.phase=Running": ["a"],
+        "status.phase!=Running": ["b", "c"],
+        "spec.nodeName=n2": ["b"],
+        "spec.nodeName=": ["c"],                   # unscheduled
+        "spec.nodeName!=,status.phase=Pending": ["b"],
+    }
+    for selector, expected in cases.items():
+        assert names(v1.list_namespaced_pod(NS, field_selector=selector).items) == expected, selector
+    both = v1.list_namespaced_pod(NS, label_selector="job=j1", field_selector="spec.nodeName=n1")
+    assert names(both.items) == ["a"]
+    body = expect_error(400, "BadRequest", v1.list_namespaced_pod, NS, field_selector="spec.image=x")
+    assert body["message"] == "field label not supported: spec.image"
+
+
+def test_list_pages_with_limit_and_continue(v1):
+    for i in range(5):
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": f"c{i}"}})
+    seen, token = [], None
+    while True:
+        page = v1.list_namespaced_config_map(NS, limit=2, _continue=token)
+        seen += [i.metadata.name for i in page.items]
+        token = page.metadata._continue
+        if not token:
+            break
+        assert page.metadata.remaining_item_count == 5 - len(seen)
+    assert seen == [f"c{i}" for i in range(5)]
+
+
+# --- watch --------------------------------------------------------------------------------------
+
+def test_watch_from_a_resource_version_replays_every_later_change_in_order(v1):
+    v1.create_namespaced_pod(NS, pod("before"))
+    since = v1.list_namespaced_pod(NS).metadata.resource_version
+    v1.create_namespaced_pod(NS, pod("p0", node="n1"))
+    v1.patch_namespaced_pod("p0", NS, {"metadata": {"labels": {"x": "1"}}})
+    v1.delete_namespaced_pod("p0", NS, grace_period_seconds=0)
+    got = events(v1, since, timeout=1)
+    assert [(t, n) for t, n, _ in got] == [("ADDED", "p0"), ("MODIFIED", "p0"), ("DELETED", "p0")]
+    rvs = [rv for _, _, rv in got]
+    assert rvs == sorted(rvs) and rvs[0] > int(since)
+
+
+def test_watch_without_resource_version_starts_with_the_current_objects(v1):
+    v1.create_namespaced_pod(NS, pod("a"))
+    v1.create_namespaced_pod(NS, pod("b"))
+    v1.delete_namespaced_pod("a", NS)
+    got = events(v1, "", timeout=1)
+    assert [(t, n) for t, n, _ in got] == [("ADDED", "b")]
+
+
+def test_watch_sees_objects_enter_and_leave_its_selector(v1):
+    since = v1.list_namespaced_pod(NS).metadata.resource_version
+    v1.create_namespaced_pod(NS, pod("p0", {"attempt": "1"}))
+    v1.patch_namespaced_pod("p0", NS, {"metadata": {"labels": {"attempt": "2"}}})
+    v1.patch_namespaced_pod("p0", NS, {"metadata": {"labels": {"attempt": "1"}}})
+    v1.create_namespaced_pod(NS, pod("other", {"attempt": "2"}))
+    got = events(v1, since, timeout=1, label_selector="attempt=1")
+    assert [(t, n) for t, n, _ in got] == [("ADDED", "p0"), ("DELETED", "p0"), ("ADDED", "p0")]
+
+
+def test_live_watch_delivers_changes_as_they_happen(api, v1):
+    live = LiveWatch(api, v1.list_namespaced_pod, NS, resource_version=api.resource_version,
+                     label_selector="job=j1", timeout_seconds=20)
+    v1.create_namespaced_pod(NS, pod("ignored", {"job": "j2"}))
+    v1.create_namespaced_pod(NS, pod("p0", {"job": "j1"}))
+    got = live.wait_for(1)
+    assert (got[0]["type"], got[0]["object"].metadata.name) == ("ADDED", "p0")
+    api.close_watches()
+    assert live.wait_for(2)[-1]["type"] == "END"
+    assert api.watch_count() == 0
+
+
+def test_bookmarks_only_when_asked(api, v1):
+    plain = LiveWatch(api, v1.list_namespaced_pod, NS, resource_version=api.resource_version, timeout_seconds=20)
+    marked = LiveWatch(api, v1.list_namespaced_pod, NS, resource_version=api.resource_version,
+                       allow_watch_bookmarks=True, timeout_seconds=20)
+    api.send_bookmarks()
+    bookmark = marked.wait_for(1)[0]
+    assert bookmark["type"] == "BOOKMARK"
+    assert bookmark["object"]["metadata"]["resourceVersion"] == api.resource_version
+    assert marked.watch.resource_version == api.resource_version   # the client resumes from it
+    v1.create_namespaced_pod(NS, pod("p0"))
+    assert [e["type"] for e in plain.wait_for(1)] == ["ADDED"]         # no bookmark before it
+    assert [e["type"] for e in marked.wait_for(2)] == ["BOOKMARK", "ADDED"]
+    api.close_watches()
+    assert plain.wait_for(2)[-1]["type"] == marked.wait_for(3)[-1]["type"] == "END"
+
+
+def test_bookmarks_arrive_on_their_own_when_the_watch_is_quiet(v1):
+    with FakeKubeAPIServer(bookmark_interval_s=0.2) as api:
+        v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+        v1.create_namespaced_pod(NS, pod("p0"))
+        since = api.resource_version
+        v1.create_namespaced_config_map(NS, {"metadata": {"name": "elsewhere"}})   # not a pod
+        w = watch.Watch()
+        for ev in w.stream(v1.list_namespaced_pod, NS, resource_version=since,
+                           allow_watch_bookmarks=True, timeout_seconds=10):
+            assert ev["type"] == "BOOKMARK"
+            assert ev["raw_object"]["metadata"]["resourceVersion"] == api.resource_version
+            w.stop()
+
+
+def test_watch_from_a_compacted_resource_version_is_410_expired(api, v1):
+    since = api.resource_version
+    v1.create_namespaced_pod(NS, pod("p0"))
+    api.compact()
+    # on the wire: HTTP 200 and a single ERROR event, as kube-apiserver answers
+    raw = v1.list_namespaced_pod(NS, watch=True, resource_version=since, timeout_seconds=2,
+                                 _preload_content=False)
+    assert raw.status == 200
+    lines = [json.loads(line) for line in raw.data.decode().splitlines() if line]
+    assert len(lines) == 1 and lines[0]["type"] == "ERROR"
+    assert {k: lines[0]["object"][k] for k in ("kind", "code", "reason")} == \
+        {"kind": "Status", "code": 410, "reason": "Expired"}
+    # the client turns it into ApiException(410)
+    with pytest.raises(ApiException) as info:
+        list(watch.Watch().stream(v1.list_namespaced_pod, NS, resource_version=since, timeout_seconds=2))
+    assert info.value.status == 410
+    # a watch from the current resourceVersion is fine
+    assert events(v1, api.resource_version, timeout=1) == []
+
+
+def test_watch_window_is_the_last_history_size_changes():
+    with FakeKubeAPIServer(history_size=3) as api:
+        v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+        rvs = [v1.create_namespaced_pod(NS, pod(f"p{i}")).metadata.resource_version for i in range(5)]
+        assert [n for _, n, _ in events(v1, rvs[1], timeout=1)] == ["p2", "p3", "p4"]
+        with pytest.raises(ApiException) as info:
+            events(v1, rvs[0], timeout=1)
+        assert info.value.status == 410
+
+
+# --- patches and the status subresource ----------------------------------------------------------
+
+def test_merge_and_strategic_merge_patches(v1):
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "c", "labels": {"a": "1", "b": "2"}},
+                                         "data": {"k": "v", "gone": "x"}})
+    merged = v1.patch_namespaced_config_map(
+        "c", NS, {"metadata": {"labels": {"b": None, "c": "3"}}, "data": {"gone": None, "new": "n"}},
+        _content_type="application/merge-patch+json")
+    assert merged.metadata.labels == {"a": "1", "c": "3"}
+    assert merged.data == {"k": "v", "new": "n"}
+    # a dict body goes as a strategic merge patch, treated the same way
+    strategic = v1.patch_namespaced_config_map("c", NS, {"data": {"k": "w"}})
+    assert strategic.data == {"k": "w", "new": "n"}
+    patched = v1.patch_namespaced_config_map("c", NS, [
+        {"op": "test", "path": "/data/k", "value": "w"},
+        {"op": "replace", "path": "/data/k", "value": "z"},
+        {"op": "add", "path": "/metadata/labels/d", "value": "4"},
+        {"op": "remove", "path": "/data/new"}])
+    assert patched.data == {"k": "z"} and patched.metadata.labels["d"] == "4"
+    expect_error(422, "Invalid", v1.patch_namespaced_config_map, "c", NS,
+                 [{"op": "test", "path": "/data/k", "value": "wrong"}])
+    expect_error(415, "UnsupportedMediaType", v1.patch_namespaced_config_map, "c", NS,
+                 {"data": {"k": "a"}}, _content_type="application/apply-patch+yaml")
+    assert v1.read_namespaced_config_map("c", NS).data == {"k": "z"}
+
+
+def test_status_subresource_changes_only_status(v1):
+    created = v1.create_namespaced_pod(NS, pod("p0", {"job": "j1"}, node="n1"))
+    after = v1.patch_namespaced_pod_status("p0", NS, {"metadata": {"labels": {"job": "hacked"}},
+                                                      "status": {"phase": "Running", "podIP": "127.0.0.2"}})
+    assert (after.status.phase, after.status.pod_ip) == ("Running", "127.0.0.2")
+    assert after.metadata.labels == {"job": "j1"}
+    assert int(after.metadata.resource_version) > int(created.metadata.resource_version)
+    # the main resource cannot change the status
+    relabelled = v1.patch_namespaced_pod("p0", NS, {"metadata": {"labels": {"job": "j2"}},
+                                                    "status": {"phase": "Failed"}})
+    assert relabelled.status.phase == "Running" and relabelled.metadata.labels == {"job": "j2"}
+    # PUT /status with a stale resourceVersion conflicts
+    stale = after
+    stale.status.phase = "Succeeded"
+    expect_error(409, "Conflict", v1.replace_namespaced_pod_status, "p0", NS, stale)
+    fresh = v1.read_namespaced_pod_status("p0", NS)
+    fresh.status.phase = "Succeeded"
+    assert v1.replace_namespaced_pod_status("p0", NS, fresh).status.phase == "Succeeded"
+
+
+def test_pod_spec_changes_are_refused_except_image(v1):
+    v1.create_namespaced_pod(NS, pod("p0", node="n1"))
+    assert v1.patch_namespaced_pod("p0", NS, {"spec": {"containers": [{"name": "main", "image": "trainer:2"}]}}) \
+        .spec.containers[0].image == "trainer:2"
+    expect_error(422, "Invalid", v1.patch_namespaced_pod, "p0", NS, {"spec": {"nodeName": "n2"}})
+
+
+def test_binding_schedules_a_pod_once(v1, api):
+    # _preload_content=False: the server answers a Status and the client would parse it as a
+    # V1Binding and fail (kubernetes-client/python#825, #547), against a real cluster too
+    v1.create_namespaced_pod(NS, pod("p0"))
+    v1.create_namespaced_pod_binding("p0", NS, client.V1Binding(
+        metadata=client.V1ObjectMeta(name="p0"), target=client.V1ObjectReference(kind="Node", name="n1")),
+        _preload_content=False)
+    assert v1.read_namespaced_pod("p0", NS).spec.node_name == "n1"
+    with pytest.raises(ApiException) as info:
+        v1.create_namespaced_pod_binding("p0", NS, client.V1Binding(
+            metadata=client.V1ObjectMeta(name="p0"), target=client.V1ObjectReference(kind="Node", name="n2")),
+            _preload_content=False)
+    assert info.value.status == 409
+    assert api.get("pods", NS, "p0")["spec"]["nodeName"] == "n1"
+
+
+# --- deletion -----------------------------------------------------------------------------------
+
+def test_graceful_pod_deletion_waits_for_the_kubelet(api, v1):
+    v1.create_namespaced_pod(NS, pod("p0", node="n1"))
+    since = api.resource_version
+    terminating = v1.delete_namespaced_pod("p0", NS, grace_period_seconds=20)
+    assert terminating.metadata.deletion_grace_period_seconds == 20
+    assert terminating.metadata.deletion_timestamp is not None
+    assert v1.read_namespaced_pod("p0", NS).metadata.deletion_timestamp is not None   # still there
+    # a second delete may shorten the grace period, never lengthen it
+    assert v1.delete_namespaced_pod("p0", NS, grace_period_seconds=60).metadata.deletion_grace_period_seconds == 20
+    assert v1.delete_namespaced_pod("p0", NS, grace_period_seconds=5).metadata.deletion_grace_period_seconds == 5
+    api.finish_deletion("pods", NS, "p0")
+    expect_error(404, "NotFound", v1.read_namespaced_pod, "p0", NS)
+    assert [t for t, _, _ in events(v1, since, timeout=1)] == ["MODIFIED", "MODIFIED", "DELETED"]
+    with pytest.raises(LookupError):
+        api.finish_deletion("pods", NS, "p0")
+
+
+def test_pod_default_grace_period_and_immediate_deletions(api, v1):
+    v1.create_namespaced_pod(NS, pod("scheduled", node="n1"))
+    assert v1.delete_namespaced_pod("scheduled", NS).metadata.deletion_grace_period_seconds == 30
+    v1.create_namespaced_pod(NS, pod("forced", node="n1"))
+    v1.delete_namespaced_pod("forced", NS, body=client.V1DeleteOptions(grace_period_seconds=0))
+    v1.create_namespaced_pod(NS, pod("unscheduled"))
+    v1.delete_namespaced_pod("unscheduled", NS)       # no kubelet to wait for
+    v1.create_namespaced_pod(NS, pod("finished", node="n1"))
+    v1.patch_namespaced_pod_status("finished", NS, {"status": {"phase": "Succeeded"}})
+    v1.delete_namespaced_pod("finished", NS)
+    assert [p["metadata"]["name"] for p in api.objects("pods", NS)] == ["scheduled"]
+    v1.delete_namespaced_pod("scheduled", NS, grace_period_seconds=0)     # force a terminating pod
+    assert api.objects("pods", NS) == []
+
+
+def test_finalizers_hold_an_object_until_removed(api, v1):
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "c", "finalizers": ["example.com/keep"]}})
+    held = v1.delete_namespaced_config_map("c", NS)
+    assert v1.read_namespaced_config_map("c", NS).metadata.deletion_timestamp is not None
+    assert held is not None
+    expect_error(422, "Invalid", v1.patch_namespaced_config_map, "c", NS,
+                 {"metadata": {"finalizers": ["example.com/keep", "example.com/more"]}})
+    v1.patch_namespaced_config_map("c", NS, {"metadata": {"finalizers": None}})
+    expect_error(404, "NotFound", v1.read_namespaced_config_map, "c", NS)
+
+
+def test_delete_preconditions(v1):
+    created = v1.create_namespaced_config_map(NS, {"metadata": {"name": "c"}})
+    body = expect_error(409, "Conflict", v1.delete_namespaced_config_map, "c", NS,
+                        body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid="someone-else")))
+    assert "Precondition failed: UID in precondition" in body["message"]
+    v1.delete_namespaced_config_map("c", NS, body=client.V1DeleteOptions(
+        preconditions=client.V1Preconditions(uid=created.metadata.uid)))
+    expect_error(404, "NotFound", v1.read_namespaced_config_map, "c", NS)
+
+
+def test_delete_collection_by_label(api, v1):
+    for name, attempt in (("a1", "1"), ("b1", "1"), ("a2", "2")):
+        v1.create_namespaced_pod(NS, pod(name, {"attempt": attempt}, node="n1"))
+    v1.delete_collection_namespaced_pod(NS, label_selector="attempt=1", grace_period_seconds=0)
+    assert [p["metadata"]["name"] for p in api.objects("pods", NS)] == ["a2"]
+
+
+# --- other types --------------------------------------------------------------------------------
+
+def test_nodes_are_cluster_scoped_with_a_status(v1):
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    v1.create_node({"metadata": {"name": "n1", "labels": {"pool": "gpu"}}, "status": ready})
+    v1.create_node({"metadata": {"name": "n2"}, "spec": {"unschedulable": True}})
+    assert v1.read_node("n1").status.conditions[0].status == "True"          # kept from the create
+    assert names(v1.list_node(label_selector="pool=gpu").items) == ["n1"]
+    assert names(v1.list_node(field_selector="spec.unschedulable=false").items) == ["n1"]
+    not_ready = v1.patch_node_status("n1", {"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
+    assert not_ready.status.conditions[0].status == "False"
+
+
+def test_events_and_secrets(v1):
+    v1.create_namespaced_pod(NS, pod("p0"))
+    for name, obj in (("e1", "p0"), ("e2", "p1")):
+        v1.create_namespaced_event(NS, {"metadata": {"name": name}, "reason": "Evicted", "type": "Warning",
+                                        "involvedObject": {"kind": "Pod", "name": obj, "namespace": NS}})
+    picked = v1.list_namespaced_event(NS, field_selector="involvedObject.name=p0,reason=Evicted")
+    assert names(picked.items) == ["e1"]
+    v1.create_namespaced_secret(NS, {"metadata": {"name": "token"}, "stringData": {"token": "s3cret"}})
+    secret = v1.read_namespaced_secret("token", NS)
+    assert secret.data == {"token": base64.b64encode(b"s3cret").decode()} and secret.type == "Opaque"
+    assert secret.string_data is None
+
+
+# --- test hooks: counters and faults ------------------------------------------------------------
+
+def test_request_counter_per_verb_and_resource(api, v1):
+    v1.create_namespaced_pod(NS, pod("p0"))
+    v1.list_namespaced_pod(NS)
+    v1.list_namespaced_pod(NS, label_selector="a=b")
+    v1.patch_namespaced_pod_status("p0", NS, {"status": {"phase": "Running"}})
+    events(v1, api.resource_version, timeout=1)
+    with pytest.raises(ApiException):
+        v1.read_namespaced_pod("nope", NS)
+    counts = api.request_counts()
+    assert counts[("create", "pods")] == 1
+    assert counts[("list", "pods")] == 2
+    assert counts[("patch", "pods/status")] == 1
+    assert counts[("watch", "pods")] == 1
+    assert counts[("get", "pods")] == 1
+    assert api.request_count(verb="get", resource="pods", code=404) == 1
+    assert api.request_count(resource="pods") == 5     # pods/status is a resource of its own
+
+
+def test_injected_faults_answer_with_a_status_and_can_be_scoped(api):
+    a = client.ApiClient(api.configuration())
+    a.user_agent = "elector-a"
+    b = client.ApiClient(api.configuration())
+    b.user_agent = "elector-b"
+    va, vb = client.CoreV1Api(a), client.CoreV1Api(b)
+    fault = api.inject_fault(503, verb="list", resource="pods", user_agent="elector-a", times=2)
+    for _ in range(2):
+        body = expect_error(503, "ServiceUnavailable", va.list_namespaced_pod, NS)
+        assert body["message"] == "injected by the test"
+    vb.list_namespaced_pod(NS)          # another client is not affected
+    va.list_namespaced_pod(NS)          # and the fault is spent
+    assert fault.hits == 2
+    slow = api.inject_fault(None, delay_s=0.5, verb="get")
+    started = time.monotonic()
+    expect_error(404, "NotFound", va.read_namespaced_pod, "nope", NS)
+    assert time.monotonic() - started >= 0.5
+    api.remove_fault(slow)
+    api.inject_fault(500)
+    expect_error(500, "InternalError", vb.list_node)
+    api.clear_faults()
+    vb.list_node()
