@@ -283,6 +283,11 @@ def test_a_nan_reported_in_the_heartbeat_names_the_fault_even_without_an_exit_co
     nodes = {"a": node("a"), "b": NodeStatus("b", 0, NodeState.EXITED, 1)}
     f = classify(nodes, [], **KW, rank_steps={1: 9}, nonfinite_ranks=[1])
     assert f.kind == "nonfinite" and f.detail == "rank 1: non-finite loss at step 9"
+    # every rank exits 18 on an agreed NaN; the agent that exits first may hold the innocent one:
+    # the rank whose own loss was not finite is named, wherever it runs
+    nodes = {"a": node("a"), "b": failed_node("b", RankFailure(1, 18, "", True))}
+    f = classify(nodes, [], **KW, rank_steps={0: 9, 1: 9}, nonfinite_ranks=[0])
+    assert (f.kind, f.detail, f.ranks, f.step) == ("nonfinite", "rank 0: non-finite loss at step 9", (0,), 9)
     lone = {"a": NodeStatus("a", 0, NodeState.EXITED, 1, output_error="ModuleNotFoundError: No module named 'x'")}
     f = classify(lone, [], now=1.0, last_heard={}, phase_started={}, rank_nodes={})
     assert "ModuleNotFoundError: No module named 'x'" in f.detail

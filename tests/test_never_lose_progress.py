@@ -74,6 +74,8 @@ def test_a_rerun_after_a_finished_run_starts_a_new_history(supervisor_run):
     assert "nothing" in started["inherited"]
     archived = rerun.log_dir / os.path.basename(started["previous_run"]["state"])
     assert json.loads(archived.read_text())["phase"] == "stopped_no_progress"  # kept for the post-mortem
+    # the old run's node output is kept apart, not appended to (its failures are not this run's)
+    assert list(rerun.log_dir.glob("attempt-0.before-*/node0.log"))
     mine = [e for e in rerun.events() if e.get("run") == 2]
     assert [e["attempt"] for e in mine if e["event"] == "launched"] == [0, 1]
     assert mine[-1]["event"] == "job_finished" and mine[-1]["phase"] == "completed"
@@ -88,7 +90,7 @@ def test_the_supervisor_judges_progress_where_the_ranks_save(supervisor_run, tmp
     assert adopted["root"] == str(own.resolve()) and adopted["watched"] == str(run.ckpt.resolve())
     assert run.wait_event("launched", attempt=1)["restore_from"] == C10
     assert {e["name"] for e in run.events("checkpoint_complete")} >= {C10}
-    assert not run.ckpt.exists()
+    assert not list(run.ckpt.glob("step-*"))  # nothing was ever saved where it was told to look
 
 
 def test_a_corrupt_newest_checkpoint_is_named_made_suspect_and_the_good_one_kept(supervisor_run):

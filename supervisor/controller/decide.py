@@ -227,9 +227,11 @@ def classify(
                 own = f": {n.output_error}" if n.output_error else ""
                 detail = f"node {name}: exited with code {n.exit_code}{own}{suffix}" if own or suffix or not ranks \
                     else f"node {name}: a rank exited with code {n.exit_code}"
-            if any(r in nonfinite for r in culprits or ranks) and kind in ("rank_exit", "rank_error", "crash"):
-                bad = next(r for r in (culprits or ranks) if r in nonfinite)
-                kind, detail = "nonfinite", f"rank {bad}: non-finite loss at step {steps.get(bad, '?')}"
+            if nonfinite and kind in ("nonfinite", "rank_exit", "rank_error", "crash"):
+                # every rank stops on an agreed non-finite loss: name the rank whose own loss was
+                # not finite (its heartbeat says so), wherever its node is
+                bad = min(nonfinite)
+                kind, detail, culprits = "nonfinite", f"rank {bad}: non-finite loss at step {steps.get(bad, '?')}", (bad,)
             step = next((steps[r] for r in culprits if r in steps), None)
             return Fault(kind, culprits, (name,), detail, RUNG_TEARDOWN, False, now, secondary=order == 2, step=step)
         # only peers of the culprit have failed, and the culprit is a silent rank (its whole

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.controller.decide import History, JobPhase
+from supervisor.files import fsync_dir, set_aside
 from supervisor.procfs import pid_alive, start_time
 
 STATE_FILE = "supervisor-state.json"
@@ -197,29 +198,12 @@ def save(path: Path, state: dict[str, Any]) -> None:
         except OSError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def archive(path: Path, label: str) -> Path:
     """Move the state aside (kept for the post-mortem); returns where it went."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    n = 0
-    while True:
-        dest = path.with_name(f"{path.stem}.{label}-{stamp}{f'-{n}' if n else ''}{path.suffix}")
-        if not os.path.lexists(dest):
-            break
-        n += 1
-    os.rename(path, dest)
-    _fsync_dir(path.parent)
-    return dest
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return set_aside(path, label)
 
 
 class JobLock:
@@ -463,7 +447,7 @@ class JobLock:
             return True
         finally:
             os.unlink(tmp)
-            _fsync_dir(self.owner_path.parent)
+            fsync_dir(self.owner_path.parent)
 
     def _replace(self, rec: dict[str, Any]) -> None:
         tmp = self._write_tmp(rec)
@@ -472,7 +456,7 @@ class JobLock:
         except BaseException:
             os.unlink(tmp)
             raise
-        _fsync_dir(self.owner_path.parent)
+        fsync_dir(self.owner_path.parent)
 
     def _renew_loop(self) -> None:
         failing = False

@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from supervisor.files import set_aside
 from supervisor.platforms.agent_output import RANK_PREFIX, last_error, read_tail
 from supervisor.platforms.agent_output import parse as parse_agent_output
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
@@ -79,6 +80,7 @@ class LocalPlatform(Platform):
         self.log_dir = Path(log_dir)
         self.python = python
         self.nodes: dict[str, _Node] = {}
+        self._launched: set[int] = set()  # attempts this object launched (a retried launch appends)
 
     def slots(self) -> list[str]:
         return list(self._slots)
@@ -88,6 +90,12 @@ class LocalPlatform(Platform):
         if unknown:
             raise PlatformError(f"unknown node slots {sorted(unknown)}")
         out_dir = self.log_dir / f"attempt-{spec.attempt}"
+        if spec.attempt not in self._launched and out_dir.exists():
+            # an earlier run of this log directory used this attempt number: keep its output
+            # apart (its failures must not be read as this run's)
+            aside = set_aside(out_dir, "before", when=out_dir.stat().st_mtime)
+            log.info("event=node_logs_set_aside attempt=%d old=%s", spec.attempt, aside)
+        self._launched.add(spec.attempt)
         out_dir.mkdir(parents=True, exist_ok=True)
         self.nodes = {}
         for name in spec.nodes:

@@ -120,6 +120,7 @@ class Worker:
         self._timing = None
         self._aborting = threading.Event()
         self._restored_at: float | None = None
+        self.nonfinite_step: int | None = None  # the step whose agreed loss was not finite (training stopped)
         self._skipped: dict[int, int] = {}
         log_dir = session.log_dir
         stack_path = log_dir / f"stacks-rank-{session.rank}.txt" if log_dir else None
@@ -157,9 +158,9 @@ class Worker:
         only when every rank finished and every agent exited 0: an early stop is never exit 0.
         """
         if finished is None:
-            finished = self.state.loss_ok and not self.stop_requested
+            finished = self.nonfinite_step is None and not self.stop_requested
             if not reason:
-                reason = ("non-finite loss at step %d" % self.state.step if not self.state.loss_ok
+                reason = (f"non-finite loss at step {self.nonfinite_step}" if self.nonfinite_step is not None
                           else "stop requested (SIGTERM): emergency checkpoint" if self.stop_requested else "")
         st = self.state
         st.outcome = OUTCOME_FINISHED if finished else OUTCOME_STOPPED
@@ -355,7 +356,9 @@ class Worker:
             self.all_reduce(vec)
         verdict = Verdict(loss=float(vec[0] / world), nonfinite=vec[1] > 0, stop=vec[2] > 0, save_due=vec[3] > 0)
         if verdict.nonfinite:
-            self.state.loss_ok = False
+            # every rank stops; the heartbeat names the rank(s) whose own loss was not finite
+            self.nonfinite_step = self.state.step
+            self.state.loss_ok = finite
             self.heartbeat.beat_now()
             log.error(
                 "event=nonfinite_loss step=%d ranks_affected=%d local_finite=%s action=stop_before_optimizer_step",
