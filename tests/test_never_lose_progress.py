@@ -261,3 +261,22 @@ def test_the_command_returns_when_the_job_ends_unless_a_scraper_was_seen(tmp_pat
 
     assert "metrics_linger" not in launch("quiet", scrape=False)  # nobody scraped: no wait
     assert "metrics_linger" in launch("scraped", scrape=True)
+
+
+def test_a_controller_whose_job_was_taken_over_stops_without_touching_the_gang(supervisor_run):
+    run = supervisor_run(["--steps", "400", "--checkpoint-every", "50", "--step-sleep", "0.1"])
+    run.wait_event("running")
+    owner = run.log_dir / "supervisor.owner.json"
+    record = json.loads(owner.read_text())
+    # what a controller on another host does when it takes over a lease it found stale
+    owner.write_text(json.dumps(record | {"owner": "someone-else", "host": "login-7", "renewed": time.time()}))
+    assert run.wait(timeout=60) == 2
+    lost = run.wait_event("job_lease_lost")
+    assert "login-7" in lost["detail"] or "someone-else" in lost["detail"]
+    assert run.events("job_finished") == [] and run.events("fault_detected") == []
+    steps = len(run.rank_log(0))
+    deadline = time.monotonic() + 30
+    while len(run.rank_log(0)) <= steps and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(run.rank_log(0)) > steps, "the gang must go on, for its new owner"
+    assert json.loads((run.log_dir / "supervisor-state.json").read_text())["phase"] == "running"

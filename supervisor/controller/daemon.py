@@ -73,6 +73,7 @@ CALIBRATE_S = 2.0
 # How long, at least, a fault seen only through ranks that lost a peer waits for the culprit
 # to show up (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen).
 SECONDARY_GRACE_S = 2.0
+LEASE_RENEW_S = 10.0  # the job's owner lease (controller.state.JobLock) is renewed this often
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = state_file.STATE_FILE
 EVENTS_FILE = "events.jsonl"
@@ -122,6 +123,7 @@ class Controller:
         self.stop_requested = False  # the job ends on purpose (a signal): metrics say so, alerts stay quiet
         self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
         self._linger_cut = False
+        self._lease_renewed = -LEASE_RENEW_S
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -183,6 +185,9 @@ class Controller:
             self._lock.release()
 
     async def _run_locked(self) -> int:
+        if self._lock.took_over:
+            self.event("job_lease_taken_over", previous=self._lock.took_over)
+            log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
         saved = self._open_history()
         adopt_gang = False
         if saved and JobPhase(saved["phase"]) not in TERMINAL:
@@ -409,12 +414,32 @@ class Controller:
                 self._finish(JobPhase.REQUEUED if self.requeue_planned else JobPhase.CANCELLED,
                              self.stop_reason or "stopped")
                 return
+            self._renew_lease()
             try:
                 await self._tick()
             except PlatformError as exc:
                 log.error("event=platform_error error=%s (state kept; retrying)", exc)
                 self.event("platform_error", error=str(exc))
             await asyncio.sleep(TICK_S)
+
+    def _renew_lease(self) -> None:
+        """Keep the job's lease (a shared filesystem: another host's controller may take a stale
+        one over). Lost to another controller: stop acting at once, touching neither the gang
+        nor the state (they are the new owner's). A filesystem hiccup is retried."""
+        now = self.clock()
+        if now - self._lease_renewed < LEASE_RENEW_S:
+            return
+        self._lease_renewed = now
+        try:
+            self._lock.renew()
+        except state_file.StateError as exc:
+            if not self._lock.lost:
+                log.warning("event=job_lease_renew_failed error=%s (retrying)", exc)
+                return
+            log.error("event=job_lease_lost %s: this controller stops acting on the job", self._lock.lost)
+            self.event("job_lease_lost", detail=self._lock.lost)
+            raise state_file.StateError(f"another controller took this job over ({self._lock.lost}); this one "
+                                        "stopped without touching the gang or the state") from None
 
     async def _tick(self) -> None:
         now = self.clock()
