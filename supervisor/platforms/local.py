@@ -27,8 +27,7 @@ import time
 from pathlib import Path
 
 from supervisor.files import set_aside
-from supervisor.platforms.agent_output import RANK_PREFIX, last_error, read_tail
-from supervisor.platforms.agent_output import parse as parse_agent_output
+from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import descendants, pid_alive, proc_state, start_time
 
@@ -47,8 +46,7 @@ class _Node:
         self.killed_by_us = False
         self.exit_code: int | None = None
         self.gone = False
-        self.failures = None  # parsed from the agent's log once it failed (agent_output)
-        self.output_error = ""
+        self.report: dict = {}  # what the agent's log says of its failed ranks, read once (agent.failure_fields)
         # torchrun starts every worker in a session of its own, so killing the agent's process
         # group does not reach the ranks: remember them (pid -> start time, against pid reuse)
         self.ranks: dict[int, int | None] = {}
@@ -99,26 +97,8 @@ class LocalPlatform(Platform):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.nodes = {}
         for name in spec.nodes:
-            argv = [
-                self.python, "-m", "torch.distributed.run",
-                f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}",
-                f"--nproc-per-node={spec.nproc_per_node}",
-                "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
-                # all launched agents join at once; do not wait 30 s for more that will not come
-                "--rdzv-conf=join_timeout=120,last_call_timeout=1",
-                "--max-restarts=0", "--monitor-interval=0.2",
-                # every rank's output, in the node log too, each line prefixed [rankN]: (and
-                # its last error line is how a failure is named; see agent_output)
-                "--tee=3",
-                "--no-python",  # the command is argv as given (python script.py ..., or any binary)
-                *spec.command,
-            ]
-            env = dict(os.environ) | dict(spec.env) | {
-                "SUPERVISOR_NODE": name,
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
-                "TMPDIR": str(out_dir / f"{name}-tmp"),
-                "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
-            }
+            argv = torchrun_argv(self.python, spec)
+            env = dict(os.environ) | agent_env(spec, name, out_dir / f"{name}-tmp")
             Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
             out = open(out_dir / f"{name}.log", "ab")
             try:
@@ -148,15 +128,12 @@ class LocalPlatform(Platform):
                 state = NodeState.EXITED if node.exit_code is not None else NodeState.LOST
             else:
                 state = NodeState.RUNNING
-            if node.gone and node.exit_code not in (0, None) and node.failures is None:
-                text = read_tail(self.log_dir / f"attempt-{node.attempt}" / f"{name}.log")
-                node.failures = parse_agent_output(text)
-                node.output_error = "" if node.failures else last_error(text)
             result[name] = NodeStatus(
                 name=name, attempt=node.attempt, state=state, exit_code=node.exit_code,
                 killed_by_us=node.killed_by_us, pid=node.pid,
                 stopped=not node.gone and proc_state(node.pid) == "T",
-                failures=node.failures or (), output_error=node.output_error,
+                **failure_fields(self.log_dir / f"attempt-{node.attempt}" / f"{name}.log",
+                                 node.exit_code if node.gone else None, node.report),
             )
         return result
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from supervisor.files import set_aside
+from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.platforms.clients import commands
 from supervisor.procfs import pid_alive, proc_state, start_time
@@ -140,6 +142,7 @@ class _Node:
     lost: bool = False
     gone: bool = False                  # the srun client has ended (or, adopted, the step vanished)
     cancelled_at: float | None = None
+    report: dict = field(default_factory=dict)  # the agent's account of its failed ranks, read once
 
 
 @dataclass
@@ -296,6 +299,7 @@ class SlurmPlatform(Platform):
                 killed_by_us=node.killed_by_us, pid=node.srun_pid,
                 stopped=name in self.unresponsive or (not node.gone and node.popen is not None
                                                       and proc_state(node.popen.pid) == "T"),
+                **failure_fields(node.log_path, node.exit_code if state == NodeState.EXITED else None, node.report),
             )
         return result
 
@@ -338,15 +342,8 @@ class SlurmPlatform(Platform):
             f"--job-name={self.step_name(spec.attempt, node)}", "--kill-on-bad-exit=0", "--input=none",
             "--unbuffered", *(["--overlap"] if self.overlap else []), *self.srun_args,
         ]
-        agent = [
-            self.python, "-m", "torch.distributed.run",
-            f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={spec.rdzv_id}",
-            # the host node's agent serves the rendezvous store; every other agent is its client
-            f"--rdzv-conf=join_timeout=120,last_call_timeout=1,is_host={'1' if node == host_node else '0'}",
-            "--max-restarts=0", "--monitor-interval=0.2", "--no-python",
-        ]
-        return [*srun, *agent, *spec.command]
+        # the host node's agent serves the rendezvous store; every other agent is its client
+        return [*srun, *torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)]
 
     def step_name(self, attempt: int, node: str) -> str:
         return f"sv-{self.job}-a{attempt}-{node}"
@@ -365,11 +362,7 @@ class SlurmPlatform(Platform):
             node = _Node(name, spec.attempt, self.step_name(spec.attempt, name), out_dir / f"{name}.log")
             tmp = out_dir / f"{name}-tmp"
             tmp.mkdir(parents=True, exist_ok=True)
-            env = srun_env(self.base_env, dict(spec.env) | {
-                "SUPERVISOR_NODE": name,
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
-                "TMPDIR": str(tmp),
-            })
+            env = srun_env(self.base_env, agent_env(spec, name, tmp))
             argv = self.agent_argv(spec, name, host_node)
             out = open(node.log_path, "ab")
             try:
@@ -397,14 +390,7 @@ class SlurmPlatform(Platform):
         same attempt keeps appending."""
         out_dir = self.log_dir / f"attempt-{attempt}"
         if attempt not in self._launched_attempts and out_dir.exists():
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(out_dir.stat().st_mtime))
-            n = 0
-            while True:
-                aside = out_dir.with_name(f"{out_dir.name}.before-{stamp}{f'-{n}' if n else ''}")
-                if not os.path.lexists(aside):
-                    break
-                n += 1
-            os.rename(out_dir, aside)
+            aside = set_aside(out_dir, "before", when=out_dir.stat().st_mtime)
             log.info("event=node_logs_set_aside attempt=%d old=%s (written by an earlier run of this log directory)",
                      attempt, aside)
         self._launched_attempts.add(attempt)

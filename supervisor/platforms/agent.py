@@ -1,0 +1,65 @@
+"""The node agent contract, one definition for every platform: the torchrun command line, the
+environment it runs in, and how a failed agent's own account of its ranks is read back.
+
+A node is one real ``torchrun`` agent (c10d rendezvous, ``--nnodes MIN:MAX``,
+``--max-restarts 0``: recovery is the supervisor's job) running the user's command with
+``--no-python``. Every rank's output goes to the node log too (``--tee``), each line
+prefixed ``[rankN]:``, which is also how a failure is named (:mod:`agent_output`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from supervisor.platforms.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
+from supervisor.platforms.base import LaunchSpec
+
+
+def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None
+                  ) -> list[str]:
+    """``python -m torch.distributed.run ... COMMAND`` for one node of ``spec``.
+
+    ``endpoint``: the rendezvous address this node dials (default ``spec.rdzv_endpoint``);
+    ``is_host``: whether this node's agent serves the c10d store (None: torch decides by
+    address, as on one machine).
+    """
+    conf = "join_timeout=120,last_call_timeout=1"  # every launched agent joins at once: no 30 s wait for more
+    if is_host is not None:
+        conf += f",is_host={'1' if is_host else '0'}"
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint or spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
+        f"--rdzv-conf={conf}",
+        "--max-restarts=0", "--monitor-interval=0.2",
+        "--tee=3",  # every rank's output in the node log too, each line prefixed [rankN]:
+        "--no-python",  # the command is argv as given (python script.py ..., or any binary)
+        *spec.command,
+    ]
+
+
+def agent_env(spec: LaunchSpec, node: str, tmp_dir: Path) -> dict[str, str]:
+    """What every agent adds to its environment (on top of the platform's own)."""
+    return dict(spec.env) | {
+        "SUPERVISOR_NODE": node,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
+        "TMPDIR": str(tmp_dir),
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
+    }
+
+
+def read_failures(log_path: Path) -> tuple[tuple[RankFailure, ...], str]:
+    """A failed agent's ranks as its log tells them, and the last error line when it names no rank."""
+    text = read_tail(log_path)
+    failures = parse(text)
+    return failures, "" if failures else last_error(text)
+
+
+def failure_fields(log_path: Path, state_exit_code: int | None, cache: dict) -> Mapping[str, object]:
+    """NodeStatus fields for a node whose agent ended with ``state_exit_code``, read once."""
+    if state_exit_code in (0, None):
+        return {}
+    if "failures" not in cache:
+        cache["failures"], cache["output_error"] = read_failures(log_path)
+    return {"failures": cache["failures"], "output_error": cache["output_error"]}
