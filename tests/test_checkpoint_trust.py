@@ -174,6 +174,28 @@ def test_a_reduce_payload_in_metadata_never_runs_and_the_older_checkpoint_wins(t
     assert same(params(model), at[2])
 
 
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_reduce_payload_in_a_non_tensor_entry_never_runs_and_the_older_checkpoint_wins(tmp_path, level):
+    # DCP stores non-tensor state (the optimizer's param_groups) as pickles that its planner
+    # loads with weights_only=False: a writer of the root could hide code there
+    root, marker = tmp_path / "ckpt", tmp_path / "pwned"
+    mgr, model, opt, sched, cursor = tiny_job(root, keep=10)
+    at = {}
+    for step in (1, 2, 3):
+        train_step(model, opt, sched, cursor)
+        if step == 3:  # an entry every restore reads; pickled at save time, never run
+            opt.param_groups[0]["weight_decay"] = _RunsCommand(marker)
+        mgr.save(step)
+        at[step] = params(model)
+    assert not marker.exists()
+    fresh, model2, *_ = tiny_job(root, seed=5, verify_on_restore=level)
+    res = fresh.restore()
+    assert not marker.exists(), "a non-tensor entry ran code on restore"
+    assert res.step == 2 and [s.name for s in res.skipped] == [name(3)]
+    assert "would run code" in res.skipped[0].reason and "refused without running it" in res.skipped[0].reason
+    assert same(params(model2), at[2])
+
+
 def test_checkpoint_root_is_created_private(tmp_path):
     old = os.umask(0o022)  # the usual umask: a plain mkdir would make the root world-readable
     try:

@@ -254,6 +254,8 @@ class ManifestReader(FileSystemReader):
         self.digests = digests
         self.algorithm = algorithm
         self.corrupt: str | None = None
+        self.unsafe: str | None = None
+        """Why a non-tensor entry was refused (it would have run code when unpickled)."""
         self.direct_reads = 0
         self.fallback_reads = 0
         self.verified_inline: list[str] = []
@@ -299,7 +301,18 @@ class ManifestReader(FileSystemReader):
                     if req.type == LoadItemType.BYTE_IO:
                         view = _create_file_view(stream, info.offset, info.length)
                         data = self.transforms.transform_load_stream(req, info.transform_descriptors or (), view)
-                        planner.load_bytes(req, io.BytesIO(data.read(-1)))
+                        raw = data.read(-1)
+                        # DCP's planner unpickles non-tensor entries (optimizer param_groups, ...)
+                        # with weights_only=False: only bytes that torch's weights-only loader
+                        # accepts (tensors, containers, primitives: no code) may reach it
+                        try:
+                            torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+                        except Exception as exc:  # noqa: BLE001 - any refusal is a refusal
+                            fqn = req.dest_index.fqn
+                            self.unsafe = (f"{relative_path}: entry {fqn} would run code when unpickled "
+                                           f"({type(exc).__name__}); refused without running it")[:300]
+                            raise UnsafeContentError(self.unsafe, path=str(self.path)) from None
+                        planner.load_bytes(req, io.BytesIO(raw))
                         continue
                     target = targets[i]
                     if i not in placed:

@@ -670,7 +670,8 @@ class CheckpointManager:
                 try:
                     dcp.load(app, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
                 finally:
-                    corrupt = reader.corrupt
+                    corrupt = (f"{reader.corrupt} fails its {manifest.checksum_algorithm} checksum (corrupt)"
+                               if reader.corrupt else reader.unsafe)
                 if self.optimizer is not None:
                     set_state_dict(
                         self.model, self.optimizer,
@@ -691,8 +692,7 @@ class CheckpointManager:
         if outcomes:
             bad = [o for o in outcomes if o[1]]
             if bad:
-                raise _CorruptWhileLoading(f"{bad[0][1]} fails its {manifest.checksum_algorithm} checksum (corrupt)",
-                                           path=str(ckpt_path))
+                raise _CorruptWhileLoading(bad[0][1], path=str(ckpt_path))
             raise CheckpointLoadError(outcomes[0][0], path=str(ckpt_path))
         return self._restore_rng(ckpt_path, manifest)
 
