@@ -64,6 +64,29 @@ def test_completion_means_the_training_finished(agents, outcomes, world, done):
     assert completed(nodes, outcomes, world) is done
 
 
+def test_a_lost_last_word_is_waited_for_then_the_agents_exit_0_is_taken():
+    nodes = {"a": node("a", NodeState.EXITED, 0), "b": node("b", NodeState.EXITED, 0)}
+    assert not completed(nodes, {0: F, 1: ""}, 2, waited_s=1.0, grace_s=4.0)  # rank 1's may still come
+    assert completed(nodes, {0: F, 1: ""}, 2, waited_s=4.0, grace_s=4.0)
+    assert not completed(nodes, {0: F, 1: S}, 2, waited_s=99.0, grace_s=4.0)  # a stop is never waited away
+
+
+@pytest.mark.parametrize("agents", [(OK0, OK0), (LOST, LOST)])
+def test_a_gang_that_ended_content_but_stopped_early_is_a_fault_not_silence(agents):
+    # the SDK's SIGTERM path: the ranks saved an emergency checkpoint and the script exited 0;
+    # without this the controller would wait forever for a completion that cannot come
+    nodes = {f"n{i}": node(f"n{i}", state, code) for i, (state, code) in enumerate(agents)}
+    rank_nodes = {0: "n0", 1: "n1"}
+    kw = dict(now=1.0, last_heard={}, phase_started={}, rank_nodes=rank_nodes, done_ranks={0, 1})
+    f = classify(nodes, [], **kw, stopped_ranks={0: "stop requested (SIGTERM): emergency checkpoint", 1: ""},
+                 rank_steps={0: 40, 1: 40})
+    assert (f.kind, f.ranks, f.rung, f.step) == ("stopped_early", (0, 1), RUNG_TEARDOWN, 40)
+    assert f.detail == "rank 0 stopped before its training finished: stop requested (SIGTERM): emergency checkpoint"
+    f = classify(nodes, [], **kw, stopped_ranks={0: "x", 1: "y"}, nonfinite_ranks=[1], rank_steps={1: 9})
+    assert (f.kind, f.detail) == ("nonfinite", "rank 1: non-finite loss at step 9")
+    assert classify(nodes, [], **kw) is None  # finished: completion decides
+
+
 @pytest.mark.parametrize("nodes, kind, rung, node_failure", [
     ({"a": node("a"), "b": node("b", NodeState.EXITED, -9)}, "node_lost", RUNG_TEARDOWN, True),
     ({"a": node("a"), "b": node("b", NodeState.LOST)}, "node_lost", RUNG_TEARDOWN, False),

@@ -280,3 +280,30 @@ def test_a_controller_whose_job_was_taken_over_stops_without_touching_the_gang(s
         time.sleep(0.2)
     assert len(run.rank_log(0)) > steps, "the gang must go on, for its new owner"
     assert json.loads((run.log_dir / "supervisor-state.json").read_text())["phase"] == "running"
+
+
+STOPS_EARLY = """
+import sys
+from supervisor.worker import Worker
+w = Worker.from_env().start()
+with w.step(1):
+    pass
+w.stop_requested = True  # what the SDK's SIGTERM handler does (a preemption notice to the ranks)
+w.close()                # the rank's last word: stopped before its training finished
+sys.exit(0)              # and the script exits 0, as a hand-written loop may
+"""
+
+
+def test_a_gang_that_exits_0_after_stopping_early_is_restarted_not_waited_for_forever(tmp_path):
+    script = tmp_path / "stops_early.py"
+    script.write_text(STOPS_EARLY)
+    cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", "1", "--log-dir", str(tmp_path / "logs"),
+           "--checkpoint-dir", str(tmp_path / "ckpt"), "--max-restarts", "1", "--metrics-linger", "0",
+           "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--", PYTHON, str(script)]
+    proc = subprocess.run(cmd, env=job_env(tmp_path), capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 4, proc.stderr[-3000:]  # stopped_max_restarts, not a hang and never "completed"
+    events = [json.loads(x) for x in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    faults = [e for e in events if e["event"] == "fault_detected"]
+    assert [f["kind"] for f in faults] == ["stopped_early", "stopped_early"]
+    assert "stopped before its training finished: stop requested (SIGTERM)" in faults[0]["detail"]
+    assert not [e for e in events if e["event"] == "job_finished" and e["phase"] == "completed"]

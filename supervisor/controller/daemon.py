@@ -57,6 +57,7 @@ from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_s
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
+    OUTCOME_STOPPED,
     REJECT_STALE_ATTEMPT,
     ControlSequencer,
     ProtocolError,
@@ -124,6 +125,7 @@ class Controller:
         self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
         self._linger_cut = False
         self._lease_renewed = -LEASE_RENEW_S
+        self._agents_ended_at: float | None = None  # when no agent of the gang was running any more
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -447,7 +449,19 @@ class Controller:
         self._poll_checkpoints()
         reg = self.registry
         world = reg.world_size
-        if completed(self.node_status, {r: rec.hb.outcome for r, rec in reg.ranks.items()}, world):
+        if self.node_status and all(n.state != NodeState.RUNNING for n in self.node_status.values()):
+            self._agents_ended_at = self._agents_ended_at or now
+        else:
+            self._agents_ended_at = None
+        outcomes = {r: rec.hb.outcome for r, rec in reg.ranks.items()}
+        if completed(self.node_status, outcomes, world, waited_s=now - (self._agents_ended_at or now),
+                     # less than the heartbeat timeout: a rank silent that long would read as dead
+                     grace_s=self.cfg.heartbeat.timeout_s / 2):
+            missing = sorted(set(range(world)) - {r for r, o in outcomes.items() if o}) if outcomes else []
+            if missing:
+                log.warning("event=last_words_missing ranks=%s every agent exited 0; taking their word", missing)
+                self.event("last_words_missing", ranks=missing,
+                           detail="every agent exited 0 but these ranks' last heartbeat never arrived")
             if not reg.ranks:
                 log.warning("event=no_heartbeats the command ended without a heartbeat from any rank: it never "
                             "started the worker SDK, so nothing about its training was watched or verified")
@@ -481,6 +495,7 @@ class Controller:
             failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
             rank_steps=self._rank_steps(),
             nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
+            stopped_ranks={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.outcome == OUTCOME_STOPPED},
         )
         if fault is not None and fault.secondary:
             # only ranks that lost a peer have failed so far: give the culprit's node a moment

@@ -78,7 +78,7 @@ RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 1, 2, 3
 # Rank exit codes the SDK and the example use (supervisor.protocol defines them once).
 _EXIT_KINDS = {EXIT_CRASH: "crash", EXIT_NONFINITE: "nonfinite", EXIT_PREEMPTED: "preempted"}
 # Every fault kind a restart can carry (the label values of supervisor_restarts_total{reason}).
-FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", "crash", "nonfinite", "preempted",
+FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", "crash", "nonfinite", "preempted", "stopped_early",
                *(k.value for k in Kind if k != Kind.NONFINITE))
 # Failures that repeat the same way before the first step are a broken job, not bad luck.
 _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
@@ -103,15 +103,20 @@ class Fault:
                 "rung": self.rung, "node_failure": self.node_failure}
 
 
-def completed(nodes: Mapping[str, NodeStatus], outcomes: Mapping[int, str], world_size: int) -> bool:
+def completed(nodes: Mapping[str, NodeStatus], outcomes: Mapping[int, str], world_size: int, *,
+              waited_s: float = 0.0, grace_s: float = 0.0) -> bool:
     """Whether the job finished its work: never on a guess, never on an early stop.
 
-    ``outcomes`` holds each rank's last word (:data:`~supervisor.protocol.OUTCOMES`; "" for a
-    rank that has not closed its SDK). Completed when no agent runs, none failed, no rank
-    stopped early, and either every agent exited 0 or (adopted agents, whose exit codes are
-    unknown) every rank of the world said its training finished. Whatever order the agents'
+    ``outcomes`` holds the last word of every rank heard from (:data:`~supervisor.protocol.
+    OUTCOMES`; "" for one that has not closed its SDK). Completed when no agent runs, none
+    failed, no rank stopped early, and every rank of the world said its training finished,
+    with every agent exited 0 (or, adopted, exit codes unknown). Whatever order the agents'
     exits and the ranks' last heartbeats arrive in, the answer is the same once both are in:
-    ranks done but agents still running is "not yet"; an agent that failed is a fault.
+    ranks done but agents running is "not yet"; an agent that failed is a fault.
+
+    Two allowances: a command that never started the SDK (no rank heard: the agents' exit 0
+    is all there is), and a last heartbeat lost on the way (UDP) once every agent exited 0:
+    after ``grace_s`` (``waited_s`` since the last agent ended) the agents' word is taken.
     """
     if not nodes or any(n.state == NodeState.RUNNING for n in nodes.values()):
         return False
@@ -119,9 +124,29 @@ def completed(nodes: Mapping[str, NodeStatus], outcomes: Mapping[int, str], worl
         return False
     if any(o == OUTCOME_STOPPED for o in outcomes.values()):
         return False
-    if all(n.state == NodeState.EXITED for n in nodes.values()):
-        return True  # every agent exited 0 (torchrun: every worker exited 0)
-    return world_size > 0 and len(outcomes) == world_size and all(o == OUTCOME_FINISHED for o in outcomes.values())
+    every_rank_finished = (world_size > 0 and len(outcomes) == world_size
+                           and all(o == OUTCOME_FINISHED for o in outcomes.values()))
+    if all(n.state == NodeState.EXITED for n in nodes.values()):  # every agent exited 0
+        return every_rank_finished or not outcomes or waited_s >= grace_s
+    return every_rank_finished
+
+
+def stopped_early(nodes: Mapping[str, NodeStatus], stopped: Mapping[int, str], rank_nodes: Mapping[int, str],
+                  nonfinite: Iterable[int], steps: Mapping[int, int], now: float) -> "Fault | None":
+    """The gang ended (no agent runs) with every agent content but some rank's training stopped
+    early (its SDK said so: a non-finite loss, a stop request): not completion, and not nothing
+    either; a fault the ladder restarts from the newest verified checkpoint."""
+    if not stopped or not nodes or any(n.state == NodeState.RUNNING for n in nodes.values()):
+        return None
+    bad = sorted(set(nonfinite))
+    if bad:
+        r = bad[0]
+        return Fault("nonfinite", (r,), (rank_nodes.get(r, ""),), f"rank {r}: non-finite loss at step "
+                     f"{steps.get(r, '?')}", RUNG_TEARDOWN, False, now, step=steps.get(r))
+    r = min(stopped)
+    return Fault("stopped_early", tuple(sorted(stopped)), tuple(sorted({rank_nodes.get(x, "") for x in stopped} - {""})),
+                 f"rank {r} stopped before its training finished: {stopped[r] or 'no reason given'}"[:400],
+                 RUNG_TEARDOWN, False, now, step=steps.get(r))
 
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 7: "SIGBUS", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -157,6 +182,7 @@ def classify(
     failed_errors: Mapping[int, str] | None = None,
     rank_steps: Mapping[int, int] | None = None,
     nonfinite_ranks: Iterable[int] = (),
+    stopped_ranks: Mapping[int, str] | None = None,
 ) -> Fault | None:
     """The fault to act on now, if any. Node failures win over findings (the gang is broken).
 
@@ -238,7 +264,9 @@ def classify(
         # node died or froze, so no agent exit tells of it): name it
         findings = silent_culprits
     if not findings:
-        return None
+        # every agent ended content, yet a rank's training stopped early: say so (never a silent
+        # nothing: the controller would wait forever for a completion that cannot come)
+        return stopped_early(nodes, stopped_ranks or {}, rank_nodes, nonfinite, steps, now)
     # Prefer named culprits; among them, the silent ones (they cannot be aborted).
     order = {Kind.DEAD: 0, Kind.NOT_STARTED: 1, Kind.COLLECTIVE_HANG: 2, Kind.HANG: 3, Kind.DATA_STALL: 4,
              Kind.CHECKPOINT_STALL: 5, Kind.STARTUP_STALL: 6}
