@@ -292,3 +292,16 @@ def test_prune_leaves_a_symlinked_in_flight_directory_alone(tmp_path):
     assert [s.name for s in result.skipped] == [link.name] and "symlink" in result.skipped[0].reason
     assert result.removed_partial == [] and result.removed == [name(1)]
     assert link.is_symlink() and (victim / "data.bin").read_bytes() == b"x" * 100
+
+
+def test_the_jobs_own_pruning_never_counts_the_supervisors_suspects(tmp_path):
+    root = tmp_path / "ckpt"
+    three_steps(root)  # step 3 verifies in full, but the supervisor holds it suspect
+    mgr, model, opt, sched, cursor = tiny_job(root, seed=5, keep=2)
+    assert mgr.restore(exclude=[name(3)]).step == 2
+    train_step(model, opt, sched, cursor)
+    mgr.save(3)  # published as step-3's next generation
+    left = [c.name for c in candidates(root)]
+    # counted toward keep=2: the new save and step 2, the checkpoint this job restored from;
+    # the suspect stays as evidence and step 1 goes
+    assert name(2) in left and name(3) in left and name(1) not in left, left

@@ -221,9 +221,19 @@ def test_progress_guard_and_max_restarts():
 def test_a_checkpoint_is_suspect_only_on_evidence_about_it(reports, suspects, pick):
     h = History()
     for report in reports:
-        d = plan_next(history=h, fault=fault("dead"), **PLAN | {"report": report, "guard_attempts": 10})
+        d = plan_next(history=h, fault=fault("hang"), **PLAN | {"report": report, "guard_attempts": 10})
     assert h.suspects == suspects and d.restore_from == pick and d.require_checkpoint
     assert all(h.suspect_why[n] for n in suspects)
+
+
+@pytest.mark.parametrize("kind", ["node_lost", "rank_killed", "dead", "preempted", "nonfinite"])
+def test_failures_the_restored_state_cannot_have_caused_never_make_it_suspect(kind):
+    h = History()
+    no_step = RestoreReport(state="restored", restored=C20)
+    for _ in range(3):
+        d = plan_next(history=h, fault=Fault(kind, (1,), ("b",), "x", RUNG_TEARDOWN, False, 0.0, step=21),
+                      **PLAN | {"report": no_step, "guard_attempts": 10, "skip_batches": 5, "nonfinite_window": 0})
+    assert h.suspects == [] and d.restore_from == C20
 
 
 def test_no_usable_checkpoint_stops_instead_of_training_from_scratch():

@@ -541,6 +541,8 @@ class CheckpointManager:
         self._wait_previous()
         skipped: list[Skipped] = []
         excluded = set(exclude)
+        # the supervisor's suspects are kept as evidence: this process's pruning never counts them
+        self._known_bad.update(excluded)
         overwritten: str | None = None
         explicit = Path(path) if path is not None and self.rank == 0 else None
         preferred = prefer if self.rank == 0 and prefer and prefer not in excluded else None

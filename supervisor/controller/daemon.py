@@ -33,6 +33,7 @@ from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller import preflight
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
+from supervisor.files import set_aside
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     EXIT_CODES,
@@ -126,6 +127,8 @@ class Controller:
         self._linger_cut = False
         self._lease_renewed = -LEASE_RENEW_S
         self._agents_ended_at: float | None = None  # when no agent of the gang was running any more
+        self._pending_stop: tuple[JobPhase, str] | None = None
+        self._lease_lost_told = False  # a verdict to give once the gang is torn down
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -211,7 +214,7 @@ class Controller:
             if adopt_gang:
                 self._adopt(saved)
             else:
-                self._preflight()
+                await self._preflight()
                 await self._first_launch(saved)
             self.ready = True
             await self._reconcile_loop()
@@ -238,8 +241,10 @@ class Controller:
 
     def request_stop(self, sig: int) -> None:
         """Tear the gang down (SIGTERM, restart.kill_grace_s: ranks write an emergency checkpoint) and exit."""
-        if self._stop.is_set():
-            self._linger_cut = True  # a second signal: do not wait for a last scrape either
+        if self._stop.is_set() or self.phase in TERMINAL:
+            # a second signal, or one after the job ended: the verdict stands; only the wait
+            # for a last scrape is cut short
+            self._linger_cut = True
             return
         log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
@@ -268,6 +273,14 @@ class Controller:
                                  "again and verified by the ranks")
             return None
         if saved is not None and saved["job"] != self.cfg.job:
+            if not self.fresh and JobPhase(saved["phase"]) not in TERMINAL:
+                # its gang may be running: never leave it neither adopted nor stopped
+                raise state_file.StateError(
+                    f"{self.log_dir} holds the state of another job ({saved['job']!r}, phase {saved['phase']}), whose "
+                    f"gang may still be running: give this job ({self.cfg.job!r}) its own --log-dir, or use --fresh "
+                    "to stop what is left of that job and start this one here")
+            if self.fresh and JobPhase(saved["phase"]) not in TERMINAL:
+                self._stop_strays()
             where = state_file.archive(self.state_path, f"job-{saved['job'][:40]}")
             log.warning("event=state_file_of_another_job job=%s archived=%s", saved["job"], where)
             saved = None
@@ -276,10 +289,14 @@ class Controller:
                 self.event("run_started", run=1, inherited="nothing (no previous run in this log directory)")
             return None
         phase = JobPhase(saved["phase"])
-        if self.fresh or phase in TERMINAL:
+        # a planned requeue is the same run going on in a new allocation: its history continues
+        if self.fresh or (phase in TERMINAL and phase != JobPhase.REQUEUED):
             if self.fresh and phase not in TERMINAL:
                 self._stop_strays()
             where = state_file.archive(self.state_path, f"run{saved.get('run', 1)}")
+            ranks_dir = self.log_dir / "ranks"
+            if ranks_dir.exists():  # the ranks' own logs (steps, stacks) are that run's evidence too
+                set_aside(ranks_dir, f"run{saved.get('run', 1)}")
             self.run_no = int(saved.get("run", 1)) + 1
             self.event("run_started", run=self.run_no, fresh=self.fresh,
                        previous_run={"phase": saved["phase"], "attempt": saved["attempt"],
@@ -292,6 +309,9 @@ class Controller:
             return None
         self.run_no = int(saved.get("run", 1))
         self.run_started = float(saved.get("run_started", time.time()))
+        if phase == JobPhase.REQUEUED:
+            self.event("requeue_resumed", run=self.run_no, attempt=saved["attempt"],
+                       detail="the requeued job continues its run's history from the newest verified checkpoint")
         if saved.get("ckpt_root"):
             self.ckpt_root = Path(saved["ckpt_root"])
         return saved
@@ -339,10 +359,12 @@ class Controller:
                 self.event("http_port_changed", old=port, reason=str(exc))
         raise AssertionError("unreachable")
 
-    def _preflight(self) -> None:
-        """The commonest mistakes as one clear line before anything is launched."""
+    async def _preflight(self) -> None:
+        """The commonest mistakes as one clear line before anything is launched (off the loop:
+        the interpreter probe may take seconds)."""
         try:
-            warnings = preflight.check(self.cfg.command, dict(os.environ) | dict(self.cfg.env), self.ckpt_root)
+            warnings = await asyncio.to_thread(preflight.check, self.cfg.command,
+                                               dict(os.environ) | dict(self.cfg.env), self.ckpt_root)
         except preflight.PreflightError as exc:
             self.event("preflight_failed", error=str(exc))
             raise state_file.StateError(str(exc)) from None
@@ -408,6 +430,7 @@ class Controller:
             if self._stop.is_set():
                 # stopped on purpose: the ranks get kill_grace_s to write their emergency checkpoint
                 before = self.latest_ckpt["step"] if self.latest_ckpt else -1
+                self._check_lease()
                 await self.platform.teardown(self.cfg.restart.kill_grace_s)
                 self._poll_checkpoints(force=True)
                 if self.latest_ckpt and self.latest_ckpt["step"] > before:
@@ -427,7 +450,9 @@ class Controller:
     def _renew_lease(self) -> None:
         """Keep the job's lease (a shared filesystem: another host's controller may take a stale
         one over). Lost to another controller: stop acting at once, touching neither the gang
-        nor the state (they are the new owner's). A filesystem hiccup is retried."""
+        nor the state (they are the new owner's). A filesystem hiccup is retried. The lease's
+        own thread may find it lost between renewals: checked on every call."""
+        self._check_lease()
         now = self.clock()
         if now - self._lease_renewed < LEASE_RENEW_S:
             return
@@ -438,10 +463,17 @@ class Controller:
             if not self._lock.lost:
                 log.warning("event=job_lease_renew_failed error=%s (retrying)", exc)
                 return
+            self._check_lease()
+
+    def _check_lease(self) -> None:
+        if not self._lock.lost:
+            return
+        if not self._lease_lost_told:
+            self._lease_lost_told = True
             log.error("event=job_lease_lost %s: this controller stops acting on the job", self._lock.lost)
             self.event("job_lease_lost", detail=self._lock.lost)
-            raise state_file.StateError(f"another controller took this job over ({self._lock.lost}); this one "
-                                        "stopped without touching the gang or the state") from None
+        raise state_file.StateError(f"another controller took this job over ({self._lock.lost}); this one "
+                                    "stopped without touching the gang or the state")
 
     async def _tick(self) -> None:
         now = self.clock()
@@ -472,6 +504,14 @@ class Controller:
                 self._finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
             return
         self._track_progress(now)
+        if self._pending_stop is not None:
+            phase, reason = self._pending_stop
+            self.event("action", attempt=self.attempt, action="tear_down", reason=reason[:200])
+            await self.platform.teardown(self.cfg.restart.teardown_grace_s)
+            self._finish(phase, reason)
+            return
+        if self.phase in TERMINAL:
+            return
         if now - self._last_calibration >= CALIBRATE_S:
             # step-time statistics move slowly: every few seconds is enough, and at 16k ranks
             # recomputing them on every tick would cost more than the detectors themselves
@@ -575,8 +615,9 @@ class Controller:
             self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
         elif verdict == "conflict":
             self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
-            self._finish(JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the same "
-                                          "--checkpoint-dir to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)")
+            # the gang is torn down before the verdict (_tick): nothing may keep training unwatched
+            self._pending_stop = (JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the "
+                                  "same --checkpoint-dir to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)")
             return
         self.restored = report.restored
         refused = {n: why for n, why in report.refused}
@@ -633,6 +674,7 @@ class Controller:
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self, fault: Fault) -> None:
+        self._check_lease()
         now = self.clock()
         self.phase = JobPhase.RECOVERING
         self.active_hang = fault
@@ -665,6 +707,7 @@ class Controller:
                 self.event("action", attempt=self.attempt, action="kill_node", node=node, reason=fault.kind)
                 await self.platform.kill_node(node)
         self.event("action", attempt=self.attempt, action="tear_down", reason=fault.kind)
+        self._check_lease()
         await self.platform.teardown(self.cfg.restart.teardown_grace_s)
         timer.torn_down_at = self.clock()
         if not fault.node_failure:
@@ -755,6 +798,7 @@ class Controller:
         self.event("evidence_saved", attempt=self.attempt, path=str(path))
 
     async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
+        self._check_lease()
         self.nodes = nodes
         self.restore_from = restore_from
         parsed = parse_name(restore_from) if restore_from else None  # verify() ties a name to its step
@@ -867,6 +911,7 @@ class Controller:
             f.write(json.dumps(rec, default=str) + "\n")
 
     def _save_state(self) -> None:
+        self._check_lease()  # the state is the new owner's once the lease is lost
         state_file.save(self.state_path, {
             "job": self.cfg.job, "phase": self.phase.value, "attempt": self.attempt, "nodes": self.nodes,
             "restore_from": self.restore_from, "restored": self.restored, "restored_step": self.restored_step,

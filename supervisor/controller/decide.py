@@ -82,6 +82,8 @@ FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", "crash", "
                *(k.value for k in Kind if k != Kind.NONFINITE))
 # Failures that repeat the same way before the first step are a broken job, not bad luck.
 _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
+# Failures after a restore and before a step that may be the restored state's doing.
+_LOAD_IMPLICATING = _STARTUP_KINDS | {"startup_stall", "hang", "collective_hang"}
 
 
 @dataclass(frozen=True)
@@ -468,7 +470,10 @@ def plan_next(
       (``STOPPED_STARTUP_FAILURE``) instead of spending the restart budget on it.
     """
     note_refusals(history, report)
-    if report.state == "restored" and report.restored and not report.stepped:
+    # only a failure the restored state could have caused speaks against it: a lost or killed
+    # node, a preemption, a silent rank or a non-finite loss (its step ran: the load worked) do not
+    if (report.state == "restored" and report.restored and not report.stepped
+            and fault.kind in _LOAD_IMPLICATING):
         name = report.restored
         history.no_step_after[name] = history.no_step_after.get(name, 0) + 1
         if history.no_step_after[name] >= 2 and name not in history.suspects:

@@ -38,9 +38,12 @@ def check(command: Sequence[str], env: Mapping[str, str], checkpoint_root: Path)
         try:
             probe = subprocess.run([resolved, "-c", _PROBE], env=dict(env), capture_output=True, text=True,
                                    timeout=30, stdin=subprocess.DEVNULL)
-            missing = probe.stdout.split() if probe.returncode == 0 else []
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise PreflightError(f"preflight: {resolved} does not run: {exc}") from None
+        if probe.returncode != 0:
+            tail = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+            raise PreflightError(f"preflight: the job's interpreter {resolved} fails to start: {tail}"[:400])
+        missing = probe.stdout.split()
         if "torch" in missing:
             raise PreflightError(
                 f"preflight: the job's interpreter {resolved} cannot import torch, so every rank would fail with "
