@@ -307,3 +307,23 @@ def test_a_gang_that_exits_0_after_stopping_early_is_restarted_not_waited_for_fo
     assert [f["kind"] for f in faults] == ["stopped_early", "stopped_early"]
     assert "stopped before its training finished: stop requested (SIGTERM)" in faults[0]["detail"]
     assert not [e for e in events if e["event"] == "job_finished" and e["phase"] == "completed"]
+
+
+def test_fresh_over_a_live_run_stops_its_gang_first(supervisor_run):
+    from supervisor.procfs import pid_alive
+
+    run = supervisor_run(["--steps", "400", "--checkpoint-every", "50", "--step-sleep", "0.1"])
+    run.wait_event("running")
+    old = json.loads((run.log_dir / "supervisor-state.json").read_text())["platform"]["nodes"]
+    os.kill(run.proc.pid, signal.SIGKILL)  # the controller dies; its gang trains on
+    run.proc.wait()
+    assert all(pid_alive(n["pid"]) for n in old.values())
+    run.cmd = run.cmd[:4] + ["--fresh"] + run.cmd[4:]
+    run.start()
+    started = run.wait_event("run_started", run=2)
+    # on this machine its processes are found by their environment; elsewhere (Slurm steps on
+    # other nodes) the platform adopts and tears down what the old state names
+    assert run.events("strays_killed") or run.events("old_gang_stopped")
+    assert started["fresh"] is True and started["previous_run"]["phase"] == "running"
+    run.wait_event("launched", run=2)
+    assert not any(pid_alive(n["pid"]) for n in old.values())  # nothing of the old gang trains beside the new

@@ -50,6 +50,7 @@ from supervisor.controller.decide import (
     completed,
     gang_size,
     note_refusals,
+    pick_checkpoint,
     plan_next,
     restore_report,
     root_verdict,
@@ -128,7 +129,8 @@ class Controller:
         self._lease_renewed = -LEASE_RENEW_S
         self._agents_ended_at: float | None = None  # when no agent of the gang was running any more
         self._pending_stop: tuple[JobPhase, str] | None = None
-        self._lease_lost_told = False  # a verdict to give once the gang is torn down
+        self._lease_lost_told = False
+        self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform  # a verdict to give once the gang is torn down
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
@@ -194,6 +196,12 @@ class Controller:
             self.event("job_lease_taken_over", previous=self._lock.took_over)
             log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
         saved = self._open_history()
+        if self._old_gang is not None:
+            old = self._old_gang
+            if await self.platform.adopt(old.get("platform", {}), int(old["attempt"])):
+                self.event("old_gang_stopped", attempt=old["attempt"], detail="--fresh: what was left of the previous "
+                           "run's gang, through the platform")
+                await self.platform.teardown(self.cfg.restart.kill_grace_s)
         adopt_gang = False
         if saved and JobPhase(saved["phase"]) not in TERMINAL:
             adopt_gang = await self.platform.adopt(saved.get("platform", {}), int(saved["attempt"]))
@@ -293,6 +301,7 @@ class Controller:
         if self.fresh or (phase in TERMINAL and phase != JobPhase.REQUEUED):
             if self.fresh and phase not in TERMINAL:
                 self._stop_strays()
+                self._old_gang = saved  # stopped through the platform too (Slurm steps on other nodes)
             where = state_file.archive(self.state_path, f"run{saved.get('run', 1)}")
             ranks_dir = self.log_dir / "ranks"
             if ranks_dir.exists():  # the ranks' own logs (steps, stacks) are that run's evidence too
@@ -395,14 +404,9 @@ class Controller:
                          f"accepts (world_sizes={list(n.world_sizes)}, multiple of {n.world_size_multiple_of})")
             return
         self._poll_checkpoints(force=True)
-        usable = self._usable_checkpoints()
-        if usable:
-            self.history.had_checkpoint = True
-        pick = next((c for c in usable if c not in self.history.suspects), None)
-        if pick is None and self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start:
-            self._finish(JobPhase.STOPPED_NO_CHECKPOINT,
-                         f"every checkpoint of this run is suspect ({', '.join(self.history.suspects)}); refusing to "
-                         "train from scratch (allow it with restart.allow_fresh_start / --allow-fresh-start)")
+        pick = pick_checkpoint(self._usable_checkpoints(), self.history, self.cfg.restart.allow_fresh_start)
+        if isinstance(pick, Stop):
+            self._finish(pick.phase, pick.reason)
             return
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
         await self._launch(slots[:size], pick)

@@ -424,6 +424,23 @@ def gang_size(available: int, nodes_min: int, nodes_max: int, nproc_per_node: in
     return None
 
 
+def pick_checkpoint(checkpoints: list[str], history: History, allow_fresh_start: bool) -> str | None | Stop:
+    """The checkpoint to resume from: the newest of ``checkpoints`` (those that verify, newest
+    first) that is not suspect; None for a fresh start, allowed only for a job that never had a
+    checkpoint (or when the operator allowed it); else a Stop in ``STOPPED_NO_CHECKPOINT``."""
+    if checkpoints:
+        history.had_checkpoint = True
+    pick = next((c for c in checkpoints if c not in history.suspects), None)
+    if pick is None and history.had_checkpoint and not allow_fresh_start:
+        why = ("; ".join(f"{n}: {history.suspect_why.get(n, 'suspect')}" for n in history.suspects)
+               or "none is left that verifies")
+        return Stop(JobPhase.STOPPED_NO_CHECKPOINT,
+                    f"no usable checkpoint is left ({why}); refusing to train from scratch. Inspect them with "
+                    "`supervisor checkpoints verify --full`, then run again (a new run starts a new history) or "
+                    "allow a fresh start explicitly (restart.allow_fresh_start / --allow-fresh-start)")
+    return pick
+
+
 def plan_next(
     *,
     history: History,
@@ -480,8 +497,6 @@ def plan_next(
             history.suspects.append(name)
             history.suspect_why[name] = (f"{history.no_step_after[name]} attempts restored it and none "
                                          "completed a step after it")
-    if checkpoints:
-        history.had_checkpoint = True
     newly: list[str] = []
     if fault.node_failure:
         for node in fault.nodes:
@@ -524,13 +539,9 @@ def plan_next(
     if len(healthy) < nodes_min:
         return Stop(JobPhase.STOPPED_NO_CAPACITY,
                     f"{len(healthy)} healthy node slots left, nodes.min is {nodes_min} (excluded: {history.excluded})")
-    pick = next((c for c in checkpoints if c not in history.suspects), None)
-    if pick is None and history.had_checkpoint and not allow_fresh_start:
-        why = "; ".join(f"{n}: {history.suspect_why.get(n, 'suspect')}" for n in history.suspects) or "none verifies"
-        return Stop(JobPhase.STOPPED_NO_CHECKPOINT,
-                    f"no usable checkpoint is left ({why}); refusing to train from scratch. Inspect them with "
-                    "`supervisor checkpoints verify --full`, then run again (a new run starts a new history) or "
-                    "allow a fresh start explicitly (restart.allow_fresh_start / --allow-fresh-start)")
+    pick = pick_checkpoint(checkpoints, history, allow_fresh_start)
+    if isinstance(pick, Stop):
+        return pick
     size = gang_size(len(healthy), nodes_min, nodes_max, nproc_per_node, world_sizes, world_size_multiple_of)
     if size is None:
         return Stop(JobPhase.STOPPED_NO_CAPACITY,
