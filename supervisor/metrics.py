@@ -149,6 +149,10 @@ def take_snapshot(c: "Controller", state: MetricsState) -> Snapshot:
             hang_culprits.append((r, rec.hb.node if rec is not None else ",".join(hang.nodes)))
     t = c.current_timer
     ck = c.latest_ckpt
+    # every checkpoint the controller saw published, not only the one current at this scrape
+    # (two saves between scrapes would otherwise hide an interval)
+    for created in list(getattr(c, "checkpoint_times", ())):
+        state.observe_checkpoint(created)
     state.observe_checkpoint(ck["created_unix"] if ck else None)
     step_rate = c.step_rate() if callable(getattr(c, "step_rate", None)) else 0.0
     stop_requested = getattr(c, "stop_requested", None)

@@ -17,6 +17,7 @@ controller leaves training untouched. One controller per job: ``LOG_DIR/supervis
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -130,6 +131,7 @@ class Controller:
         self._agents_ended_at: float | None = None  # when no agent of the gang was running any more
         self._pending_stop: tuple[JobPhase, str] | None = None
         self._lease_lost_told = False
+        self.checkpoint_times: collections.deque[float] = collections.deque(maxlen=8)  # metrics: the interval
         self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform  # a verdict to give once the gang is torn down
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
@@ -658,6 +660,7 @@ class Controller:
         self.history.had_checkpoint = True
         if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
             self.event("checkpoint_complete", name=found.name, step=found.step)
+            self.checkpoint_times.append(found.manifest.created_unix)
         self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
                             "writer_world_size": found.manifest.writer_world_size}
 
