@@ -1,4 +1,5 @@
-"""Small real checkpoints written by the library in this process (no mocks)."""
+"""Small real checkpoints written by the library in this process (no mocks), and a platform
+that runs nothing for controller tests that drive the controller's state directly."""
 
 from __future__ import annotations
 
@@ -37,3 +38,39 @@ def make_checkpoints(root: Path, steps=(1, 2, 3), **kw) -> CheckpointManager:
         if step in steps:
             mgr.save(step)
     return mgr
+
+
+def flip_inside_tensor(ckpt: Path, tensor: torch.Tensor) -> None:
+    """Bit rot: one byte in the middle of ``tensor``'s raw bytes in the checkpoint's data files;
+    every size stays the same (only a checksum can tell)."""
+    raw = tensor.detach().contiguous().numpy().tobytes()
+    for shard in ckpt.glob("*.distcp"):
+        data = bytearray(shard.read_bytes())
+        at = data.find(raw)
+        if at >= 0:
+            data[at + len(raw) // 2] ^= 0x01
+            shard.write_bytes(bytes(data))
+            return
+    raise AssertionError("tensor bytes not found in any shard")
+
+
+def no_platform(slots: list[str] | None = None):
+    """A Platform with the given slots that launches and observes nothing."""
+    from supervisor.platforms.base import NodeStatus, Platform
+
+    class NoPlatform(Platform):
+        kind = "none"
+
+        async def launch(self, spec) -> None: ...
+
+        async def observe(self) -> dict[str, NodeStatus]:
+            return {}
+
+        async def kill_node(self, name: str) -> None: ...
+
+        async def teardown(self, grace_s: float) -> None: ...
+
+        def slots(self) -> list[str]:
+            return list(slots or [])
+
+    return NoPlatform()

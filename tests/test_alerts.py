@@ -137,27 +137,12 @@ def real_exposition(tmp_path: Path) -> str:
     from supervisor.controller.daemon import Controller
     from supervisor.controller.decide import Fault, RestartTimer
     from supervisor.metrics import make_registry
-    from supervisor.platforms.base import NodeStatus, Platform
+    from helpers import no_platform
     from supervisor.protocol import Heartbeat
-
-    class NoPlatform(Platform):
-        kind = "none"
-
-        async def launch(self, spec) -> None: ...
-
-        async def observe(self) -> dict[str, NodeStatus]:
-            return {}
-
-        async def kill_node(self, name: str) -> None: ...
-
-        async def teardown(self, grace_s: float) -> None: ...
-
-        def slots(self) -> list[str]:
-            return ["node0", "node1"]
 
     cfg = from_dict({"command": ["python", "x.py"], "job": "j", "nodes": {"min": 2, "max": 2},
                      "log_dir": str(tmp_path / "logs"), "checkpoint_dir": str(tmp_path / "ckpt")})
-    c = Controller(cfg, NoPlatform(), clock=lambda: 1000.0)
+    c = Controller(cfg, no_platform(["node0", "node1"]), clock=lambda: 1000.0)
     c.registry.reset(0, 2)
     for rank in (0, 1):
         c.registry.observe(Heartbeat(job="j", attempt=0, rank=rank, world_size=2, seq=1, step=7, phase="compute",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import make_checkpoints, tiny_job, train_step
+from helpers import flip_inside_tensor, make_checkpoints, tiny_job, train_step
 from supervisor.checkpoint import CheckpointLoadError, latest_complete, prune, read_manifest
 from supervisor.checkpoint.checksum import hash_file
 from supervisor.checkpoint.discovery import candidates
@@ -32,17 +32,6 @@ def same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def flip_inside_tensor(ckpt: Path, tensor: torch.Tensor) -> None:
-    """Bit rot: one byte in the middle of ``tensor``'s raw bytes; every size stays the same."""
-    raw = tensor.detach().contiguous().numpy().tobytes()
-    for shard in ckpt.glob("*.distcp"):
-        data = bytearray(shard.read_bytes())
-        at = data.find(raw)
-        if at >= 0:
-            data[at + len(raw) // 2] ^= 0x01
-            shard.write_bytes(bytes(data))
-            return
-    raise AssertionError("tensor bytes not found in any shard")
 
 
 def forge_metadata(ckpt: Path, payload: bytes) -> None:

@@ -23,38 +23,22 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers import no_platform
 from supervisor import metrics as sv_metrics
 from supervisor.config import ConfigError, from_dict
 from supervisor.controller.daemon import Controller
 from supervisor.controller.decide import Fault, JobPhase
 from supervisor.health import Kind
 from supervisor.metrics import WORST_RANKS, make_registry
-from supervisor.platforms.base import NodeStatus, Platform
 from supervisor.protocol import PHASES, REJECT_REASONS, Heartbeat
 
 NOW = 10_000.0
 TIMEOUT_S = 5.0  # heartbeat.timeout_s default
 
 
-class NoPlatform(Platform):
-    kind = "none"
-
-    async def launch(self, spec) -> None: ...
-
-    async def observe(self) -> dict[str, NodeStatus]:
-        return {}
-
-    async def kill_node(self, name: str) -> None: ...
-
-    async def teardown(self, grace_s: float) -> None: ...
-
-    def slots(self) -> list[str]:
-        return []
-
-
 def make_controller(tmp_path, **cfg) -> Controller:
     c = Controller(from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "logs"),
-                              "checkpoint_dir": str(tmp_path / "ckpt")} | cfg), NoPlatform(), clock=lambda: NOW)
+                              "checkpoint_dir": str(tmp_path / "ckpt")} | cfg), no_platform(), clock=lambda: NOW)
     return c
 
 

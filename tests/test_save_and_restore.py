@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import make_checkpoints, tiny_job, train_step
+from helpers import flip_inside_tensor, make_checkpoints, tiny_job, train_step
 from supervisor.checkpoint import (
     CheckpointLoadError,
     CheckpointSaveError,
@@ -107,17 +107,6 @@ def test_restore_falls_back_past_a_corrupt_newest(tmp_path):
     assert [s.name for s in res.skipped] == ["step-0000000002"] and "checksum" in res.skipped[0].reason
 
 
-def flip_inside_tensor(ckpt: Path, tensor: torch.Tensor) -> None:
-    """Flip one byte in the middle of ``tensor``'s raw bytes inside the checkpoint's data files."""
-    raw = tensor.detach().contiguous().numpy().tobytes()
-    for shard in ckpt.glob("*.distcp"):
-        data = bytearray(shard.read_bytes())
-        at = data.find(raw)
-        if at >= 0:
-            data[at + len(raw) // 2] ^= 0x01
-            shard.write_bytes(bytes(data))
-            return
-    raise AssertionError("tensor bytes not found in any shard")
 
 
 def test_a_flipped_bit_inside_a_tensor_is_caught_while_loading_and_the_older_checkpoint_wins(tmp_path):
