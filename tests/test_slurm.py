@@ -494,3 +494,16 @@ def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path
         assert log.read_text().count("event=worker_started") <= 1, log
     assert list((job.log_dir / "slurm").glob("attempt-0.before-*/n1.log"))
     assert_same_path(job.losses(), control, exact=False)  # 3 ranks: see the SIGSTOP test
+
+
+def test_a_drilled_node_kill_on_slurm_is_recovered(slurm, tmp_path, control):
+    # the drills' node fault (the rank's agent and every rank under it SIGKILLed, slurmd alive):
+    # what `supervisor drill --fault kind=node-kill,...` rehearses, here on the real cluster
+    job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB],
+                    extra=["--env", "SUPERVISOR_FAULT=kind=node-kill,rank=1,step=13,attempt=0"])
+    fault = job.wait_event("fault_detected", timeout=150)
+    assert len(fault["nodes"]) == 1, fault
+    relaunch = job.wait_event("launched", attempt=1, timeout=90)
+    assert relaunch["restore_from"] == "step-0000000010", relaunch
+    job.finish()
+    assert_same_path(job.losses(), control, exact=False)
