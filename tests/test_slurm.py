@@ -489,10 +489,12 @@ def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path
     assert int(info.get("Restarts", "0")) >= 1
     second = [e for e in job.events("launched") if e["restore_from"]]
     assert second and second[0]["restore_from"] == emergency.name
-    # the requeued run's node logs hold its own lines only: the first run's are kept beside them
+    # the requeued job continues its run (its restart count and suspects carry on) with new
+    # attempt numbers, so no node log holds two runs' lines
+    assert job.wait_event("requeue_resumed")["attempt"] == 0
+    assert [e["attempt"] for e in job.events("launched")] == [0, 1]
     for log in (job.log_dir / "slurm").glob("attempt-*/n*.log"):
         assert log.read_text().count("event=worker_started") <= 1, log
-    assert list((job.log_dir / "slurm").glob("attempt-0.before-*/n1.log"))
     assert_same_path(job.losses(), control, exact=False)  # 3 ranks: see the SIGSTOP test
 
 
