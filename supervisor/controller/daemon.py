@@ -57,6 +57,7 @@ from supervisor.controller.decide import (
     root_verdict,
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
+from supervisor.platforms.agent_output import read_tail
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
@@ -932,14 +933,7 @@ class Controller:
 
 def _last_logged_step(path: Path, attempt: int) -> int | None:
     """The last step a rank's own log (rank-R.jsonl, written by the SDK) records for ``attempt``."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
+    for line in reversed(read_tail(path, 8192).splitlines()):
         try:
             rec = json.loads(line)
         except ValueError:
