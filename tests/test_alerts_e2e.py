@@ -426,6 +426,13 @@ def test_a_real_scrape_passes_promtool_check_metrics(hang_scenario):
 def test_every_dashboard_query_runs_on_prometheus_and_uses_exported_metrics(hang_scenario):
     sc = hang_scenario
     exported = exported_names(sc.scrape) | {"up"}  # up: Prometheus' own series for the target
+
+    # the checkpoint interval needs two checkpoints published while this supervisor watched; on a
+    # loaded machine the hang can come before the second, so wait for the run to publish it
+    def interval_scraped() -> bool:
+        q = urllib.parse.quote(f'supervisor_checkpoint_interval_seconds{{job="{JOB}"}}')
+        return bool(http_json(f"{sc.prom_url}/api/v1/query?query={q}")["data"]["result"])
+    wait_until(interval_scraped, 90, "a scraped checkpoint interval", sc.diagnostics)
     start, end = sc.started, time.time()
     empty = []
     for expr in dashboard_queries():

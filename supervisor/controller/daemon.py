@@ -574,8 +574,8 @@ class Controller:
         all_heard = world > 0 and len(reg.ranks) == world
         if all_heard and self.phase == JobPhase.STARTING:
             self.phase = JobPhase.RUNNING
+            self._save_state()  # before the event: whoever reads "running" finds it in the state file too
             self.event("running", attempt=self.attempt, world_size=world)
-            self._save_state()
         if self.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):
             self._on_restore_reported(restore_report(rec.hb for rec in reg.ranks.values()))
             if self.phase in TERMINAL:
