@@ -41,7 +41,26 @@ MAGIC = b"SV1"
 MAC_BYTES = 16
 MAX_DATAGRAM = 4096
 MAX_RANK = 1 << 20
-PHASES = ("init", "restore", "data", "compute", "collective", "checkpoint", "idle", "done", "failed")
+# The worker <-> controller contract beyond the frame, defined here once: the phases a rank
+# reports, which of them are timed, the exit codes a rank ends with, and the phases of a restart.
+#
+# A rank's phase (Heartbeat.phase; a heartbeat with any other name is rejected). These strings
+# are on the wire, in SUPERVISOR_WATCHDOG, in events and in metric labels: never rename one.
+PHASE_INIT = "init"
+PHASE_RESTORE = "restore"
+PHASE_DATA = "data"
+PHASE_COMPUTE = "compute"
+PHASE_COLLECTIVE = "collective"
+PHASE_CHECKPOINT = "checkpoint"
+PHASE_IDLE = "idle"
+PHASE_DONE = "done"
+PHASE_FAILED = "failed"
+PHASES = (PHASE_INIT, PHASE_RESTORE, PHASE_DATA, PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_CHECKPOINT, PHASE_IDLE,
+          PHASE_DONE, PHASE_FAILED)
+# The phases with a timeout, in this order: the rank's watchdog (SUPERVISOR_WATCHDOG, worker
+# defaults) and the controller's detector (health.Timeouts) time exactly these. A rank that is
+# idle between phases, done or failing is never stuck in a phase.
+TIMED_PHASES = (PHASE_INIT, PHASE_RESTORE, PHASE_DATA, PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_CHECKPOINT)
 # What a rank's restore came to: a checkpoint loaded, no checkpoint to load (a fresh start),
 # or a failure (nothing that verifies when one was required, or a load error).
 RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED = "restored", "fresh", "failed"
@@ -53,6 +72,13 @@ OUTCOMES = ("", OUTCOME_FINISHED, OUTCOME_STOPPED)
 EXIT_CRASH = 17          # the drills' "crash" fault
 EXIT_NONFINITE = 18      # every rank stops before the optimizer step on a non-finite loss
 EXIT_PREEMPTED = 143     # 128 + SIGTERM: an emergency checkpoint was written; the scheduler may requeue
+RANK_EXITS = {EXIT_CRASH: "crash", EXIT_NONFINITE: "nonfinite", EXIT_PREEMPTED: "preempted"}
+"""Every rank exit code with a meaning, and the fault kind the controller names a rank that
+ends with it (any other non-zero code is a plain ``rank_exit``)."""
+# A restart's phases, in order (controller clock): fault -> detected -> torn down -> scheduled
+# -> rendezvous -> restored -> first step. The keys of the ``restart_complete`` event's phases
+# and the ``phase`` label of supervisor_restart_phase_seconds; the benchmarks report the same.
+RESTART_PHASES = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
 
 REJECT_MALFORMED = "malformed"
 REJECT_OVERSIZED = "oversized"

@@ -9,7 +9,8 @@ The SDK talks to the controller only over the wire (:mod:`supervisor.protocol`).
 """
 
 from supervisor.worker.faults import Fault, FaultSpecError, parse_faults
-from supervisor.worker.runtime import EXIT_NONFINITE, EXIT_PREEMPTED, NonFiniteLoss, Verdict, Worker
+from supervisor.protocol import EXIT_NONFINITE, EXIT_PREEMPTED
+from supervisor.worker.runtime import NonFiniteLoss, Verdict, Worker
 from supervisor.worker.sampler import ResumableSampler
 from supervisor.worker.session import Session, SessionError
 

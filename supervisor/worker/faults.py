@@ -4,7 +4,7 @@ Syntax (``SUPERVISOR_FAULT``)::
 
     kind=KIND[,rank=R][,step=S][,attempt=A][,ms=N]  [; another fault ...]
 
-* ``kind``: ``crash`` (exit 17), ``kill`` (SIGKILL self), ``hang`` (block forever in
+* ``kind``: ``crash`` (exit 17, ``EXIT_CRASH``), ``kill`` (SIGKILL self), ``hang`` (block forever in
   compute), ``stop`` (SIGSTOP self), ``skip-collective`` (skip this step's gradient
   all-reduce so the peers block inside it), ``slow`` (+``ms`` per step from ``step`` on,
   default 200), ``nan`` (the loss becomes NaN), ``crash-in-save`` (SIGKILL self after the
@@ -24,11 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.protocol import EXIT_CRASH
-
 KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save", "node-kill", "node-stop")
 _KEYS = {"kind", "rank", "step", "attempt", "ms"}
-CRASH_EXIT_CODE = EXIT_CRASH  # one definition: supervisor.protocol
 
 
 class FaultSpecError(ValueError):

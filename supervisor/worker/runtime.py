@@ -51,17 +51,21 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from supervisor.checkpoint import CheckpointLoadError, CheckpointManager, RestoreResult, Skipped
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.protocol import (
-    EXIT_NONFINITE,
-    EXIT_PREEMPTED,
+    EXIT_CRASH,
     OUTCOME_FINISHED,
     OUTCOME_STOPPED,
+    PHASE_CHECKPOINT,
+    PHASE_COMPUTE,
+    PHASE_DATA,
+    PHASE_DONE,
+    PHASE_RESTORE,
     RESTORE_FAILED,
     RESTORE_FRESH,
     RESTORE_RESTORED,
 )
 from supervisor.procfs import descendants
 from supervisor.worker import collectives
-from supervisor.worker.faults import CRASH_EXIT_CODE, Fault, parse_faults
+from supervisor.worker.faults import Fault, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
 from supervisor.worker.session import Session
 from supervisor.worker.telemetry import RankState
@@ -166,7 +170,7 @@ class Worker:
         st.outcome = OUTCOME_FINISHED if finished else OUTCOME_STOPPED
         if reason and not finished:
             st.error = reason[:512]
-        st.set_phase("done")
+        st.set_phase(PHASE_DONE)
         self.heartbeat.beat_now()
         self.watchdog.stop()
         self.heartbeat.stop()
@@ -261,9 +265,9 @@ class Worker:
         total = time.perf_counter() - t0
         busy = self.state.take_collective_busy()
         coll = sum(busy.values())
-        data = self._phase_totals.get("data", 0.0)
+        data = self._phase_totals.get(PHASE_DATA, 0.0)
         # exposed compute: time in the compute phase not spent waiting on a collective
-        compute = max(0.0, self._phase_totals.get("compute", 0.0) - busy.get("compute", 0.0))
+        compute = max(0.0, self._phase_totals.get(PHASE_COMPUTE, 0.0) - busy.get(PHASE_COMPUTE, 0.0))
         self.state.last = (data, compute, coll, total)
         st = self.state
         st.steps_done += 1
@@ -308,7 +312,7 @@ class Worker:
                 log.warning("event=fault_injected kind=%s rank=%d step=%d", f.kind, self.session.rank, self.state.step)
                 if f.kind == "crash":
                     logging.shutdown()
-                    sys.exit(CRASH_EXIT_CODE)
+                    sys.exit(EXIT_CRASH)
                 if f.kind == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 if f.kind == "stop":
@@ -340,7 +344,7 @@ class Worker:
             # The drilled rank skipped the gradient all-reduce; like a rank that ran out of
             # batches it now idles in its data phase while its peers wait inside the collective.
             log.warning("event=fault_injected kind=skip-collective rank=%d step=%d", self.session.rank, self.state.step)
-            self.state.set_phase("data")
+            self.state.set_phase(PHASE_DATA)
             while True:
                 time.sleep(3600)
         finite = bool(torch.isfinite(local))
@@ -381,7 +385,7 @@ class Worker:
             return not verdict.stop
         if verdict.stop:
             t0 = time.perf_counter()
-            with self.phase("checkpoint"):
+            with self.phase(PHASE_CHECKPOINT):
                 self.state.ckpt_state = "writing"
                 result = ckpt.save(step)
                 self.state.ckpt_state, self.state.ckpt_step = "idle", step
@@ -395,7 +399,7 @@ class Worker:
 
     def _save(self, ckpt: CheckpointManager, step: int) -> None:
         t0 = time.perf_counter()
-        with self.phase("checkpoint"):
+        with self.phase(PHASE_CHECKPOINT):
             self.state.ckpt_state = "staging" if self.async_save else "writing"
             result = ckpt.save(step, blocking=not self.async_save)
         self.state.ckpt_s = time.perf_counter() - t0
@@ -426,7 +430,7 @@ class Worker:
         st.ckpt_root = str(Path(ckpt.root).resolve())
         t0 = time.perf_counter()
         try:
-            with self.phase("restore"):
+            with self.phase(PHASE_RESTORE):
                 hint = self.restore_point() if self.session.rank == 0 else None
                 exclude = hint.get("exclude", []) if hint else []
                 name = hint.get("checkpoint") if hint else None

@@ -26,15 +26,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from supervisor.protocol import (
+    PHASE_CHECKPOINT,
+    PHASE_COLLECTIVE,
+    PHASE_COMPUTE,
+    PHASE_DATA,
+    PHASE_INIT,
+    PHASE_RESTORE,
+)
+
 # Rank watchdog timeouts (seconds). They must stay below the supervisor's hang timeouts so
 # that stacks are dumped before anything is killed: rank watchdog < supervisor < budget.
+# One for each of supervisor.protocol.TIMED_PHASES, in its order (the controller's own
+# SUPERVISOR_WATCHDOG replaces them).
 DEFAULT_TIMEOUTS: dict[str, float] = {
-    "init": 600.0,
-    "restore": 600.0,
-    "data": 60.0,
-    "compute": 120.0,
-    "collective": 120.0,
-    "checkpoint": 900.0,
+    PHASE_INIT: 600.0,
+    PHASE_RESTORE: 600.0,
+    PHASE_DATA: 60.0,
+    PHASE_COMPUTE: 120.0,
+    PHASE_COLLECTIVE: 120.0,
+    PHASE_CHECKPOINT: 900.0,
 }
 
 

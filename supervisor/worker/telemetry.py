@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+from supervisor.protocol import PHASE_COLLECTIVE, PHASE_COMPUTE, PHASE_FAILED, PHASE_IDLE, PHASE_INIT, PHASE_RESTORE
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -45,12 +47,16 @@ class Snapshot:
     outcome: str
 
 
+_COLLECTIVE_PHASES = (PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_IDLE)
+"""A rank in one of these with a collective in flight reports the collective phase (from its start)."""
+
+
 class RankState:
     def __init__(self, clock=time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self.step = 0
-        self.phase = "init"
+        self.phase = PHASE_INIT
         self.phase_since = clock()
         self.coll_seq = 0
         self.coll_op = ""
@@ -91,14 +97,14 @@ class RankState:
             yield
         finally:
             # back to an enclosing phase, but never back to init/restore: those are over
-            self.set_phase("idle" if previous in (name, "init", "restore") else previous)
+            self.set_phase(PHASE_IDLE if previous in (name, PHASE_INIT, PHASE_RESTORE) else previous)
 
     def set_failed(self, error: str, peer: bool) -> None:
         """The rank is ending on an exception: say which, and whether a peer caused it."""
         with self._lock:
             self.error = error[:512]
             self.error_peer = peer
-            self.phase = "failed"
+            self.phase = PHASE_FAILED
             self.phase_since = self._clock()
 
     # ---------------------------------------------------------------- collectives
@@ -136,8 +142,8 @@ class RankState:
             inside = self._coll_in_flight > 0
             return Snapshot(
                 step=self.step,
-                phase="collective" if inside and self.phase in ("compute", "collective", "idle") else self.phase,
-                phase_s=now - (self._coll_since if inside and self.phase in ("compute", "collective", "idle") else self.phase_since),
+                phase=PHASE_COLLECTIVE if inside and self.phase in _COLLECTIVE_PHASES else self.phase,
+                phase_s=now - (self._coll_since if inside and self.phase in _COLLECTIVE_PHASES else self.phase_since),
                 coll_seq=self.coll_seq,
                 coll_op=self.coll_op,
                 coll_inside=inside,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from supervisor.protocol import PHASE_COLLECTIVE
 from supervisor.worker.telemetry import RankState
 
 log = logging.getLogger("supervisor.worker")
@@ -75,7 +76,7 @@ class Watchdog:
         if self._episode == episode:
             return None
         self._episode = episode
-        what = f"{s.coll_op} #{s.coll_seq}" if s.phase == "collective" else s.phase
+        what = f"{s.coll_op} #{s.coll_seq}" if s.phase == PHASE_COLLECTIVE else s.phase
         event = f"{what} running {s.phase_s:.1f}s > {limit:.0f}s at step {s.step}"
         where = dump_stacks(self.stack_path, f"watchdog: {event}")
         self.state.watchdog = event
