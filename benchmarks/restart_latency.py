@@ -50,6 +50,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from supervisor.checkpoint import latest_complete  # noqa: E402
+from supervisor.protocol import RESTART_PHASES  # noqa: E402
 
 PY = sys.executable
 TRAIN = REPO / "examples" / "train.py"
@@ -64,7 +65,7 @@ DETECTOR = {
     "kill": "agent exit (process)", "node": "node agent gone (process)", "stop": "heartbeat timeout",
     "hang": "phase timeout (compute)", "skip-collective": "collective wait timeout",
 }
-PHASES = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
+PHASES = RESTART_PHASES  # the controller's restart phases (its restart_complete event), measured here
 OVERHEAD_TARGET_S = 3.0
 
 # A python -c shim: the example has no timeout flag; give init_process_group a 30 s timeout.

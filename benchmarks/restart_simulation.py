@@ -65,7 +65,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-PHASES = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from supervisor.protocol import RESTART_PHASES  # noqa: E402
+
+PHASES = RESTART_PHASES  # the controller's phases of a restart (its events and metrics), modelled here
 SCALING_NODES = (8, 64, 256, 1024, 2048, 4096)
 QUANTILES = (0.50, 0.95, 0.99)
 
@@ -399,7 +404,7 @@ def _validate_fields_only(obj: Any, names: Iterable[str]) -> None:
                 raise ValueError(f"{f.name}: must be a finite number > {f.metadata['gt']:g} (got {v!r})")
 
 
-SECTIONS = ("cluster", "detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
+SECTIONS = ("cluster", *PHASES)  # the parameter sections: the cluster, then one per phase
 
 
 def with_overrides(model: Model, overrides: Mapping[str, Any]) -> Model:

@@ -46,9 +46,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from supervisor.controller import decide
-from supervisor.controller.decide import TERMINAL, JobPhase, RestartTimer
+from supervisor.controller.decide import TERMINAL, JobPhase
 from supervisor.health import Kind
-from supervisor.protocol import PHASES, REJECT_REASONS
+from supervisor.protocol import PHASE_DONE, PHASES, REJECT_REASONS, RESTART_PHASES
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
@@ -211,8 +211,8 @@ def families(s: Snapshot) -> Iterator[Metric]:
     steps_min = min(step_of, default=0)
     steps_max = max(step_of, default=0)
     blocked = max((hb.ckpt_s for hb in hbs), default=0.0)
-    if per_phase.get("done"):
-        active = [i for i, p in enumerate(phase_of) if p != "done"]
+    if per_phase.get(PHASE_DONE):
+        active = [i for i, p in enumerate(phase_of) if p != PHASE_DONE]
         ages = [age_of[i] for i in active]
     else:
         active, ages = range(len(ids)), list(age_of)
@@ -359,7 +359,7 @@ def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:
 def _restart_histogram(job: str, durations: list[dict[str, float]]) -> HistogramMetricFamily:
     h = HistogramMetricFamily("supervisor_restart_phase_seconds", "Duration of each phase of completed restarts",
                               labels=["job", "phase"])
-    for phase in RestartTimer.PHASES:
+    for phase in RESTART_PHASES:
         values = [d[phase] for d in durations if phase in d]
         buckets = []
         for bound in RESTART_PHASE_BUCKETS:

@@ -62,6 +62,8 @@ from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platfor
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     OUTCOME_STOPPED,
+    PHASE_DONE,
+    PHASE_FAILED,
     REJECT_STALE_ATTEMPT,
     ControlSequencer,
     ProtocolError,
@@ -537,9 +539,9 @@ class Controller:
             last_heard={r: rec.received for r, rec in reg.ranks.items()},
             phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
             rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
-            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == "done"},
-            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
-            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == "failed"},
+            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_DONE},
+            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
+            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
             rank_steps=self._rank_steps(),
             nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
             stopped_ranks={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.outcome == OUTCOME_STOPPED},
@@ -898,7 +900,7 @@ class Controller:
     def alive_ranks(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
         return sum(1 for rec in self.registry.ranks.values()
-                   if now - rec.received <= self.cfg.heartbeat.timeout_s and rec.hb.phase != "done")
+                   if now - rec.received <= self.cfg.heartbeat.timeout_s and rec.hb.phase != PHASE_DONE)
 
     def budget_remaining(self, now: float) -> float:
         t = self.current_timer

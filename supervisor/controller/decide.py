@@ -37,7 +37,17 @@ from typing import Any, Iterable, Mapping
 
 from supervisor.health import Finding, Kind
 from supervisor.platforms.base import NodeState, NodeStatus
-from supervisor.protocol import EXIT_CRASH, EXIT_NONFINITE, EXIT_PREEMPTED, OUTCOME_FINISHED, OUTCOME_STOPPED
+from supervisor.protocol import (
+    EXIT_NONFINITE,
+    EXIT_PREEMPTED,
+    OUTCOME_FINISHED,
+    OUTCOME_STOPPED,
+    RANK_EXITS,
+    RESTART_PHASES,
+    RESTORE_FAILED,
+    RESTORE_FRESH,
+    RESTORE_RESTORED,
+)
 
 
 class JobPhase(str, enum.Enum):
@@ -75,10 +85,10 @@ EXIT_CODES = {
 }
 RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 1, 2, 3
 
-# Rank exit codes the SDK and the example use (supervisor.protocol defines them once).
-_EXIT_KINDS = {EXIT_CRASH: "crash", EXIT_NONFINITE: "nonfinite", EXIT_PREEMPTED: "preempted"}
+# Rank exit codes the SDK and the example use, and the fault kind of each (supervisor.protocol).
+_EXIT_KINDS = RANK_EXITS
 # Every fault kind a restart can carry (the label values of supervisor_restarts_total{reason}).
-FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", "crash", "nonfinite", "preempted", "stopped_early",
+FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", *RANK_EXITS.values(), "stopped_early",
                *(k.value for k in Kind if k != Kind.NONFINITE))
 # Failures that repeat the same way before the first step are a broken job, not bad luck.
 _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
@@ -161,9 +171,9 @@ def name_rank_failure(rank: int, code: int, error: str, step: int | None) -> tup
         sig = _SIGNALS.get(-code, "")
         return "rank_killed", f"rank {rank} killed by signal {-code}{f' ({sig})' if sig else ''}{at}"
     if code == EXIT_NONFINITE:
-        return "nonfinite", f"rank {rank}: non-finite loss{at}"
+        return _EXIT_KINDS[code], f"rank {rank}: non-finite loss{at}"
     if code == EXIT_PREEMPTED:
-        return "preempted", f"rank {rank} stopped on SIGTERM (exit {code}){at}"
+        return _EXIT_KINDS[code], f"rank {rank} stopped on SIGTERM (exit {code}){at}"
     if code in _EXIT_KINDS:
         return _EXIT_KINDS[code], f"rank {rank} crashed (exit {code}){at}" + (f": {error}" if error else "")
     if error:
@@ -378,8 +388,8 @@ def restore_report(heartbeats: Iterable[Any]) -> RestoreReport:
         for name, why in parse_skipped(hb.restore_skipped):
             if not why.startswith(CALLER_EXCLUDED):
                 refused.setdefault(name, why)
-    state = "failed" if "failed" in states else "restored" if "restored" in states else \
-        "fresh" if "fresh" in states else ""
+    state = RESTORE_FAILED if RESTORE_FAILED in states else RESTORE_RESTORED if RESTORE_RESTORED in states else \
+        RESTORE_FRESH if RESTORE_FRESH in states else ""
     return RestoreReport(
         state=state, restored=max(restored) if restored else None,  # every rank loads the same one
         refused=tuple(sorted(refused.items(), reverse=True)), stepped=stepped, ranks_reported=n,
@@ -571,7 +581,7 @@ class RestartTimer:
     restored_at: float | None = None
     first_step_at: float | None = None
 
-    PHASES = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
+    PHASES = RESTART_PHASES  # one mark per phase below, in this order (supervisor.protocol)
 
     def durations(self) -> dict[str, float]:
         marks = [self.fault_at, self.detected_at, self.torn_down_at, self.scheduled_at, self.rendezvous_at,

@@ -25,6 +25,16 @@ import statistics
 from dataclasses import dataclass
 
 from supervisor.health.registry import Registry
+from supervisor.protocol import (
+    PHASE_CHECKPOINT,
+    PHASE_COLLECTIVE,
+    PHASE_COMPUTE,
+    PHASE_DATA,
+    PHASE_DONE,
+    PHASE_INIT,
+    PHASE_RESTORE,
+    TIMED_PHASES,
+)
 
 
 class Kind(str, enum.Enum):
@@ -48,19 +58,19 @@ class Timeouts:
     collective_s: float = 300.0
 
     def for_phase(self, phase: str) -> float | None:
-        return {
-            "init": self.startup_s, "restore": self.startup_s, "data": self.data_s,
-            "compute": self.compute_s, "collective": self.collective_s, "checkpoint": self.checkpoint_s,
-        }.get(phase)
+        field_name = _PHASE_TIMEOUTS.get(phase)
+        return None if field_name is None else getattr(self, field_name)
 
     def watchdog_env(self, fraction: float = 0.8) -> str:
         """The rank watchdog's timeouts: below ours, so stacks are dumped before we act."""
-        return ",".join(
-            f"{p}={fraction * t:.3f}" for p, t in (
-                ("init", self.startup_s), ("restore", self.startup_s), ("data", self.data_s),
-                ("compute", self.compute_s), ("collective", self.collective_s), ("checkpoint", self.checkpoint_s),
-            )
-        )
+        return ",".join(f"{p}={fraction * getattr(self, f):.3f}" for p, f in _PHASE_TIMEOUTS.items())
+
+
+_PHASE_TIMEOUTS = {PHASE_INIT: "startup_s", PHASE_RESTORE: "startup_s", PHASE_DATA: "data_s",
+                   PHASE_COMPUTE: "compute_s", PHASE_COLLECTIVE: "collective_s", PHASE_CHECKPOINT: "checkpoint_s"}
+"""The :class:`Timeouts` field that times each phase of :data:`~supervisor.protocol.TIMED_PHASES`
+(in its order: the order of ``SUPERVISOR_WATCHDOG``)."""
+assert tuple(_PHASE_TIMEOUTS) == TIMED_PHASES
 
 
 def calibrate(
@@ -89,8 +99,8 @@ class Finding:
                 "detail": self.detail, "culprit": self.culprit}
 
 
-_PHASE_KINDS = {"init": Kind.STARTUP_STALL, "restore": Kind.STARTUP_STALL, "data": Kind.DATA_STALL,
-                "compute": Kind.HANG, "collective": Kind.HANG, "checkpoint": Kind.CHECKPOINT_STALL}
+_PHASE_KINDS = {PHASE_INIT: Kind.STARTUP_STALL, PHASE_RESTORE: Kind.STARTUP_STALL, PHASE_DATA: Kind.DATA_STALL,
+                PHASE_COMPUTE: Kind.HANG, PHASE_COLLECTIVE: Kind.HANG, PHASE_CHECKPOINT: Kind.CHECKPOINT_STALL}
 """The phases with a timeout (``Timeouts.for_phase``) and the finding past it."""
 
 
@@ -128,7 +138,7 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
     nan: list[int] = []
     for rank, rec in registry.ranks.items():
         hb = rec.hb
-        if hb.phase == "done":
+        if hb.phase == PHASE_DONE:
             continue
         silent = now - rec.received
         if silent > heartbeat_s:
@@ -163,7 +173,7 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
                 parts.append(f"rank {r} never entered it ({where}, step {hb.step}, {_phase_elapsed(alive[r], now):.1f}s)")
             # A culprit stuck in compute past its own timeout is a hang found by the phase timeout;
             # one idling elsewhere (data) while its peers wait is a skipped collective.
-            hung = [r for r in culprits if alive[r].hb.phase == "compute" and not alive[r].hb.coll_inside
+            hung = [r for r in culprits if alive[r].hb.phase == PHASE_COMPUTE and not alive[r].hb.coll_inside
                     and _phase_elapsed(alive[r], now) > timeouts.compute_s]
             kind = Kind.HANG if hung and len(hung) == len(culprits) else Kind.COLLECTIVE_HANG
             add(kind, culprits, f"{head}; " + "; ".join(parts))
