@@ -6,6 +6,7 @@ import pytest
 
 from supervisor.controller.decide import (
     EXIT_CODES,
+    FAULT_KINDS,
     RUNG_ABORT,
     RUNG_KILL_NODE,
     RUNG_TEARDOWN,
@@ -19,6 +20,7 @@ from supervisor.controller.decide import (
     classify,
     completed,
     gang_size,
+    name_rank_failure,
     parse_skipped,
     plan_next,
     restore_report,
@@ -27,7 +29,7 @@ from supervisor.controller.decide import (
 from supervisor.health import Finding, Kind
 from supervisor.platforms.agent_output import RankFailure
 from supervisor.platforms.base import NodeState, NodeStatus
-from supervisor.protocol import OUTCOME_FINISHED, OUTCOME_STOPPED, Heartbeat
+from supervisor.protocol import OUTCOME_FINISHED, OUTCOME_STOPPED, RANK_EXITS, RESTART_PHASES, Heartbeat
 
 
 def node(name, state=NodeState.RUNNING, code=None, ours=False, stopped=False):
@@ -393,3 +395,40 @@ def test_a_relaunch_after_a_lost_node_picks_an_accepted_world_size():
     d = plan_next(history=History(), fault=fault("node_lost", nodes=("d",), node_failure=True),
                   **kw | {"world_sizes": (4,)})
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CAPACITY and "world size" in d.reason
+
+
+# ------------------------------------------------------------------------------ the contract with the ranks
+def test_the_rank_exit_codes_and_restart_phases_keep_their_wire_values():
+    # on the wire, in events and in metric labels: a rename or renumbering breaks dashboards,
+    # alerts and ranks of an older SDK, so it must be a deliberate change of this table
+    assert RANK_EXITS == {17: "crash", 18: "nonfinite", 143: "preempted"}
+    assert RESTART_PHASES == ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
+
+
+@pytest.mark.parametrize("code", sorted(RANK_EXITS))
+def test_every_rank_exit_code_is_classified_as_its_own_fault_kind(code):
+    kind = RANK_EXITS[code]
+    assert kind in FAULT_KINDS  # a restart for it is counted under a label exported from the start
+    # from the rank's own exit code (the agent's error file) ...
+    assert name_rank_failure(1, code, "", 5)[0] == kind
+    f = classify({"a": node("a"), "b": failed_node("b", RankFailure(1, code, "", True))}, [], **KW)
+    assert f.kind == kind
+    # ... and from the agent's exit code alone
+    assert classify({"a": node("a"), "b": node("b", NodeState.EXITED, code)}, [], **KW).kind == kind
+
+
+@pytest.mark.parametrize("code", [1, 2, 3, 16, 19, 137, 142, 144])
+def test_an_exit_code_outside_the_contract_is_a_plain_rank_exit(code):
+    assert code not in RANK_EXITS
+    assert name_rank_failure(1, code, "", 5)[0] == "rank_exit"
+    assert classify({"a": node("a"), "b": node("b", NodeState.EXITED, code)}, [], **KW).kind == "rank_exit"
+
+
+def test_the_restart_timer_has_one_mark_per_restart_phase_in_order():
+    marks = [10.0 + i * i for i in range(len(RESTART_PHASES) + 1)]  # fault, then the end of each phase
+    t = RestartTimer(0, "crash", *marks)
+    assert tuple(t.durations()) == RESTART_PHASES and RestartTimer.PHASES == RESTART_PHASES
+    assert list(t.durations().values()) == [b - a for a, b in zip(marks, marks[1:])]
+    assert t.done and t.total(1e9) == marks[-1] - marks[0]
+    # a restart still under way reports the phases it finished, a prefix of the same names
+    assert tuple(RestartTimer(0, "crash", *marks[:4]).durations()) == RESTART_PHASES[:3]

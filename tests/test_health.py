@@ -5,7 +5,20 @@ from __future__ import annotations
 import pytest
 
 from supervisor.health import Kind, Registry, Timeouts, calibrate, detect, straggler_scores
-from supervisor.protocol import Heartbeat
+from supervisor.protocol import (
+    PHASE_CHECKPOINT,
+    PHASE_COLLECTIVE,
+    PHASE_COMPUTE,
+    PHASE_DATA,
+    PHASE_DONE,
+    PHASE_FAILED,
+    PHASE_IDLE,
+    PHASE_INIT,
+    PHASE_RESTORE,
+    PHASES,
+    TIMED_PHASES,
+    Heartbeat,
+)
 
 T = Timeouts(heartbeat_s=5, startup_s=60, checkpoint_s=100, data_s=10, compute_s=10, collective_s=10)
 
@@ -167,3 +180,31 @@ def test_straggler_scores_match_the_definition_at_scale():
     for rank in (0, 17, 299):
         peers = st.median(v for q, v in meds.items() if q != rank)
         assert scores[rank] == pytest.approx(meds[rank] / peers)
+
+
+# ------------------------------------------------------------------------------ the contract with the ranks
+# Every phase a rank can report, and what a rank stuck in it far past every timeout is found to be
+# (None: not a timed phase, never stuck in it).
+STUCK_IN = {PHASE_INIT: Kind.STARTUP_STALL, PHASE_RESTORE: Kind.STARTUP_STALL, PHASE_DATA: Kind.DATA_STALL,
+            PHASE_COMPUTE: Kind.HANG, PHASE_COLLECTIVE: Kind.HANG, PHASE_CHECKPOINT: Kind.CHECKPOINT_STALL,
+            PHASE_IDLE: None, PHASE_DONE: None, PHASE_FAILED: None}
+
+
+def test_the_table_covers_every_wire_phase():
+    assert tuple(STUCK_IN) == PHASES
+    assert tuple(p for p, k in STUCK_IN.items() if k is not None) == TIMED_PHASES
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_phase_has_a_timeout_exactly_when_it_is_a_timed_phase(phase):
+    assert (T.for_phase(phase) is not None) == (phase in TIMED_PHASES)
+    r = reg(hb(0, phase=phase, phase_s=1e6), hb(1), world=2)
+    expected = STUCK_IN[phase]
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == ({(expected, (0,))} if expected else set())
+
+
+def test_the_rank_watchdog_gets_every_timed_phase_in_order_below_ours():
+    t = Timeouts(heartbeat_s=5, startup_s=60, checkpoint_s=100, data_s=10, compute_s=20, collective_s=40)
+    items = [item.split("=") for item in t.watchdog_env(0.5).split(",")]
+    assert tuple(p for p, _ in items) == TIMED_PHASES
+    assert {p: float(v) for p, v in items} == {p: 0.5 * t.for_phase(p) for p in TIMED_PHASES}

@@ -27,10 +27,10 @@ from helpers import no_platform
 from supervisor import metrics as sv_metrics
 from supervisor.config import ConfigError, from_dict
 from supervisor.controller.daemon import Controller
-from supervisor.controller.decide import Fault, JobPhase
+from supervisor.controller.decide import Fault, JobPhase, RestartTimer
 from supervisor.health import Kind
 from supervisor.metrics import WORST_RANKS, make_registry
-from supervisor.protocol import PHASES, REJECT_REASONS, Heartbeat
+from supervisor.protocol import PHASES, REJECT_REASONS, RESTART_PHASES, Heartbeat
 
 NOW = 10_000.0
 TIMEOUT_S = 5.0  # heartbeat.timeout_s default
@@ -269,3 +269,20 @@ def test_metrics_endpoint_renders_in_a_worker_thread_and_gzips_when_accepted(tmp
 ])
 def test_accept_encoding_negotiation(header, ok):
     assert sv_metrics.accepts_gzip(header) is ok
+
+
+# ------------------------------------------------------------------------------ the contract with the ranks
+def test_the_phase_labels_are_exactly_the_wire_phases_and_the_restart_phases(tmp_path):
+    c = make_controller(tmp_path)
+    c.registry.reset(0, 2)
+    beat(c, 0, 2, phase="compute")
+    beat(c, 1, 2, phase="checkpoint")
+    marks = [900.0 + i for i in range(len(RESTART_PHASES) + 1)]
+    c.timers = [RestartTimer(0, "crash", *marks)]
+    samples = series(generate_latest(make_registry(c)).decode())
+    # every phase a rank can report has a series (0 when no rank is in it), and no other does
+    assert {labels["phase"] for n, labels, _ in samples if n == "supervisor_ranks_in_phase"} == set(PHASES)
+    assert {labels["phase"] for n, labels, _ in samples if n == "supervisor_rank_phase"} == set(PHASES)
+    # every phase the restart timer reports has a histogram, and the restart landed in each once
+    restart = {labels["phase"]: value for n, labels, value in samples if n == "supervisor_restart_phase_seconds_count"}
+    assert restart == dict.fromkeys(RESTART_PHASES, 1.0)

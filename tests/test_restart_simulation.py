@@ -347,3 +347,12 @@ def test_scenarios_that_do_not_fit_a_tiny_job_are_left_out():
     names = [name for name, _ in rs.scenarios(rs.model_for(1, gpus_per_node=1))]
     assert names and not any("never starts" in n for n in names)
     assert any("never starts" in n for n, _ in rs.scenarios(rs.model_for(8)))
+
+
+def test_the_model_has_the_controllers_restart_phases_one_section_each():
+    from supervisor.protocol import RESTART_PHASES
+
+    assert rs.PHASES == RESTART_PHASES and rs.SECTIONS == ("cluster", *RESTART_PHASES)
+    assert set(rs.SECTIONS) <= {f.name for f in fields(rs.Model)}
+    res = rs.simulate(rs.model_for(8), trials=20, seed=0)
+    assert tuple(res.phases) == RESTART_PHASES

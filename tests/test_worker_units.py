@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.protocol import (
+    EXIT_CRASH,
     MAX_DATAGRAM,
+    PHASE_CHECKPOINT,
+    PHASE_COMPUTE,
+    PHASE_DATA,
+    PHASE_DONE,
+    PHASE_RESTORE,
+    PHASES,
+    RANK_EXITS,
+    TIMED_PHASES,
     Heartbeat,
     ProtocolError,
     control_message,
@@ -22,7 +31,7 @@ from supervisor.protocol import (
 )
 from supervisor.worker.faults import Fault, FaultSpecError, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
-from supervisor.worker.session import Session, SessionError
+from supervisor.worker.session import DEFAULT_TIMEOUTS, Session, SessionError
 from supervisor.worker.telemetry import RankState
 from supervisor.worker.watchdog import Watchdog
 
@@ -357,3 +366,71 @@ def test_an_uncaught_exception_sends_a_last_heartbeat_that_names_it(exc, peer):
     last = beats[-1]
     assert (last.phase, last.step, last.error_peer) == ("failed", 7, peer)
     assert last.error.startswith(exc.split("(")[0] + ": ")
+
+
+# ----------------------------------------------------------------- the contract with the controller
+def test_every_phase_the_sdk_reports_is_a_wire_phase_and_every_wire_phase_is_reachable():
+    clock = FakeClock()
+    state = RankState(clock=clock)
+    seen = [state.snapshot().phase]                      # init
+    for phase in (PHASE_RESTORE, PHASE_DATA, PHASE_CHECKPOINT):
+        with state.phase_scope(phase):
+            seen.append(state.snapshot().phase)
+    seen.append(state.snapshot().phase)                  # idle between phases
+    with state.phase_scope(PHASE_COMPUTE):
+        seen.append(state.snapshot().phase)
+        seq = state.coll_enter("allreduce")
+        seen.append(state.snapshot().phase)              # collective while one is in flight
+        state.coll_exit(seq)
+    state.set_failed("ValueError: x", peer=False)
+    seen.append(state.snapshot().phase)
+    state.set_phase(PHASE_DONE)                          # what Worker.close() sets
+    seen.append(state.snapshot().phase)
+    assert sorted(set(seen)) == sorted(PHASES)
+    for phase in seen:                                   # and the controller accepts each
+        hb = Heartbeat(job="j", attempt=0, rank=0, world_size=1, seq=1, step=1, phase=phase, phase_s=0.0)
+        assert decode_heartbeat(encode(hb.to_payload(), TOKEN), TOKEN).phase == phase
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_the_rank_watchdog_times_a_phase_exactly_when_it_is_a_timed_phase(phase, tmp_path):
+    assert tuple(DEFAULT_TIMEOUTS) == TIMED_PHASES
+    clock = FakeClock()
+    state = RankState(clock=clock)
+    wd = Watchdog(state, Session.from_env({}).timeouts, tmp_path / "stacks.txt")
+    state.set_phase(phase)
+    clock.t += 1e6
+    assert (wd.check() is not None) == (phase in TIMED_PHASES)
+
+
+def test_the_controllers_watchdog_timeouts_are_what_a_rank_parses():
+    from supervisor.health import Timeouts
+
+    t = Timeouts(heartbeat_s=5, startup_s=100, checkpoint_s=1000, data_s=20, compute_s=30, collective_s=40)
+    got = Session.from_env({"SUPERVISOR_WATCHDOG": t.watchdog_env()}).timeouts
+    assert got == pytest.approx({p: 0.8 * t.for_phase(p) for p in TIMED_PHASES})
+    assert all(got[p] != DEFAULT_TIMEOUTS[p] for p in TIMED_PHASES)  # every default was replaced
+
+
+CRASH_DRILL = """
+from supervisor.worker import Worker
+w = Worker.from_env().start()
+w.state.step = 2
+w.fault_point()
+raise SystemExit("the crash drill did not fire")
+"""
+
+
+def test_the_exit_codes_a_rank_ends_with_are_the_ones_the_controller_classifies():
+    import subprocess
+    import sys
+
+    import supervisor.worker as sdk
+
+    # the SDK's codes: the crash drill's, and the two a training script exits with (the example)
+    assert {EXIT_CRASH, sdk.EXIT_NONFINITE, sdk.EXIT_PREEMPTED} == set(RANK_EXITS)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", SUPERVISOR_FAULT="kind=crash,step=2")
+    for k in ("SUPERVISOR_HEARTBEAT_ADDR", "SUPERVISOR_API", "SUPERVISOR_TOKEN", "SUPERVISOR_TOKEN_FILE"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-c", CRASH_DRILL], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_CRASH, proc.stderr[-2000:]
