@@ -69,12 +69,29 @@ class SlurmConfig:
     the gang with SIGTERM (every rank writes its emergency checkpoint) and ends the supervisor."""
     requeue_on_warning: bool = False
     """After the warning signal's emergency checkpoint, ``scontrol requeue`` the job: the requeued
-    job resumes from the newest verified checkpoint."""
+    job resumes from the newest verified checkpoint. The same choice (requeue, else cancel) ends a job whose
+    controller is lost (``controller_timeout_s``)."""
+    controller_timeout_s: float = 60.0
+    """Every node's agent runs under a guard that asks the controller (on the batch host) every
+    ``controller_probe_s``; after this long without an answer the batch host is taken as lost: the
+    guards stop their agents (SIGTERM, an emergency checkpoint when every rank is alive) and one of
+    them requeues or cancels the job, so it is never left RUNNING empty. 0: no guard."""
+    controller_probe_s: float = 5.0
+    """How often each node's guard asks the controller whether it is alive (``GET /healthz``)."""
+
 
     def __post_init__(self) -> None:
         for name in ("command_timeout_s", "poll_interval_s", "launch_timeout_s", "kill_confirm_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"platform.slurm.{name}: must be > 0")
+        if self.controller_timeout_s < 0:
+            raise ConfigError("platform.slurm.controller_timeout_s: must be >= 0 (0: no node guard)")
+        if self.controller_probe_s <= 0:
+            raise ConfigError("platform.slurm.controller_probe_s: must be > 0")
+        if self.controller_timeout_s and self.controller_timeout_s < 2 * self.controller_probe_s:
+            raise ConfigError(f"platform.slurm.controller_timeout_s ({self.controller_timeout_s:g}) must be at least "
+                              f"twice controller_probe_s ({self.controller_probe_s:g}): one lost probe is not a lost "
+                              "controller")
         if self.job_id and not self.job_id.replace("_", "").isdigit():
             raise ConfigError(f"platform.slurm.job_id: {self.job_id!r} is not a Slurm job id")
         if self.warning_signal.upper().removeprefix("SIG") not in ("USR1", "USR2", "TERM", "INT", "HUP", "URG"):

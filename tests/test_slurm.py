@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -509,3 +510,56 @@ def test_a_drilled_node_kill_on_slurm_is_recovered(slurm, tmp_path, control):
     assert relaunch["restore_from"] == "step-0000000010", relaunch
     job.finish()
     assert_same_path(job.losses(), control, exact=False)
+
+
+# ------------------------------------------------------------- losing the batch host (the controller)
+GUARDED = {**FAST, "platform": {"kind": "slurm", "slurm": {**FAST["platform"]["slurm"], "controller_timeout_s": 10,
+                                                            "controller_probe_s": 1}}}
+
+
+def test_losing_the_batch_host_requeues_the_job_which_resumes_from_its_last_checkpoint(slurm, tmp_path, control):
+    job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB], extra=["--requeue"], config=GUARDED)
+    job.wait_checkpoint(10)
+    assert job.c.job(job.job_id)["BatchHost"] == "n1"
+    # the batch host: the controller, n1's agent (which serves the rendezvous store) and its ranks.
+    # Slurm (--no-kill) keeps the job RUNNING on n2, n3; their node guards notice the silence.
+    slurm.sh("kill-node", "n1")
+    lost = job.wait_event("controller_lost", timeout=90)
+    assert lost["action"] == "requeued" and lost["node"] in ("n2", "n3") and lost["silent_s"] >= 10, lost
+    assert lost["run"] == 1
+    recovered = job.wait_event("controller_loss_recovered", timeout=150)  # the requeued job's controller
+    assert recovered["lost"]["node"] == lost["node"]
+    relaunch = job.wait_event("launched", attempt=1, timeout=60)
+    assert relaunch["nodes"] == ["n2", "n3"] and relaunch["world_size"] == 2, relaunch
+    assert int(relaunch["restore_from"].split("-")[1]) >= 10
+    info = job.finish(timeout=240)
+    assert int(info["Restarts"]) == 1 and "controller-lost" in info.get("Comment", ""), info
+    assert [e["run"] for e in job.events("launched")] == [1, 1]  # one run, continued
+    assert not (job.log_dir / "slurm" / "controller-lost.json").exists()  # set aside: the next loss is claimable
+    assert list((job.log_dir / "slurm").glob("controller-lost.handled-*.json"))
+    guard_logs = "".join(p.read_text() for p in (job.log_dir / "slurm").glob("guard-n*.log"))
+    assert "event=controller_lost" in guard_logs
+    assert_same_path(job.losses(), control, exact=False)
+
+
+def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slurm, tmp_path):
+    from supervisor.platforms.slurm_guard import GuardConfig, guard_argv
+
+    job_id = allocation(slurm, nodes=2)
+    with socket.socket() as s:  # a controller address that nobody answers on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    cfg = GuardConfig(job_id=job_id, api=f"http://127.0.0.1:{dead}", job="guarded", node="n2", log_dir=tmp_path,
+                      timeout_s=3, probe_s=0.5, grace_s=5, action="cancel")
+    srun = subprocess.Popen(["srun", f"--jobid={job_id}", "-N1", "-n1", "-w", "n2", "--overlap", *guard_argv(PY, cfg),
+                             "--", "sleep", "300"], env=slurm.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        info = slurm.wait_job(job_id, states=("CANCELLED",), timeout=60)
+    finally:
+        srun.kill()
+        srun.wait()
+    assert info["Comment"].startswith("elastic-supervisor:controller-lost:no-answer-for-"), info
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["action"], e["node"]) for e in events] == [("controller_lost", "cancelled", "n2")]
+    assert "submit it again" in events[0]["detail"]
+    assert json.loads((tmp_path / "slurm" / "controller-lost.json").read_text())["action"] == "cancel"

@@ -201,6 +201,9 @@ class Controller:
             self.event("job_lease_taken_over", previous=self._lock.took_over)
             log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
         saved = self._open_history()
+        for name, fields in self.platform.notices():
+            self.event(name, **fields)
+            log.warning("event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         if self._old_gang is not None:
             old = self._old_gang
             if await self.platform.adopt(old.get("platform", {}), int(old["attempt"])):

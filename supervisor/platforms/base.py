@@ -82,6 +82,11 @@ class Platform(abc.ABC):
     def slots(self) -> list[str]:
         """Every node slot this platform knows (healthy or not, excluded or not)."""
 
+    def notices(self) -> list[tuple[str, dict]]:
+        """Events the platform found when it started, for the controller's events.jsonl (e.g. the
+        previous controller of this job was lost and the job requeued)."""
+        return []
+
     def describe(self) -> dict:
         """What the state file needs to adopt the running gang after a controller restart."""
         return {}

@@ -4,7 +4,11 @@ The supervisor runs inside one ``sbatch --no-kill`` allocation (on its batch hos
 starts, for attempt k, one step per node::
 
     srun --jobid=J --nodes=1 --ntasks=1 --nodelist=NODE --overlap --job-name=sv-JOB-aK-NODE \\
+         python -m supervisor.platforms.slurm_guard ... -- \\
          python -m torch.distributed.run --nnodes=MIN:MAX --rdzv-backend=c10d ... -- COMMAND
+
+The node guard (:mod:`supervisor.platforms.slurm_guard`) runs the agent and ends the job when the
+controller on the batch host stops answering: a lost batch host never leaves the job RUNNING.
 
 One step per node gives every node its own life: ``kill_node`` is ``scancel J.STEP`` of that
 node's step (and the end of its ``srun`` client), the exit of one ``srun`` client is that
@@ -30,6 +34,7 @@ Traps this module is built around (measured on Slurm 22.05, see docs/slurm.md):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -45,6 +50,7 @@ from supervisor.files import set_aside
 from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.platforms.clients import commands
+from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
 from supervisor.procfs import pid_alive, proc_state, start_time
 
 log = logging.getLogger("supervisor.platform.slurm")
@@ -162,7 +168,9 @@ class SlurmPlatform(Platform):
     def __init__(self, job_id: str, log_dir: Path, *, job: str = "job", python: str = sys.executable,
                  command_timeout_s: float = 20.0, poll_interval_s: float = 2.0, launch_timeout_s: float = 60.0,
                  kill_confirm_s: float = 10.0, overlap: bool = True, srun_args: Sequence[str] = (),
-                 bin_dir: str = "", base_env: Mapping[str, str] | None = None) -> None:
+                 bin_dir: str = "", base_env: Mapping[str, str] | None = None, controller_timeout_s: float = 60.0,
+                 controller_probe_s: float = 5.0, guard_grace_s: float = 30.0, requeue_on_loss: bool = False
+                 ) -> None:
         if not job_id:
             raise PlatformError("no Slurm job: run inside an sbatch allocation (SLURM_JOB_ID) or set "
                                 "platform.slurm.job_id")
@@ -188,6 +196,12 @@ class SlurmPlatform(Platform):
         self._last_error_logged = 0.0
         self._poll_lock = asyncio.Lock()
         self._launched_attempts: set[int] = set()
+        self._notices: list[tuple[str, dict]] = []
+        # the node guard in front of every agent (0: none): ends the job when the controller is lost
+        self.controller_timeout = controller_timeout_s
+        self.controller_probe = controller_probe_s
+        self.guard_grace = guard_grace_s
+        self.requeue_on_loss = requeue_on_loss
 
     # ------------------------------------------------------------------ commands
     def _bin(self, name: str) -> str:
@@ -208,6 +222,7 @@ class SlurmPlatform(Platform):
         if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
             raise PlatformError(f"Slurm job {self.job_id} is {state or 'unknown'}, not running")
         self.batch_host = fields.get("BatchHost", "")
+        self._pick_up_controller_loss()
         self.restart_count = fields.get("Restarts", self.restart_count)
         nodes = expand_hostlist(fields.get("NodeList", ""))
         self.view = _View(at=time.monotonic(), job_state=state, alloc_nodes=nodes)
@@ -343,7 +358,15 @@ class SlurmPlatform(Platform):
             "--unbuffered", *(["--overlap"] if self.overlap else []), *self.srun_args,
         ]
         # the host node's agent serves the rendezvous store; every other agent is its client
-        return [*srun, *torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)]
+        agent = torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)
+        api = spec.env.get("SUPERVISOR_API", "")
+        if not (self.controller_timeout > 0 and api):
+            return [*srun, *agent]
+        guard = GuardConfig(job_id=self.job_id, api=api, job=self.job, node=node, log_dir=self.log_dir.parent,
+                            timeout_s=self.controller_timeout, probe_s=self.controller_probe, grace_s=self.guard_grace,
+                            action="requeue" if self.requeue_on_loss else "cancel", command_timeout_s=self.timeout,
+                            bin_dir=self.bin_dir)
+        return [*srun, *guard_argv(self.python, guard), "--", *agent]
 
     def step_name(self, attempt: int, node: str) -> str:
         return f"sv-{self.job}-a{attempt}-{node}"
@@ -565,6 +588,26 @@ class SlurmPlatform(Platform):
         """``scontrol requeue`` this job: Slurm ends it and queues it again (same job id)."""
         await self._run("scontrol", "requeue", self.job_id)
 
+    def _pick_up_controller_loss(self) -> None:
+        """A node guard that ended this job because its controller was lost left a marker: report it
+        once and set it aside, so that the guards of this run can claim the next loss."""
+        marker = self.log_dir / MARKER
+        try:
+            record = json.loads(marker.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            record = {"error": f"unreadable marker: {exc}"}
+        aside = set_aside(marker, "handled")
+        self._notices.append(("controller_loss_recovered", {
+            "lost": record if isinstance(record, dict) else {}, "marker": str(aside),
+            "detail": "the previous controller of this job was lost (its batch host stopped answering) and a node "
+                      "guard ended the job; this run continues from the newest verified checkpoint"}))
+
+    def notices(self) -> list[tuple[str, dict]]:
+        out, self._notices = self._notices, []
+        return out
+
     # ------------------------------------------------------------------ adoption
     def describe(self) -> dict:
         return {
@@ -645,7 +688,9 @@ def from_config(cfg, log_dir: Path, env: Mapping[str, str] | None = None) -> Slu
     return SlurmPlatform(
         job_id, log_dir, job=cfg.job, command_timeout_s=s.command_timeout_s, poll_interval_s=s.poll_interval_s,
         launch_timeout_s=s.launch_timeout_s, kill_confirm_s=s.kill_confirm_s, overlap=s.overlap,
-        srun_args=s.srun_args, bin_dir=s.bin_dir, base_env=env,
+        srun_args=s.srun_args, bin_dir=s.bin_dir, base_env=env, controller_timeout_s=s.controller_timeout_s,
+        controller_probe_s=s.controller_probe_s, guard_grace_s=cfg.restart.kill_grace_s,
+        requeue_on_loss=s.requeue_on_warning,
     ).start()
 
 
