@@ -173,32 +173,42 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
 
 
 def _run_controller(cfg, fresh: bool = False) -> int:
+    """Build the job's platform (local, slurm, kubernetes), let it fill in what only it knows, and
+    run the controller under it: one runner for every platform."""
     import asyncio
 
     from supervisor.controller.daemon import Controller
     from supervisor.controller.state import StateError
+    from supervisor.platforms.base import PlatformError
+    from supervisor.platforms.factory import build_platform
 
-    if cfg.platform.kind == "slurm":
-        return _run_slurm_controller(cfg, fresh)
-    from supervisor.platforms.local import LocalPlatform
-
-    platform = LocalPlatform(cfg.node_slots, Path(cfg.log_dir).resolve())
     logging.getLogger("supervisor").setLevel(logging.INFO)
-    print(f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} "
-          f"(slots: {cfg.node_slots}); events and state in {cfg.log_dir}; the job's own output in "
-          f"{cfg.log_dir}/attempt-K/NODE.log (each line prefixed [rankN]:); watch with "
-          f"`supervisor status --log-dir {cfg.log_dir}`", file=sys.stderr)
+    log_dir = Path(cfg.log_dir).resolve()
     try:
-        return asyncio.run(Controller(cfg, platform, fresh=fresh).run())
+        platform = build_platform(cfg, log_dir)
+        cfg = platform.prepare(cfg)
+    except PlatformError as exc:
+        print(f"error: {cfg.platform.kind}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(platform.banner(cfg), file=sys.stderr)
+
+    async def main() -> int:
+        return await platform.supervise(Controller(cfg, platform, fresh=fresh))
+
+    try:
+        return asyncio.run(main())
     except StateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except PlatformError as exc:
+        print(f"error: {cfg.platform.kind}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
     except Exception:  # noqa: BLE001 - say what state things are in, then let it show
         logging.getLogger("supervisor").exception(
-            "event=controller_crashed: the gang (if any) is still running in its own sessions; run the same "
-            "command again to adopt it (state: %s)", Path(cfg.log_dir) / "supervisor-state.json")
+            "event=controller_crashed: the gang (if any) is still running; run the same command again to adopt it "
+            "(state: %s)", log_dir / "supervisor-state.json")
         return 1
 
 
@@ -693,76 +703,6 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in [*sub.choices.values(), *ck_sub.choices.values()]:
         sp.formatter_class = argparse.ArgumentDefaultsHelpFormatter  # --help shows every default
     return parser
-
-
-def _run_slurm_controller(cfg, fresh: bool = False) -> int:
-    """The controller inside a Slurm allocation: the batch host's address, the time-limit warning
-    signal (emergency checkpoint: the gang is stopped with SIGTERM), and the optional requeue."""
-    import asyncio
-    import dataclasses
-    import signal
-
-    from supervisor.controller.daemon import Controller
-    from supervisor.platforms.base import PlatformError
-    from supervisor.platforms.slurm import from_config, resolve_hosts
-
-    logging.getLogger("supervisor").setLevel(logging.INFO)
-    log_dir = Path(cfg.log_dir).resolve()
-    try:
-        platform = from_config(cfg, log_dir / "slurm")
-        cfg = resolve_hosts(cfg, platform)
-    except PlatformError as exc:
-        print(f"error: slurm: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    sc = cfg.platform.slurm
-    warning = signal.Signals["SIG" + sc.warning_signal.upper().removeprefix("SIG")]
-    print(f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} in Slurm job "
-          f"{platform.job_id} (nodes {platform.slots()}, batch host {platform.batch_host}, listening on "
-          f"{cfg.intake.host}); on {warning.name}: emergency checkpoint{' and requeue' if sc.requeue_on_warning else ''}; "
-          f"logs and events in {cfg.log_dir}", file=sys.stderr)
-    warned = []
-
-    async def main() -> int:
-        controller = Controller(cfg, platform, fresh=fresh)
-        loop = asyncio.get_running_loop()
-
-        def on_warning() -> None:
-            warned.append(time.time())
-            controller.requeue_planned = sc.requeue_on_warning
-            controller.event("slurm_warning_signal", signal=warning.name, action="emergency checkpoint: stop the gang "
-                             "with SIGTERM" + (", then requeue" if sc.requeue_on_warning else ""))
-            controller.request_stop(warning)  # teardown with restart.kill_grace_s: ranks save, then exit
-
-        if warning not in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(warning, on_warning)
-        code = await controller.run()
-        if warned and sc.requeue_on_warning:
-            try:
-                await platform.requeue()
-                controller.event("slurm_requeued", job_id=platform.job_id,
-                                 detail="the requeued job resumes from the newest verified checkpoint")
-                return EXIT_OK
-            except PlatformError as exc:
-                controller.event("slurm_requeue_failed", error=str(exc),
-                                 detail="the job stopped for a requeue that did not happen: submit it again")
-                logging.getLogger("supervisor").error("event=slurm_requeue_failed error=%s", exc)
-                return EXIT_FAILED
-        return code
-
-    from supervisor.controller.state import StateError
-
-    try:
-        return asyncio.run(main())
-    except StateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
-    except Exception:  # noqa: BLE001
-        logging.getLogger("supervisor").exception(
-            "event=controller_crashed: the steps (if any) are still running; run the same command again in the "
-            "allocation to adopt them (state: %s)", log_dir / "supervisor-state.json")
-        return 1
 
 
 def cmd_sbatch(argv: Sequence[str]) -> int:

@@ -286,6 +286,21 @@ def test_exclusion_threshold_counts_node_failures():
     assert plan_next(history=h, fault=fault("dead", node_failure=True), **kw).nodes == ("a", "c")
 
 
+def test_a_failed_pod_counts_against_its_machine_not_its_slot_index():
+    # Kubernetes: slots are pod indexes, the failure domain is the node the pod ran on
+    h = History()
+    kw = PLAN | {"slots": ["slot-0", "slot-1", "slot-2"], "previous_nodes": ["slot-0", "slot-1"],
+                 "exclude_after": 2}
+    pod = fault("node_lost", nodes=("slot-1",), node_failure=True)
+    plan_next(history=h, fault=pod, hosts={"slot-0": "k8s-a", "slot-1": "k8s-b"}, **kw)
+    assert h.node_failures == {"k8s-b": 1} and h.excluded == []
+    # the next attempt's slot-0 ran on the same machine: two failures there, whatever the slot
+    d = plan_next(history=h, fault=fault("node_lost", nodes=("slot-0",), node_failure=True),
+                  hosts={"slot-0": "k8s-b", "slot-1": "k8s-c"}, **kw)
+    assert h.excluded == ["k8s-b"] and d.newly_excluded == ("k8s-b",)
+    assert d.nodes == ("slot-0", "slot-1")  # pod indexes stay usable: the platform avoids the machine
+
+
 def test_restart_timer():
     t = RestartTimer(0, "hang", fault_at=10.0, detected_at=13.0, torn_down_at=14.0, scheduled_at=14.5,
                      rendezvous_at=17.0, restored_at=18.0, first_step_at=18.5)

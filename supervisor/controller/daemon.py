@@ -743,6 +743,7 @@ class Controller:
         decision = plan_next(
             history=self.history, fault=fault, made_progress=made_progress, report=report,
             slots=self.platform.slots(), previous_nodes=self.nodes,
+            hosts={n: st.host for n, st in self.node_status.items() if st.host},
             nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
             checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
@@ -761,6 +762,7 @@ class Controller:
         assert isinstance(decision, Relaunch)
         if decision.newly_excluded:
             self.event("nodes_excluded", nodes=list(decision.newly_excluded), reason=fault.kind)
+        self.platform.exclude(list(self.history.excluded))
         self.require_checkpoint = decision.require_checkpoint
         if decision.skip_steps and decision.skip_steps != tuple(self.skip_steps):
             self.event("batches_skipped", steps=list(decision.skip_steps),
@@ -826,9 +828,9 @@ class Controller:
         env = dict(self.cfg.env) | {
             "SUPERVISOR_JOB": self.cfg.job,
             "SUPERVISOR_ATTEMPT": str(self.attempt),
-            "SUPERVISOR_HEARTBEAT_ADDR": f"{self.cfg.intake.host}:{self.intake_port}",
-            "SUPERVISOR_API": f"http://{self.cfg.http.host}:{self.http_port}",
-            "SUPERVISOR_TOKEN_FILE": str(self.log_dir / "token"),
+            "SUPERVISOR_HEARTBEAT_ADDR": f"{self.platform.controller_address(self.cfg.intake.host)}:{self.intake_port}",
+            "SUPERVISOR_API": f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}",
+            **self.platform.token_env(self.log_dir / "token"),
             "SUPERVISOR_LOG_DIR": str(rank_log_dir),
             "SUPERVISOR_CHECKPOINT_DIR": str(self.ckpt_root),
             "SUPERVISOR_HEARTBEAT_INTERVAL": str(self.cfg.heartbeat.interval_s),
@@ -837,7 +839,7 @@ class Controller:
         spec = LaunchSpec(
             attempt=self.attempt, nodes=nodes, nnodes_min=min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
             nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,
-            rdzv_endpoint=f"{self.cfg.platform.host}:{_free_port(self.cfg.platform.host)}",
+            rdzv_endpoint=self.platform.rendezvous_endpoint(self.attempt, self.cfg.platform.host),
             rdzv_id=f"{self.cfg.job}-{self.attempt}",
         )
         await self.platform.launch(spec)
@@ -962,8 +964,4 @@ def _grow_receive_buffer(sock) -> None:
             continue
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 

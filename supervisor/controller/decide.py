@@ -472,14 +472,16 @@ def plan_next(
     nonfinite_window: int = 0,
     skip_batches: int = 0,
     straggler_nodes: Iterable[str] = (),
+    hosts: Mapping[str, str] | None = None,
 ) -> Relaunch | Stop:
     """Decide the next attempt after a failed one; updates ``history`` in place.
 
     * a checkpoint the ranks refused (verification or load failed) is suspect; so is one that
       two attempts restored without completing a step after it (the ranks' own reports, not
       sampled heartbeats: a crash one step after a good restore says nothing against it);
-    * nodes with ``exclude_after`` node-level failures (and persistent stragglers, if asked)
-      are excluded;
+    * machines with ``exclude_after`` node-level failures (and persistent stragglers, if asked)
+      are excluded: a failed node counts against its machine (``hosts``: node slot -> the
+      machine it ran on, where the two differ, e.g. a pod and its Kubernetes node);
     * the progress guard stops the job after ``guard_attempts`` failed attempts in a row
       with no new complete checkpoint, or after ``max_restarts``;
     * the next gang is the largest healthy one in [min, max] whose world size the job accepts
@@ -508,13 +510,14 @@ def plan_next(
             history.suspect_why[name] = (f"{history.no_step_after[name]} attempts restored it and none "
                                          "completed a step after it")
     newly: list[str] = []
+    hosts = hosts or {}
     if fault.node_failure:
-        for node in fault.nodes:
+        for node in dict.fromkeys(hosts.get(n, n) for n in fault.nodes):
             history.node_failures[node] = history.node_failures.get(node, 0) + 1
             if history.node_failures[node] >= exclude_after and node not in history.excluded:
                 history.excluded.append(node)
                 newly.append(node)
-    for node in straggler_nodes:
+    for node in dict.fromkeys(hosts.get(n, n) for n in straggler_nodes):
         if node not in history.excluded:
             history.excluded.append(node)
             newly.append(node)

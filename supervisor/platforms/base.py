@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import abc
 import enum
+import socket
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
 
 from supervisor.platforms.agent_output import RankFailure
 
@@ -44,6 +46,11 @@ class NodeStatus:
     output_error: str = ""
     """The last error line of a failed node's output when it names no rank (e.g. the command
     could not start)."""
+    host: str = ""
+    """The machine the node ran on (Slurm node, Kubernetes node): the failure domain a node-level
+    fault counts against and exclusion excludes. Empty: the slot is its own machine."""
+    detail: str = ""
+    """What the platform saw, for the event (e.g. "evicted: DisruptionTarget EvictionByEvictionAPI")."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,29 @@ class LaunchSpec:
     command: Sequence[str]
     env: Mapping[str, str]
     rdzv_endpoint: str
+    """``host:port`` of the c10d store, from :meth:`Platform.rendezvous_endpoint`."""
     rdzv_id: str
+
+
+class Supervised(Protocol):
+    """What a platform's :meth:`Platform.supervise` may use of the controller it runs (the
+    platforms layer does not import the controller)."""
+
+    requeue_planned: bool
+
+    async def run(self) -> int: ...
+
+    def event(self, name: str, /, **fields: Any) -> None: ...
+
+    def request_stop(self, sig: Any) -> None: ...
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the kernel's pick)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class Platform(abc.ABC):
@@ -81,6 +110,37 @@ class Platform(abc.ABC):
     @abc.abstractmethod
     def slots(self) -> list[str]:
         """Every node slot this platform knows (healthy or not, excluded or not)."""
+
+    # ---------------------------------------------------------------- what the platform owns
+    # (defaults fit a platform whose nodes reach the controller's host directly)
+    def rendezvous_endpoint(self, attempt: int, host: str) -> str:
+        """``host:port`` the agents of ``attempt`` rendezvous at; ``host`` is ``platform.host``."""
+        return f"{host}:{free_port(host)}"
+
+    def controller_address(self, bind_host: str) -> str:
+        """The address ranks dial to reach the controller listening on ``bind_host``."""
+        return bind_host
+
+    def token_env(self, token_path: Path) -> dict[str, str]:
+        """How the job token reaches the ranks: a file on a filesystem they share with the controller."""
+        return {"SUPERVISOR_TOKEN_FILE": str(token_path)}
+
+    def exclude(self, hosts: Sequence[str]) -> None:
+        """The machines the next launches must avoid (``slots()`` already leaves them out when the
+        slots are the machines)."""
+
+    def prepare(self, cfg: Any) -> Any:
+        """The job config with anything only the platform knows filled in (e.g. ``auto`` addresses)."""
+        return cfg
+
+    def banner(self, cfg: Any) -> str:
+        """One line for stderr at start: where the job runs and where to look."""
+        return (f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} on "
+                f"{self.kind} (slots: {self.slots()}); events and state in {cfg.log_dir}")
+
+    async def supervise(self, job: Supervised) -> int:
+        """Run the controller; a platform wraps it with what it needs (signals, leader election)."""
+        return await job.run()
 
     def notices(self) -> list[tuple[str, dict]]:
         """Events the platform found when it started, for the controller's events.jsonl (e.g. the

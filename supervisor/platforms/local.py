@@ -83,6 +83,12 @@ class LocalPlatform(Platform):
     def slots(self) -> list[str]:
         return list(self._slots)
 
+    def banner(self, cfg) -> str:
+        return (f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} "
+                f"(slots: {cfg.node_slots}); events and state in {cfg.log_dir}; the job's own output in "
+                f"{cfg.log_dir}/attempt-K/NODE.log (each line prefixed [rankN]:); watch with "
+                f"`supervisor status --log-dir {cfg.log_dir}`")
+
     async def launch(self, spec: LaunchSpec) -> None:
         unknown = set(spec.nodes) - set(self._slots)
         if unknown:

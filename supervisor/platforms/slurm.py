@@ -169,8 +169,8 @@ class SlurmPlatform(Platform):
                  command_timeout_s: float = 20.0, poll_interval_s: float = 2.0, launch_timeout_s: float = 60.0,
                  kill_confirm_s: float = 10.0, overlap: bool = True, srun_args: Sequence[str] = (),
                  bin_dir: str = "", base_env: Mapping[str, str] | None = None, controller_timeout_s: float = 60.0,
-                 controller_probe_s: float = 5.0, guard_grace_s: float = 30.0, requeue_on_loss: bool = False
-                 ) -> None:
+                 controller_probe_s: float = 5.0, guard_grace_s: float = 30.0, requeue_on_loss: bool = False,
+                 warning_signal: str = "USR1") -> None:
         if not job_id:
             raise PlatformError("no Slurm job: run inside an sbatch allocation (SLURM_JOB_ID) or set "
                                 "platform.slurm.job_id")
@@ -202,6 +202,7 @@ class SlurmPlatform(Platform):
         self.controller_probe = controller_probe_s
         self.guard_grace = guard_grace_s
         self.requeue_on_loss = requeue_on_loss
+        self.warning_signal = signal.Signals["SIG" + warning_signal.upper().removeprefix("SIG")]
 
     # ------------------------------------------------------------------ commands
     def _bin(self, name: str) -> str:
@@ -608,6 +609,45 @@ class SlurmPlatform(Platform):
         out, self._notices = self._notices, []
         return out
 
+    # ------------------------------------------------------------------ the controller's life here
+    def prepare(self, cfg):
+        return resolve_hosts(cfg, self)
+
+    def banner(self, cfg) -> str:
+        requeue = " and requeue" if self.requeue_on_loss else ""
+        return (f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} nodes x {cfg.nproc_per_node} in Slurm job "
+                f"{self.job_id} (nodes {self.slots()}, batch host {self.batch_host}, listening on {cfg.intake.host}); "
+                f"on {self.warning_signal.name}: emergency checkpoint{requeue}; logs and events in {cfg.log_dir}")
+
+    async def supervise(self, job) -> int:
+        """The time-limit warning signal (``--signal=B:SIG@T``) stops the gang with SIGTERM (every rank
+        writes its emergency checkpoint) and, with ``requeue_on_warning``, requeues the job."""
+        warned: list[float] = []
+        warning = self.warning_signal
+
+        def on_warning() -> None:
+            warned.append(time.time())
+            job.requeue_planned = self.requeue_on_loss
+            job.event("slurm_warning_signal", signal=warning.name, action="emergency checkpoint: stop the gang "
+                      "with SIGTERM" + (", then requeue" if self.requeue_on_loss else ""))
+            job.request_stop(warning)  # teardown with restart.kill_grace_s: ranks save, then exit
+
+        if warning not in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(warning, on_warning)
+        code = await job.run()
+        if not (warned and self.requeue_on_loss):
+            return code
+        try:
+            await self.requeue()
+        except PlatformError as exc:
+            job.event("slurm_requeue_failed", error=str(exc),
+                      detail="the job stopped for a requeue that did not happen: submit it again")
+            log.error("event=slurm_requeue_failed error=%s", exc)
+            return 1
+        job.event("slurm_requeued", job_id=self.job_id, detail="the requeued job resumes from the newest verified "
+                  "checkpoint")
+        return 0
+
     # ------------------------------------------------------------------ adoption
     def describe(self) -> dict:
         return {
@@ -690,7 +730,7 @@ def from_config(cfg, log_dir: Path, env: Mapping[str, str] | None = None) -> Slu
         launch_timeout_s=s.launch_timeout_s, kill_confirm_s=s.kill_confirm_s, overlap=s.overlap,
         srun_args=s.srun_args, bin_dir=s.bin_dir, base_env=env, controller_timeout_s=s.controller_timeout_s,
         controller_probe_s=s.controller_probe_s, guard_grace_s=cfg.restart.kill_grace_s,
-        requeue_on_loss=s.requeue_on_warning,
+        requeue_on_loss=s.requeue_on_warning, warning_signal=s.warning_signal,
     ).start()
 
 
