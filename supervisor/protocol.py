@@ -396,3 +396,21 @@ def decode_control(frame: bytes, token: bytes) -> Control:
     if not isinstance(reason, str):
         raise ProtocolError(REJECT_SCHEMA, "bad reason")
     return Control(kind=kind, reason=reason[:400], **values)
+
+
+# ------------------------------------------------------------------------------ the job token
+TOKEN_MIN_CHARS = 48
+"""A job token is at least this many hex digits (192 bits): what the controller generates."""
+TOKEN_MAX_CHARS = 4096
+
+
+def token_problem(token: bytes) -> str | None:
+    """Why ``token`` (stripped) cannot be a job token, or None: too short (an empty or truncated
+    file would make the MAC key guessable), too long, or not hex."""
+    if len(token) < TOKEN_MIN_CHARS:
+        return f"{len(token)} bytes, not a token of at least {TOKEN_MIN_CHARS} hex digits (empty or truncated?)"
+    if len(token) > TOKEN_MAX_CHARS:
+        return f"over {TOKEN_MAX_CHARS} bytes"
+    if not all(c in b"0123456789abcdefABCDEF" for c in token):
+        return f"{len(token)} bytes that are not all hex digits, not a token of at least {TOKEN_MIN_CHARS} hex digits"
+    return None

@@ -500,6 +500,15 @@ def test_events_and_secrets(v1):
     assert secret.string_data is None
 
 
+def test_pod_logs_come_from_the_kubelets_source_with_tail_lines(api, v1):
+    v1.create_namespaced_pod(NS, pod("p0"))
+    expect_error(400, "BadRequest", v1.read_namespaced_pod_log, "p0", NS)  # no output yet: waiting to start
+    api.log_source = lambda ns, name: "".join(f"{ns}/{name} line {i}\n" for i in range(5))
+    assert v1.read_namespaced_pod_log("p0", NS, tail_lines=2) == f"{NS}/p0 line 3\n{NS}/p0 line 4\n"
+    assert v1.read_namespaced_pod_log("p0", NS).count("\n") == 5
+    expect_error(404, "NotFound", v1.read_namespaced_pod_log, "nope", NS)
+
+
 # --- test hooks: counters and faults ------------------------------------------------------------
 
 def test_request_counter_per_verb_and_resource(api, v1):

@@ -470,20 +470,17 @@ def test_schema_covers_config_py():
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_job_config_loads_with_config_py(chart, value_set):
-    """The rendered job.yaml is a JobConfig today but for the platform: with `platform` swapped
-    for a local one, supervisor/config.py accepts it and reads the values given. The platform
-    block itself (kind: kubernetes and platform.kubernetes) is the chart's contract with the
-    Kubernetes platform, which config.py refuses until that platform exists."""
+    """The rendered job.yaml is a JobConfig: supervisor/config.py accepts it whole (the platform
+    block is the chart's contract with the Kubernetes platform) and reads the values given."""
     values = VALUE_SETS[value_set]
     raw = rendered_job_config(objects(render(chart, values)))
     assert raw["platform"]["kind"] == "kubernetes"
     assert set(raw["platform"]["kubernetes"]) == {
-        "namespace", "service", "owner_config_map", "lease", "state_config_map", "token_secret", "token_file", "node_reads",
+        "namespace", "service", "owner_config_map", "lease", "token_secret", "token_file", "node_reads",
         "rendezvous", "volumes", "worker"}
-    try:
-        job_config.from_dict(copy.deepcopy(raw))
-    except job_config.ConfigError as exc:  # until the Kubernetes platform lands: about the platform only
-        assert str(exc).startswith(("platform.kubernetes:", "platform.kind:")), exc
+    k8s = job_config.from_dict(copy.deepcopy(raw)).platform.kubernetes  # the platform reads what the chart writes
+    assert k8s.token_secret.name and k8s.token_file.endswith("/" + k8s.token_secret.key)
+    assert k8s.worker.image and k8s.service == FULLNAME and k8s.namespace == NAMESPACE
     local = dict(raw, platform={"kind": "local"})
     cfg = job_config.from_dict(local)
     given = values.get("config", {})

@@ -118,6 +118,12 @@ class Intake(asyncio.DatagramProtocol):
             self.transport.sendto(encode(payload, self.c.token), addr)
 
 
+class JobAlreadyFinished(Exception):
+    def __init__(self, saved: dict) -> None:
+        super().__init__(saved.get("phase"))
+        self.saved = saved
+
+
 class Controller:
     def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
         self.cfg = cfg
@@ -184,6 +190,8 @@ class Controller:
         self._last_calibration = -CALIBRATE_S
         self._secondary_since: float | None = None
         self.ready = False
+        self._handoff = False
+        """SIGTERM on a platform that keeps the gang through a controller restart: leave it running."""
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -200,7 +208,17 @@ class Controller:
         if self._lock.took_over:
             self.event("job_lease_taken_over", previous=self._lock.took_over)
             log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
-        saved = self._open_history()
+        try:
+            saved = self._open_history()
+        except JobAlreadyFinished as done:
+            prev = done.saved
+            self.phase, self.stop_reason = JobPhase(prev["phase"]), prev.get("stop_reason", "")
+            self.event("job_already_finished", run=prev.get("run", 1), phase=prev["phase"],
+                       exit_code=prev.get("exit_code"), reason=self.stop_reason,
+                       detail="nothing to do: this run ended; `supervisor run --fresh` (or a new release) starts "
+                              "a new one")
+            log.info("event=job_already_finished phase=%s reason=%s", prev["phase"], self.stop_reason)
+            return EXIT_CODES.get(self.phase, 1)
         for name, fields in self.platform.notices():
             self.event(name, **fields)
             log.warning("event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
@@ -238,6 +256,8 @@ class Controller:
         finally:
             transport.close()
             await runner.cleanup()
+        if self._handoff:
+            return 0
         code = EXIT_CODES.get(self.phase, 1)
         self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason)
         return code
@@ -261,6 +281,14 @@ class Controller:
             # a second signal, or one after the job ended: the verdict stands; only the wait
             # for a last scrape is cut short
             self._linger_cut = True
+            return
+        if sig == signal.SIGTERM and self.platform.hands_off_on_sigterm:
+            # the controller's own pod is being replaced (an upgrade, a drained node): the gang
+            # trains on and the next controller adopts it
+            log.warning("event=signal_received signal=SIGTERM action=hand_off (the gang keeps running; the next "
+                        "controller adopts it)")
+            self._handoff = True
+            self._stop.set()
             return
         log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
@@ -305,6 +333,9 @@ class Controller:
                 self.event("run_started", run=1, inherited="nothing (no previous run in this log directory)")
             return None
         phase = JobPhase(saved["phase"])
+        if phase in TERMINAL and phase != JobPhase.REQUEUED and not self.fresh and not self.platform.reruns_finished:
+            # restarted after the end (a Deployment restarts what exits): the verdict stands
+            raise JobAlreadyFinished(saved)
         # a planned requeue is the same run going on in a new allocation: its history continues
         if self.fresh or (phase in TERMINAL and phase != JobPhase.REQUEUED):
             if self.fresh and phase not in TERMINAL:
@@ -392,6 +423,13 @@ class Controller:
     def _init_token(self, saved: dict | None) -> None:
         """A continued run keeps its token (its live ranks hold it); a new run gets a new one."""
         try:
+            provided = self.platform.job_token()
+        except PlatformError as exc:
+            raise state_file.StateError(str(exc)) from None
+        if provided is not None:
+            self.token = provided
+            return
+        try:
             self.token = job_token.load_or_create(self.log_dir / "token", reuse=bool(saved))
         except job_token.TokenError as exc:
             raise state_file.StateError(str(exc)) from None
@@ -403,6 +441,7 @@ class Controller:
             self.history = saved["history"]
             self.skip_steps = list(self.history.skip_steps)
             self.event("adopt_failed", detail="no live node of the saved gang; relaunching with the run's history")
+        self.platform.exclude(list(self.history.excluded))
         slots = [s for s in self.platform.slots() if s not in self.history.excluded]
         n = self.cfg.nodes
         size = gang_size(len(slots), n.min, n.max, self.cfg.nproc_per_node, n.world_sizes, n.world_size_multiple_of)
@@ -439,6 +478,11 @@ class Controller:
     # ------------------------------------------------------------------ the loop
     async def _reconcile_loop(self) -> None:
         while self.phase not in TERMINAL:
+            if self._stop.is_set() and self._handoff:
+                self._save_state()
+                self.event("controller_handoff", attempt=self.attempt, phase=self.phase.value,
+                           detail="SIGTERM: this controller stops; the gang keeps running and the next one adopts it")
+                return
             if self._stop.is_set():
                 # stopped on purpose: the ranks get kill_grace_s to write their emergency checkpoint
                 before = self.latest_ckpt["step"] if self.latest_ckpt else -1

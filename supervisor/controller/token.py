@@ -19,14 +19,14 @@ import errno
 import os
 import secrets
 import stat
-import string
 from pathlib import Path
 
-TOKEN_BYTES = 24
-TOKEN_CHARS = 2 * TOKEN_BYTES
+from supervisor.protocol import TOKEN_MAX_CHARS, TOKEN_MIN_CHARS, token_problem
+
+TOKEN_BYTES = TOKEN_MIN_CHARS // 2
+TOKEN_CHARS = TOKEN_MIN_CHARS
 """A token is at least this many hex digits (what :func:`load_or_create` writes)."""
-_MAX_READ = 4096
-_HEX = frozenset(string.hexdigits.encode())
+_MAX_READ = TOKEN_MAX_CHARS
 
 
 class TokenError(RuntimeError):
@@ -75,9 +75,9 @@ def _load(path: Path) -> bytes:
     finally:
         os.close(fd)
     token = data.strip()
-    if len(token) < TOKEN_CHARS or len(token) > _MAX_READ or not set(token) <= _HEX:
-        raise TokenError(f"the job token {path} holds {len(token)} bytes, not a token of at least {TOKEN_CHARS} hex "
-                         f"digits (empty or truncated?): {fresh}")
+    problem = token_problem(token)
+    if problem:
+        raise TokenError(f"the job token {path} holds {problem}: {fresh}")
     return token
 
 

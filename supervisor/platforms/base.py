@@ -90,6 +90,12 @@ def free_port(host: str) -> int:
 
 class Platform(abc.ABC):
     kind: str = "abstract"
+    hands_off_on_sigterm: bool = False
+    """SIGTERM to the controller means its own replacement (a Kubernetes pod), not "stop the job":
+    it leaves the gang running for the next controller to adopt."""
+    reruns_finished: bool = True
+    """A controller started on a finished run starts a new one (a command run again). False: it
+    reports the verdict and does nothing (a Deployment restarting what exited)."""
 
     @abc.abstractmethod
     async def launch(self, spec: LaunchSpec) -> None:
@@ -120,6 +126,11 @@ class Platform(abc.ABC):
     def controller_address(self, bind_host: str) -> str:
         """The address ranks dial to reach the controller listening on ``bind_host``."""
         return bind_host
+
+    def job_token(self) -> bytes | None:
+        """The job token when the platform provides it (a Kubernetes Secret of the release's);
+        None: the controller makes and keeps its own."""
+        return None
 
     def token_env(self, token_path: Path) -> dict[str, str]:
         """How the job token reaches the ranks: a file on a filesystem they share with the controller."""

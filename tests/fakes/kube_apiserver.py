@@ -517,6 +517,9 @@ class FakeKubeAPIServer:
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.log_source: Callable[[str, str], str | None] | None = None
+        """``(namespace, pod) -> text`` for ``pods/NAME/log`` (the fake kubelet keeps the output);
+        None from it: the container has not started."""
 
     # --- lifecycle ---
 
@@ -738,7 +741,7 @@ class FakeKubeAPIServer:
         if namespace is None and rt.namespaced and name is not None:
             return None
         if sub is not None and not (sub == "status" and rt.status_subresource
-                                    or sub == "binding" and rt.plural == "pods"):
+                                    or sub in ("binding", "log") and rt.plural == "pods"):
             return None
         return rt, namespace, name, sub
 
@@ -755,6 +758,8 @@ class FakeKubeAPIServer:
             return await self._watch(request, rt, namespace)
         if verb == "list":
             return web.json_response(self._list(rt, namespace, q))
+        if verb == "get" and sub == "log":
+            return self._log(namespace, name, q)
         if verb == "get":
             return web.json_response(self._get(rt, namespace, name))
         body = await self._body(request)
@@ -775,6 +780,22 @@ class FakeKubeAPIServer:
         if verb == "delete":
             return web.json_response(self._delete(rt, namespace, name, options))
         return web.json_response(self._delete_collection(rt, namespace, q, options))
+
+    def _log(self, namespace: str | None, name: str | None, q: Any) -> web.Response:
+        """``pods/NAME/log``: the container's output as the kubelet keeps it (``log_source``),
+        ``tailLines`` honoured; 400 while the container has not started, as kube-apiserver says."""
+        self._stored(RESOURCES["pods"], namespace, name or "")  # 404 for a pod that does not exist
+        text = self.log_source(namespace or "", name or "") if self.log_source is not None else None
+        if text is None:
+            raise ApiError(400, f'container "agent" in pod "{name}" is waiting to start: ContainerCreating')
+        if "tailLines" in q:
+            try:
+                n = int(q["tailLines"])
+            except ValueError:
+                raise ApiError(400, f"tailLines: {q['tailLines']!r} is not an integer") from None
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[-n:]) if n > 0 else ""
+        return web.Response(text=text, content_type="text/plain")
 
     @staticmethod
     async def _body(request: web.Request) -> Any:

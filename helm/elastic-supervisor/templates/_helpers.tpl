@@ -124,7 +124,6 @@ every object the platform creates (pods, the headless Service, the state ConfigM
       "service" $fullname
       "owner_config_map" (printf "%s-config" $fullname)
       "lease" (printf "%s-leader" $fullname)
-      "state_config_map" (printf "%s-state" $fullname)
       "token_secret" (dict "name" (include "es.tokenSecretName" .) "key" .Values.token.secretKey)
       "token_file" (printf "%s/%s" (include "es.tokenDir" .) .Values.token.secretKey)
       "node_reads" .Values.rbac.nodeReads
