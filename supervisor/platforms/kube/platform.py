@@ -1,0 +1,659 @@
+"""The ``kubernetes`` platform: one bare Pod per node slot per attempt.
+
+For attempt k of job J the platform creates, in its namespace:
+
+* one headless Service ``J-rdzv`` (``clusterIP: None``, ``publishNotReadyAddresses: true``)
+  selecting the job's pods, so that the first pod has a stable DNS name before it is Ready;
+* a Secret ``J-token`` holding the job token, which reaches every rank as
+  ``SUPERVISOR_TOKEN`` (``secretKeyRef``): never on a shared filesystem;
+* one Pod ``J-aK-SLOT`` per node slot (``restartPolicy: Never``), labelled managed-by, job,
+  attempt and slot, running one torchrun agent (``--max-restarts 0``: recovery is ours). The
+  first pod's agent serves the c10d store (``is_host=1``); the others dial it by its DNS name
+  under the Service, or by its IP (``rdzv_address: ip``, once the pod has one). The controller
+  never hosts the store: its loss would take every healthy agent with it.
+
+Every object carries an owner reference to the release's ConfigMap when one is named
+(``owner_configmap``), so deleting the release garbage-collects the pods.
+
+**Observe** by list + watch with a label selector (:class:`~.client.Watcher`), never a GET per
+pod per tick: Pending/Running -> running; Succeeded/Failed -> exited with the container's exit
+code (``128+N`` -> killed by signal N); gone (deleted by someone else) or ``DisruptionTarget``
+(eviction, preemption, taint manager) -> lost, with the reason; the pod's node NotReady (with
+``read_nodes``) -> stopped. Pods of older attempts are deleted on sight (attempt fencing).
+
+**Act.** ``kill_node`` deletes the pod with ``gracePeriodSeconds: 0``; teardown deletes the gang
+with the pods' grace period, waits for it, then forces what is left and moves on: new pod names
+per attempt, so a pod stuck Terminating never blocks the relaunch. A machine the controller
+excludes is avoided through required node affinity (``NotIn``); with ``read_nodes`` the slots are
+the Ready, schedulable nodes themselves (a pod pinned to each), so a lost node shrinks the gang
+or hands its slot to a spare.
+
+**Leader election** (:meth:`supervise`): only the holder of the Lease ``J-controller`` runs the
+controller; one that loses it stops acting at once (every later call here refuses) and kills
+nothing; the Deployment restarts it as a candidate, and the new leader adopts the gang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import json
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from supervisor.platforms.agent import agent_env, torchrun_argv
+from supervisor.platforms.agent_output import last_error, parse
+from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError, free_port
+from supervisor.platforms.kube.client import KubeApi, Watcher, api_client, own_namespace
+from supervisor.protocol import TOKEN_MAX_CHARS, token_problem
+
+log = logging.getLogger("supervisor.platform.kube")
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "elastic-supervisor"
+JOB_LABEL = "elastic-supervisor/job"
+ATTEMPT_LABEL = "elastic-supervisor/attempt"
+SLOT_LABEL = "elastic-supervisor/slot"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+TOKEN_KEY = "token"
+DISRUPTION = "DisruptionTarget"
+_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(text: str, limit: int = 63) -> str:
+    """``text`` as an RFC 1123 label: lowercase alphanumerics and '-', at most ``limit`` characters."""
+    out = _DNS.sub("-", text.lower()).strip("-")[:limit].strip("-")
+    return out or "x"
+
+
+def exit_code(terminated_code: int | None) -> int | None:
+    """A container's exit code as the platforms report it: 128+N (the runtime's way to say killed
+    by signal N) -> -N."""
+    if terminated_code is None:
+        return None
+    return -(terminated_code - 128) if 128 < terminated_code < 128 + 65 else terminated_code
+
+
+@dataclass
+class _Pod:
+    slot: str
+    name: str
+    attempt: int
+    killed_by_us: bool = False
+    deleted_by_us: bool = False
+    seen: bool = False
+    final: NodeStatus | None = None
+
+
+@dataclass
+class Settings:
+    namespace: str
+    job: str
+    image: str = ""
+    python: str = "python"
+    worker: Any = None
+    """The job config's ``platform.kubernetes.worker`` (pull policy, resources, tolerations ...)."""
+    volumes: Any = None
+    """``platform.kubernetes.volumes``: the claims every pod mounts."""
+    rdzv_port: int = 29400
+    rdzv_address: str = "dns"
+    controller_address: str = ""
+    read_nodes: bool = False
+    slots: int = 1
+    pods_per_node: int = 1
+    node_selector: dict = field(default_factory=dict)
+    termination_grace_s: int = 30
+    delete_confirm_s: float = 15.0
+    launch_timeout_s: float = 120.0
+    leader_election: bool = True
+    lease: str = ""
+    lease_duration_s: int = 15
+    renew_deadline_s: float = 10.0
+    owner_configmap: str = ""
+    token_secret: str = ""
+    token_key: str = TOKEN_KEY
+    token_file: str = ""
+
+
+class KubernetesPlatform(Platform):
+    kind = "kubernetes"
+    hands_off_on_sigterm = True   # SIGTERM: our pod is replaced (upgrade, drain); the gang trains on
+    reruns_finished = False       # the Deployment restarts a controller that exited: the verdict stands
+
+    def __init__(self, api: KubeApi, settings: Settings) -> None:
+        self.api = api
+        self.s = settings
+        self.ns = settings.namespace
+        self.job = dns_label(settings.job, 40)
+        self.service = f"{self.job}-rdzv"
+        self.secret = settings.token_secret or f"{self.job}-token"
+        self.token_key = settings.token_key if settings.token_secret else TOKEN_KEY
+        self.selector = f"{MANAGED_BY}={MANAGER},{JOB_LABEL}={self.job}"
+        self.pods: dict[str, _Pod] = {}
+        self.attempt = -1
+        self.excluded: list[str] = []
+        self.token_path: Path | None = None
+        self.fenced = ""
+        """Why this platform refuses to act (leadership lost); empty while it may."""
+        self._owner: list[dict] | None = None
+        self._ensured: set[str] = set()
+        self._fencing: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._token_written: bytes | None = None
+        self.pod_watch = Watcher("pods", api.core.list_namespaced_pod, namespace=self.ns, label_selector=self.selector,
+                                 timeout_s=api.timeout_s)
+        self.node_watch = (Watcher("nodes", api.core.list_node, timeout_s=api.timeout_s,
+                                   label_selector=",".join(f"{k}={v}" for k, v in settings.node_selector.items()))
+                           if settings.read_nodes else None)
+
+    def start(self, wait_s: float = 30.0) -> "KubernetesPlatform":
+        self.pod_watch.start(wait_s)
+        if self.node_watch is not None:
+            self.node_watch.start(wait_s)
+        return self
+
+    def close(self) -> None:
+        self.pod_watch.stop()
+        if self.node_watch is not None:
+            self.node_watch.stop()
+
+    # ------------------------------------------------------------------ what the platform owns
+    def slots(self) -> list[str]:
+        if self.node_watch is None:
+            return [f"slot-{i}" for i in range(self.s.slots)]
+        out = []
+        for name, node in sorted(self.node_watch.snapshot().items()):
+            if not _node_ready(node) or (node.spec and node.spec.unschedulable) or name in self.excluded:
+                continue
+            out += [name] if self.s.pods_per_node == 1 else [f"{name}--{i}" for i in range(self.s.pods_per_node)]
+        return out
+
+    def exclude(self, hosts: Sequence[str]) -> None:
+        self.excluded = sorted(set(hosts))
+
+    def rendezvous_endpoint(self, attempt: int, host: str) -> str:
+        # the port; the host (the first pod, by name or IP) is settled at launch
+        port = self.s.rdzv_port or free_port("127.0.0.1")
+        return f"{self.service}.{self.ns}.svc:{port}"
+
+    def controller_address(self, bind_host: str) -> str:
+        return self.s.controller_address or os.environ.get("POD_IP") or bind_host
+
+    def job_token(self) -> bytes | None:
+        if not self.s.token_secret:
+            return None  # the controller makes one; launch() writes it into <job>-token
+        return read_mounted_token(Path(self.s.token_file))
+
+    def token_env(self, token_path: Path) -> dict[str, str]:
+        self.token_path = token_path  # without a token Secret of the release's, written from it at launch
+        return {}
+
+    def banner(self, cfg) -> str:
+        return (f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} pods x {cfg.nproc_per_node} in "
+                f"namespace {self.ns} (slots: {self.slots()}); pods {self.job}-aK-SLOT labelled {self.selector}; "
+                f"events and state in {cfg.log_dir}; watch with `kubectl get pods -n {self.ns} -l {JOB_LABEL}={self.job}`")
+
+    # ------------------------------------------------------------------ launch
+    def _pod_name(self, attempt: int, slot: str) -> str:
+        return dns_label(f"{self.job}-a{attempt}-{slot}")
+
+    def _check_fenced(self) -> None:
+        if self.fenced:
+            raise PlatformError(f"not acting: {self.fenced}")
+
+    async def launch(self, spec: LaunchSpec) -> None:
+        self._check_fenced()
+        await self._ensure_owner()
+        await self._ensure_service()
+        await self._ensure_token()
+        self.attempt = spec.attempt
+        self.pods = {slot: _Pod(slot, self._pod_name(spec.attempt, slot), spec.attempt) for slot in spec.nodes}
+        self._fence_older()
+        port = spec.rdzv_endpoint.rsplit(":", 1)[1]
+        first = spec.nodes[0]
+        first_name = self.pods[first].name
+        await self._create_pod(spec, first, f"{first_name}.{self.service}.{self.ns}.svc:{port}", is_host=True)
+        if self.s.rdzv_address == "ip":
+            endpoint = f"{await self._wait_pod_ip(first_name)}:{port}"
+        else:
+            endpoint = f"{first_name}.{self.service}.{self.ns}.svc:{port}"
+        for slot in spec.nodes[1:]:
+            await self._create_pod(spec, slot, endpoint, is_host=False)
+        log.info("event=pods_created attempt=%d pods=%s rendezvous=%s", spec.attempt,
+                 [p.name for p in self.pods.values()], endpoint)
+
+    async def _create_pod(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> None:
+        pod = self._pod_body(spec, slot, endpoint, is_host)
+        created = await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
+        if created is None:  # 409: a retried launch of this attempt already made it
+            log.info("event=pod_exists pod=%s", pod["metadata"]["name"])
+
+    def _pod_body(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> dict:
+        name = self.pods[slot].name
+        argv = torchrun_argv(self.s.python, spec, endpoint=endpoint, is_host=is_host)
+        env = agent_env(spec, slot, Path("/tmp"))
+        env.pop("TMPDIR", None)  # the container's own
+        env_list: list[dict] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+        env_list.append({"name": "SUPERVISOR_TOKEN", "valueFrom": {"secretKeyRef": {"name": self.secret,
+                                                                                    "key": self.token_key}}})
+        env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+        w = self.s.worker
+        container: dict[str, Any] = {"name": "agent", "image": self.s.image, "command": argv, "env": env_list}
+        pod_spec: dict[str, Any] = {
+            "restartPolicy": "Never", "hostname": name, "subdomain": self.service,
+            "terminationGracePeriodSeconds": self.s.termination_grace_s,
+            "automountServiceAccountToken": False,  # ranks never call the Kubernetes API
+        }
+        volumes, mounts = self._volumes()
+        if w is not None:
+            container["imagePullPolicy"] = w.image_pull_policy
+            if w.resources:
+                container["resources"] = _quantities(w.resources)
+            if w.image_pull_secrets:
+                pod_spec["imagePullSecrets"] = copy.deepcopy(list(w.image_pull_secrets))
+            if w.service_account:
+                pod_spec["serviceAccountName"] = w.service_account
+            if w.tolerations:
+                pod_spec["tolerations"] = copy.deepcopy(list(w.tolerations))
+            if w.priority_class_name:
+                pod_spec["priorityClassName"] = w.priority_class_name
+        if volumes:
+            pod_spec["volumes"], container["volumeMounts"] = volumes, mounts
+        pod_spec["containers"] = [container]
+        affinity = self._affinity(slot)
+        if affinity:
+            pod_spec["affinity"] = affinity
+        if self.s.node_selector:
+            pod_spec["nodeSelector"] = dict(self.s.node_selector)
+        labels = dict(w.labels if w is not None else {}) | {
+            MANAGED_BY: MANAGER, JOB_LABEL: self.job, ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot)}
+        annotations = dict(w.annotations if w is not None else {}) | {
+            "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
+        meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
+        if self._owner:
+            meta["ownerReferences"] = self._owner
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+    def _volumes(self) -> tuple[list[dict], list[dict]]:
+        """The shared claims (checkpoints, logs: the same paths as the controller's) and /dev/shm."""
+        volumes: list[dict] = []
+        mounts: list[dict] = []
+        v = self.s.volumes
+        for key in ("checkpoints", "logs"):
+            vol = getattr(v, key, None) if v is not None else None
+            if vol is None or not vol.claim_name or not vol.mount_path:
+                continue
+            volumes.append({"name": key, "persistentVolumeClaim": {"claimName": vol.claim_name}})
+            mounts.append({"name": key, "mountPath": vol.mount_path, **({"subPath": vol.sub_path} if vol.sub_path else {})})
+        w = self.s.worker
+        if w is not None and w.shm_size:
+            volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": w.shm_size}})
+            mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        return volumes, mounts
+
+    def _affinity(self, slot: str) -> dict:
+        terms: list[dict] = []
+        if self.node_watch is not None:
+            node = slot.split("--", 1)[0]
+            terms.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node]})
+        elif self.excluded:
+            terms.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(self.excluded)})
+        if not terms:
+            return {}
+        return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
+
+    async def _wait_pod_ip(self, name: str) -> str:
+        deadline = time.monotonic() + self.s.launch_timeout_s
+        while time.monotonic() < deadline:
+            pod = self.pod_watch.snapshot().get(name)
+            if pod is not None and pod.status and pod.status.pod_ip:
+                return pod.status.pod_ip
+            if pod is not None and pod.status and pod.status.phase in ("Failed", "Succeeded"):
+                raise PlatformError(f"pod {name} ended ({pod.status.phase}) before it had an IP")
+            await asyncio.sleep(0.05)
+        raise PlatformError(f"pod {name} got no IP within {self.s.launch_timeout_s:g}s (unschedulable? "
+                            f"`kubectl describe pod -n {self.ns} {name}`)")
+
+    async def _ensure_owner(self) -> None:
+        if self._owner is not None or not self.s.owner_configmap:
+            self._owner = self._owner or []
+            return
+        cm = await self.api.call(self.api.core.read_namespaced_config_map, self.s.owner_configmap, self.ns, ok=(404,))
+        if cm is None:
+            log.warning("event=owner_missing configmap=%s (objects get no owner reference)", self.s.owner_configmap)
+            self._owner = []
+            return
+        self._owner = [{"apiVersion": "v1", "kind": "ConfigMap", "name": cm.metadata.name, "uid": cm.metadata.uid}]
+
+    async def _ensure_service(self) -> None:
+        if "service" in self._ensured:
+            return
+        body = {"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": self.service, "namespace": self.ns,
+                             "labels": {MANAGED_BY: MANAGER, JOB_LABEL: self.job},
+                             **({"ownerReferences": self._owner} if self._owner else {})},
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                         "selector": {MANAGED_BY: MANAGER, JOB_LABEL: self.job},
+                         "ports": [{"name": "c10d", "port": self.s.rdzv_port or 29400}]}}
+        await self.api.call(self.api.core.create_namespaced_service, self.ns, body, ok=(409,))
+        self._ensured.add("service")
+
+    async def _ensure_token(self) -> None:
+        if self.s.token_secret:  # the release's Secret: the pods read the same one the controller has mounted
+            return
+        if self.token_path is None:
+            raise PlatformError("no job token to hand to the pods (token_env was never asked)")
+        token = self.token_path.read_bytes().strip()
+        data = {TOKEN_KEY: base64.b64encode(token).decode()}
+        if self._token_written == token:
+            return
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
+                "metadata": {"name": self.secret, "namespace": self.ns,
+                             "labels": {MANAGED_BY: MANAGER, JOB_LABEL: self.job},
+                             **({"ownerReferences": self._owner} if self._owner else {})}}
+        made = await self.api.call(self.api.core.create_namespaced_secret, self.ns, body, ok=(409,))
+        if made is None:  # exists: a new run may have a new token
+            await self.api.call(self.api.core.patch_namespaced_secret, self.secret, self.ns, {"data": data})
+        self._token_written = token
+
+    # ------------------------------------------------------------------ observe
+    async def observe(self) -> dict[str, NodeStatus]:
+        pods = self.pod_watch.snapshot()
+        nodes = self.node_watch.snapshot() if self.node_watch is not None else {}
+        self._fence_older(pods)
+        out: dict[str, NodeStatus] = {}
+        for slot, p in self.pods.items():
+            if p.final is not None:
+                out[slot] = p.final
+                continue
+            obj = pods.get(p.name)
+            if obj is None:
+                gone = self.pod_watch.gone(p.name)
+                if gone is None and not p.seen:
+                    out[slot] = NodeStatus(slot, p.attempt, NodeState.RUNNING)  # created, not seen yet
+                    continue
+                status = self._final(p, gone, deleted=True)
+                p.final = status
+                out[slot] = status
+                continue
+            p.seen = True
+            status = self._status(p, obj, nodes)
+            if status.state != NodeState.RUNNING:
+                status = await self._with_failures(p, status)
+                p.final = status
+            out[slot] = status
+        return out
+
+    async def _with_failures(self, p: _Pod, status: NodeStatus) -> NodeStatus:
+        """A failed agent's ranks as its own output (the pod's log) tells them, read once."""
+        if status.state != NodeState.EXITED or status.exit_code in (0, None) or p.killed_by_us:
+            return status
+        try:
+            text = await self.api.call(self.api.core.read_namespaced_pod_log, p.name, self.ns, tail_lines=400,
+                                       container="agent", ok=(400, 404), retry_s=5.0) or ""
+        except PlatformError as exc:
+            log.warning("event=pod_log_unreadable pod=%s error=%s", p.name, exc)
+            return status
+        failures = parse(text)
+        return dataclasses.replace(status, failures=failures, output_error="" if failures else last_error(text))
+
+    def _status(self, p: _Pod, pod: Any, nodes: dict) -> NodeStatus:
+        host = (pod.spec.node_name if pod.spec else None) or ""
+        disruption = _condition(pod, DISRUPTION)
+        phase = pod.status.phase if pod.status else None
+        if disruption is not None and disruption.status == "True" and not p.deleted_by_us:
+            why = f"{disruption.reason or 'disrupted'}: {disruption.message or ''}".strip(": ")
+            return NodeStatus(p.slot, p.attempt, NodeState.LOST, host=host, detail=f"pod {p.name} {why}",
+                              killed_by_us=p.killed_by_us)
+        if phase in ("Succeeded", "Failed"):
+            return self._final(p, pod, deleted=False)
+        node = nodes.get(host) if host else None
+        stopped = node is not None and not _node_ready(node)
+        return NodeStatus(p.slot, p.attempt, NodeState.RUNNING, host=host, stopped=stopped,
+                          detail=f"node {host} is not Ready" if stopped else "")
+
+    def _final(self, p: _Pod, pod: Any, deleted: bool) -> NodeStatus:
+        """A pod that ended or went away. One deleted by someone else (``kubectl delete``, a
+        controller of the cluster) is lost, not failed: its SIGTERM exit says nothing against
+        its machine."""
+        host = (pod.spec.node_name if pod is not None and pod.spec else None) or ""
+        term = _terminated(pod)
+        code = exit_code(term.exit_code) if term is not None else None
+        by_other = not p.deleted_by_us and (deleted or bool(pod is not None and pod.metadata.deletion_timestamp))
+        if code is not None and not by_other:
+            why = f"pod {p.name} {term.reason or 'terminated'} (exit code {term.exit_code})"
+            return NodeStatus(p.slot, p.attempt, NodeState.EXITED, exit_code=code, killed_by_us=p.killed_by_us,
+                              host=host, detail=why)
+        who = "deleted by us" if p.deleted_by_us else "deleted by someone else"
+        ended = f" (exit code {term.exit_code})" if term is not None else " before it reported an exit code"
+        return NodeStatus(p.slot, p.attempt, NodeState.LOST, killed_by_us=p.killed_by_us, host=host,
+                          detail=f"pod {p.name} {who}{ended}")
+
+    def _fence_older(self, pods: dict | None = None) -> None:
+        """Delete, once, every pod of this job from an attempt before the current one."""
+        if self.fenced:
+            return
+        for name, pod in (pods if pods is not None else self.pod_watch.snapshot()).items():
+            labels = pod.metadata.labels or {}
+            try:
+                attempt = int(labels.get(ATTEMPT_LABEL, "-1"))
+            except ValueError:
+                continue
+            if attempt < self.attempt and name not in self._fencing and not pod.metadata.deletion_timestamp:
+                self._fencing.add(name)
+                log.warning("event=stale_pod_deleted pod=%s attempt=%d current=%d", name, attempt, self.attempt)
+                self._spawn(self._delete(name, 0))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _delete(self, name: str, grace: int) -> None:
+        try:
+            await self.api.call(self.api.core.delete_namespaced_pod, name, self.ns, grace_period_seconds=grace,
+                                ok=(404,))
+        except PlatformError as exc:
+            log.warning("event=pod_delete_failed pod=%s error=%s", name, exc)
+
+    # ------------------------------------------------------------------ act
+    async def kill_node(self, name: str) -> None:
+        self._check_fenced()
+        p = self.pods.get(name)
+        if p is None:
+            return
+        p.killed_by_us = p.deleted_by_us = True
+        await self.api.call(self.api.core.delete_namespaced_pod, p.name, self.ns, grace_period_seconds=0, ok=(404,))
+        log.info("event=pod_killed pod=%s slot=%s", p.name, name)
+
+    async def teardown(self, grace_s: float) -> None:
+        self._check_fenced()
+        live = [p for p in self.pods.values() if p.name in self.pod_watch.snapshot()]
+        for p in live:
+            p.deleted_by_us = True
+        grace = max(0, int(round(grace_s)))
+        await asyncio.gather(*(self._delete(p.name, grace) for p in live))
+        deadline = time.monotonic() + grace + self.s.delete_confirm_s
+        while time.monotonic() < deadline:
+            left = [p.name for p in live if p.name in self.pod_watch.snapshot()]
+            if not left:
+                return
+            await asyncio.sleep(0.1)
+        left = [p.name for p in live if p.name in self.pod_watch.snapshot()]
+        if left:  # stuck Terminating (a node that does not answer): force, and do not wait for it
+            log.warning("event=pods_forced pods=%s after_s=%.0f (new pod names per attempt: the relaunch is not "
+                        "blocked)", left, grace + self.s.delete_confirm_s)
+            await asyncio.gather(*(self._delete(n, 0) for n in left))
+
+    # ------------------------------------------------------------------ adoption
+    def describe(self) -> dict:
+        return {"namespace": self.ns, "attempt": self.attempt, "excluded": list(self.excluded),
+                "pods": {slot: p.name for slot, p in self.pods.items()}}
+
+    async def adopt(self, saved: dict, attempt: int) -> bool:
+        saved = saved or {}
+        names = saved.get("pods") or {}
+        self.excluded = list(saved.get("excluded") or self.excluded)
+        pods = self.pod_watch.snapshot()
+        live = {slot: name for slot, name in names.items()
+                if name in pods and not pods[name].metadata.deletion_timestamp
+                and (pods[name].status is None or pods[name].status.phase in (None, "Pending", "Running"))}
+        self.attempt = attempt
+        if not names or len(live) != len(names):
+            log.info("event=adopt_refused attempt=%d saved=%s live=%s", attempt, sorted(names), sorted(live))
+            self.attempt = attempt  # older pods are fenced once the relaunch raises the attempt
+            return False
+        self.pods = {slot: _Pod(slot, name, attempt, seen=True) for slot, name in names.items()}
+        log.info("event=gang_adopted attempt=%d pods=%s", attempt, sorted(names.values()))
+        return True
+
+    # ------------------------------------------------------------------ leader election
+    async def supervise(self, job) -> int:
+        code = await self._lead(job)
+        if self.fenced:
+            return code
+        return await self._idle(code)
+
+    async def _idle(self, code: int) -> int:
+        """The job has ended: stay up (a Deployment restarts a container that exits, and a
+        restarted controller would only report the same verdict) until SIGTERM or SIGINT."""
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, done.set)
+        log.info("event=idle exit_code=%d: the job has ended; this controller stays up so that its Deployment does "
+                 "not restart it (`helm uninstall` removes the job, its pods and this controller)", code)
+        await done.wait()
+        return code
+
+    async def _lead(self, job) -> int:
+        if not self.s.leader_election:
+            try:
+                return await job.run()
+            finally:
+                self.close()
+        from kubernetes import client
+
+        from supervisor.platforms.kube.lease import LeaseConfig, LeaseElector, default_identity
+
+        identity = default_identity()  # <hostname (the pod's name)>_<random>: a restarted controller is new
+        lease = LeaseConfig(namespace=self.ns, name=self.s.lease or f"{self.job}-controller", identity=identity,
+                            lease_duration_s=self.s.lease_duration_s, renew_deadline_s=self.s.renew_deadline_s,
+                            retry_period_s=min(2.0, self.s.renew_deadline_s / 3),
+                            request_timeout_s=min(5.0, self.s.renew_deadline_s))
+        elector = LeaseElector(client.CoordinationV1Api(self.api.api_client), lease)
+        campaign = elector.start()
+        log.info("event=leader_election lease=%s/%s identity=%s (only the holder acts)", self.ns, lease.name, identity)
+        waiting = asyncio.ensure_future(elector.wait_leading())
+        await asyncio.wait({waiting, campaign}, return_when=asyncio.FIRST_COMPLETED)
+        if campaign.done():
+            waiting.cancel()
+            self.close()
+            campaign.result()  # raises the elector's PlatformError (RBAC, bad name)
+            return 1
+        log.info("event=leading lease=%s/%s identity=%s", self.ns, lease.name, identity)
+        run = asyncio.ensure_future(job.run())
+        lost = asyncio.ensure_future(elector.wait_not_leading())
+        try:
+            await asyncio.wait({run, lost, campaign}, return_when=asyncio.FIRST_COMPLETED)
+            if run.done():
+                return run.result()
+            # leadership lost: stop acting at once, kill nothing; the new leader adopts the gang
+            self.fenced = f"the Lease {self.ns}/{lease.name} is no longer ours"
+            log.error("event=leadership_lost lease=%s/%s identity=%s: stopping without touching the gang",
+                      self.ns, lease.name, identity)
+            job.event("leadership_lost", lease=f"{self.ns}/{lease.name}", identity=identity,
+                      detail="another controller leads now; this one stopped acting and killed nothing")
+            run.cancel()
+            try:
+                await run
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - we are leaving; the leader acts
+                pass
+            return 1
+        finally:
+            for t in (lost,):
+                t.cancel()
+            await elector.stop()
+            self.close()
+
+
+def _quantities(resources: dict) -> dict:
+    """``{limits: {nvidia.com/gpu: 8}}`` as the API's quantities: strings (YAML gives numbers)."""
+    return {section: ({k: str(v) for k, v in values.items()} if isinstance(values, dict) else copy.deepcopy(values))
+            for section, values in resources.items()}
+
+
+def _condition(pod: Any, kind: str) -> Any:
+    for c in (pod.status.conditions or []) if pod.status else []:
+        if c.type == kind:
+            return c
+    return None
+
+
+def _terminated(pod: Any) -> Any:
+    if pod is None or not pod.status:
+        return None
+    for cs in pod.status.container_statuses or []:
+        if cs.state and cs.state.terminated:
+            return cs.state.terminated
+    return None
+
+
+def _node_ready(node: Any) -> bool:
+    for c in (node.status.conditions or []) if node.status else []:
+        if c.type == "Ready":
+            return c.status == "True"
+    return False
+
+
+def read_mounted_token(path: Path) -> bytes:
+    """The job token from a mounted Secret. The kubelet writes a Secret volume as symlinks
+    (``token -> ..data/token``, ``..data -> ..2026_12_01...``) owned by root: follow them, but only
+    within the volume's own folder, and check what is read is a token."""
+    folder = path.parent.resolve()
+    try:
+        real = path.resolve(strict=True)
+    except OSError as exc:
+        raise PlatformError(f"platform.kubernetes.token_file: cannot read {path}: {exc.strerror or exc} (is the "
+                            "token Secret mounted there?)") from None
+    if folder not in real.parents:
+        raise PlatformError(f"platform.kubernetes.token_file: {path} leads outside its own folder ({real})")
+    try:
+        with open(real, "rb") as f:
+            token = f.read(TOKEN_MAX_CHARS + 1).strip()
+    except OSError as exc:
+        raise PlatformError(f"platform.kubernetes.token_file: cannot read {path}: {exc.strerror or exc}") from None
+    problem = token_problem(token)
+    if problem:
+        raise PlatformError(f"platform.kubernetes.token_file: {path} holds {problem}")
+    return token
+
+
+def from_config(cfg, log_dir: Path) -> KubernetesPlatform:
+    """The platform of a JobConfig with ``platform.kind: kubernetes`` (lists its pods now)."""
+    k = cfg.platform.kubernetes
+    if not k.worker.image:
+        raise PlatformError("platform.kubernetes.worker.image: required (the worker image: python, torch, the "
+                            "training code and elastic-supervisor)")
+    namespace = k.namespace or own_namespace()
+    address = k.controller_address or (f"{k.service}.{namespace}.svc" if k.service else "")
+    settings = Settings(
+        namespace=namespace, job=cfg.job, image=k.worker.image, python=k.python, worker=k.worker, volumes=k.volumes,
+        rdzv_port=k.rdzv_port, rdzv_address=k.rendezvous, controller_address=address, read_nodes=k.node_reads,
+        slots=k.slots or cfg.nodes.max, pods_per_node=k.pods_per_node, node_selector=dict(k.worker.node_selector),
+        termination_grace_s=k.termination_grace_s, delete_confirm_s=k.delete_confirm_s,
+        leader_election=k.leader_election, lease=k.lease, lease_duration_s=k.lease_duration_s,
+        renew_deadline_s=k.renew_deadline_s, owner_configmap=k.owner_config_map, token_secret=k.token_secret.name,
+        token_key=k.token_secret.key, token_file=k.token_file,
+    )
+    api = KubeApi(api_client(k.kubeconfig, k.context), timeout_s=k.api_timeout_s, retry_s=k.api_retry_s)
+    return KubernetesPlatform(api, settings).start(wait_s=k.api_retry_s)

@@ -1,0 +1,210 @@
+"""The Kubernetes platform against the fake API server through the real client, with the test
+writing pod and node status as a kubelet would: what it creates, how it reads each state a
+pod can reach, attempt fencing, adoption, leader fencing and API failures. The end-to-end runs
+with real processes are in tests/test_kube_platform.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from fakes.kube_apiserver import FakeKubeAPIServer
+from supervisor.config import VolumeConfig, VolumesConfig, WorkerConfig
+from supervisor.platforms.base import LaunchSpec, NodeState, PlatformError
+from supervisor.platforms.kube.client import KubeApi
+from supervisor.platforms.kube.platform import KubernetesPlatform, Settings, exit_code, read_mounted_token
+
+NS = "ml"
+TOKEN = "ab" * 24
+
+
+@pytest.fixture
+def api():
+    server = FakeKubeAPIServer().start()
+    yield server
+    server.stop()
+
+
+def platform(api, tmp_path: Path, retry: float = 2, **kw) -> KubernetesPlatform:
+    (tmp_path / "token").write_text(TOKEN)
+    settings = Settings(namespace=NS, job="Job_1", image="img:1", **({"slots": 2} | kw))
+    p = KubernetesPlatform(KubeApi(client.ApiClient(api.configuration()), timeout_s=2, retry_s=retry),
+                           settings).start(wait_s=10)
+    p.token_env(tmp_path / "token")
+    return p
+
+
+def spec(attempt: int = 0, nodes=("slot-0", "slot-1")) -> LaunchSpec:
+    return LaunchSpec(attempt=attempt, nodes=list(nodes), nnodes_min=len(nodes), nnodes_max=len(nodes),
+                      nproc_per_node=1, command=["python", "train.py"], env={"SUPERVISOR_JOB": "j"},
+                      rdzv_endpoint="ignored:29400", rdzv_id=f"j-{attempt}")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def set_status(api, name: str, status: dict) -> None:
+    v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+    v1.patch_namespaced_pod_status(name, NS, {"status": status})
+
+
+def until(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def terminated(code: int, reason: str = "Error") -> dict:
+    return {"phase": "Failed" if code else "Succeeded",
+            "containerStatuses": [{"name": "agent", "ready": False, "restartCount": 0, "image": "img:1", "imageID": "",
+                                   "state": {"terminated": {"exitCode": code, "reason": reason}}}]}
+
+
+def test_launch_makes_named_labelled_pods_a_headless_service_and_a_token_secret(api, tmp_path):
+    p = platform(api, tmp_path, worker=WorkerConfig(image="img:1", resources={"limits": {"nvidia.com/gpu": 8}},
+                                                    tolerations=[{"key": "gpu", "operator": "Exists"}],
+                                                    shm_size="8Gi", labels={"team": "a"}),
+                 volumes=VolumesConfig(checkpoints=VolumeConfig("ckpt", "llama", "/ckpt")))
+    try:
+        p.exclude(["bad-node"])
+        run(p.launch(spec()))
+        pods = {o["metadata"]["name"]: o for o in api.objects("pods", NS)}
+        assert sorted(pods) == ["job-1-a0-slot-0", "job-1-a0-slot-1"]  # RFC 1123 names from "Job_1"
+        first = pods["job-1-a0-slot-0"]
+        labels = first["metadata"]["labels"]
+        assert labels | {"team": "a"} == labels and labels["elastic-supervisor/attempt"] == "0"
+        assert labels["app.kubernetes.io/managed-by"] == "elastic-supervisor"
+        (c,) = first["spec"]["containers"]
+        argv = c["command"]
+        assert "--rdzv-endpoint=job-1-a0-slot-0.job-1-rdzv.ml.svc:29400" in argv and any("is_host=1" in a for a in argv)
+        second_argv = pods["job-1-a0-slot-1"]["spec"]["containers"][0]["command"]
+        assert any("is_host=0" in a for a in second_argv)
+        assert c["resources"] == {"limits": {"nvidia.com/gpu": "8"}}  # a quantity, as the API writes it
+        assert {"name": "checkpoints", "mountPath": "/ckpt", "subPath": "llama"} in c["volumeMounts"]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        assert first["spec"]["restartPolicy"] == "Never" and first["spec"]["automountServiceAccountToken"] is False
+        assert first["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"] == [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["bad-node"]}]}]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["SUPERVISOR_TOKEN"] == {"name": "SUPERVISOR_TOKEN", "valueFrom": {
+            "secretKeyRef": {"name": "job-1-token", "key": "token"}}}
+        assert TOKEN not in str(first)  # the token is in the Secret only
+        svc = api.get("services", NS, "job-1-rdzv")
+        assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+        assert api.get("secrets", NS, "job-1-token")["data"]["token"]
+    finally:
+        p.close()
+
+
+def test_each_state_a_pod_reaches_is_read_as_the_controller_needs_it(api, tmp_path):
+    p = platform(api, tmp_path, slots=4)
+    try:
+        run(p.launch(spec(nodes=("slot-0", "slot-1", "slot-2", "slot-3"))))
+        set_status(api, "job-1-a0-slot-0", {"phase": "Running", "podIP": "10.0.0.1"})
+        set_status(api, "job-1-a0-slot-1", terminated(137))  # killed by SIGKILL: 128 + 9
+        set_status(api, "job-1-a0-slot-2", {"phase": "Running", "conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler", "message": "preempted"}]})
+        v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+        v1.delete_namespaced_pod("job-1-a0-slot-3", NS, grace_period_seconds=0)  # by someone else
+
+        def observed():
+            got = run(p.observe())
+            return got if got["slot-3"].state == NodeState.LOST and got["slot-1"].state == NodeState.EXITED else None
+        got = until(observed)
+        assert got["slot-0"].state == NodeState.RUNNING
+        assert got["slot-1"].exit_code == -9
+        assert got["slot-2"].state == NodeState.LOST and "PreemptionByScheduler" in got["slot-2"].detail
+        assert "deleted by someone else" in got["slot-3"].detail
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("code, reported", [(0, 0), (1, 1), (137, -9), (143, -15), (255, 255), (None, None)])
+def test_container_exit_codes(code, reported):
+    assert exit_code(code) == reported
+
+
+def test_pods_of_an_older_attempt_are_deleted_on_sight(api, tmp_path):
+    p = platform(api, tmp_path)
+    try:
+        run(p.launch(spec(0)))
+        run(p.launch(spec(1)))  # the relaunch: attempt 0's pods are fenced
+        until(lambda: all(o["metadata"].get("deletionTimestamp") or o["metadata"]["labels"][
+            "elastic-supervisor/attempt"] == "1" for o in api.objects("pods", NS)))
+    finally:
+        p.close()
+
+
+def test_adoption_takes_a_whole_live_gang_and_refuses_a_broken_one(api, tmp_path):
+    p = platform(api, tmp_path)
+    try:
+        run(p.launch(spec(3)))
+        saved = p.describe()
+        fresh = platform(api, tmp_path)
+        try:
+            assert run(fresh.adopt(saved, 3)) is True
+            assert sorted(run(fresh.observe())) == ["slot-0", "slot-1"]
+            set_status(api, "job-1-a3-slot-1", terminated(1))
+            other = platform(api, tmp_path)
+            try:
+                until(lambda: other.pod_watch.snapshot()["job-1-a3-slot-1"].status.phase == "Failed")
+                assert run(other.adopt(saved, 3)) is False
+            finally:
+                other.close()
+        finally:
+            fresh.close()
+    finally:
+        p.close()
+
+
+def test_a_platform_that_lost_its_lease_refuses_to_act(api, tmp_path):
+    p = platform(api, tmp_path)
+    try:
+        run(p.launch(spec()))
+        p.fenced = "the Lease ml/job-1-controller is no longer ours"
+        for action in (p.kill_node("slot-0"), p.teardown(0), p.launch(spec(1))):
+            with pytest.raises(PlatformError, match="not acting: the Lease"):
+                run(action)
+        assert len(api.objects("pods", NS)) == 2 and not any(o["metadata"].get("deletionTimestamp")
+                                                              for o in api.objects("pods", NS))
+    finally:
+        p.close()
+
+
+def test_an_api_server_that_keeps_failing_is_a_platform_error_naming_the_call(api, tmp_path):
+    p = platform(api, tmp_path, retry=1)
+    try:
+        api.inject_fault(503, verb="create", resource="pods")
+        started = time.monotonic()
+        with pytest.raises(PlatformError, match=r"create_namespaced_pod failed: HTTP 503"):
+            run(p.launch(spec()))
+        assert time.monotonic() - started < 20
+    finally:
+        p.close()
+
+
+def test_a_mounted_secret_token_is_read_through_its_symlinks_but_not_out_of_its_folder(tmp_path):
+    vol = tmp_path / "secret"
+    data = vol / "..2026_12_01_00_00_00.1"
+    data.mkdir(parents=True)
+    (data / "token").write_text(TOKEN + "\n")
+    (vol / "..data").symlink_to(data.name)
+    (vol / "token").symlink_to("..data/token")
+    assert read_mounted_token(vol / "token") == TOKEN.encode()
+    (tmp_path / "elsewhere").write_text(TOKEN)
+    (vol / "escape").symlink_to("../elsewhere")
+    with pytest.raises(PlatformError, match="leads outside its own folder"):
+        read_mounted_token(vol / "escape")
+    (data / "short").write_text("abc")
+    with pytest.raises(PlatformError, match="not a token of at least 48 hex digits"):
+        read_mounted_token(data / "short")
