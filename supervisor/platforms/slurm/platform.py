@@ -1,34 +1,9 @@
-"""The ``slurm`` platform: every node is a torchrun agent in its own ``srun`` step.
+"""The ``slurm`` platform's state machine: :class:`SlurmPlatform`, one ``srun`` step per node.
 
-The supervisor runs inside one ``sbatch --no-kill`` allocation (on its batch host) and
-starts, for attempt k, one step per node::
-
-    srun --jobid=J --nodes=1 --ntasks=1 --nodelist=NODE --overlap --job-name=sv-JOB-aK-NODE \\
-         python -m supervisor.platforms.slurm_guard ... -- \\
-         python -m torch.distributed.run --nnodes=MIN:MAX --rdzv-backend=c10d ... -- COMMAND
-
-The node guard (:mod:`supervisor.platforms.slurm_guard`) runs the agent and ends the job when the
-controller on the batch host stops answering: a lost batch host never leaves the job RUNNING.
-
-One step per node gives every node its own life: ``kill_node`` is ``scancel J.STEP`` of that
-node's step (and the end of its ``srun`` client), the exit of one ``srun`` client is that
-node's exit code, and a relaunch names exactly the nodes it wants.
-
-Traps this module is built around (measured on Slurm 22.05, see docs/slurm.md):
-
-* After a node leaves the allocation ``SLURM_JOB_NODELIST``/``SLURM_NNODES`` are stale: a plain
-  ``srun`` fails and ``srun -N3`` waits forever. The live node list is always read from
-  ``squeue -j J -o %N``, and ``srun`` runs with every ``SLURM_*``/``SRUN_*`` input variable
-  removed from its environment and explicit ``--jobid --nodes --ntasks --nodelist``.
-* A frozen node blocks a new step on its CPUs ("Requested nodes are busy") until it returns:
-  steps run with ``--overlap``.
-* A dead or frozen node cannot confirm a cancel: Slurm notices it only after ``SlurmdTimeout``.
-  A cancelled step still listed after ``kill_confirm_s`` marks its node *unresponsive*: it is
-  reported ``stopped`` (the controller then counts a node failure) and no longer offered as a
-  slot, so the relaunch goes to the live nodes.
-* Every Slurm command runs under ``command_timeout_s``; a failure is a :class:`PlatformError`
-  (launch, kill) or a logged, rate-limited warning (the periodic observation: with slurmctld
-  down the steps keep running and the controller keeps watching heartbeats).
+It keeps what it knows of the job (its nodes' steps, srun clients, exit codes, the nodes found
+unresponsive, Slurm's last answer) and decides from it; every Slurm command it needs goes
+through its :class:`~supervisor.platforms.slurm.client.SlurmClient`. The traps it is built
+around are listed in :mod:`supervisor.platforms.slurm`.
 """
 
 from __future__ import annotations
@@ -37,7 +12,6 @@ import asyncio
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -49,87 +23,13 @@ from typing import Mapping, Sequence
 from supervisor.files import set_aside
 from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
-from supervisor.platforms.clients import commands
+from supervisor.platforms.slurm.client import (SlurmClient, node_state_is_bad, srun_env, srun_exit_code,
+                                               srun_log_says_node_failed)
+from supervisor.platforms.slurm.hostlist import expand_hostlist
 from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
 from supervisor.procfs import pid_alive, proc_state, start_time
 
 log = logging.getLogger("supervisor.platform.slurm")
-
-# srun's output when the node under a step is lost rather than the step's command failing
-_NODE_FAILURE = re.compile(
-    r"Node failure on|Communication connection failure|Task launch for \S+ failed on node|Unable to contact slurm "
-    r"node|Zero Bytes were transmitted|Job step aborted: Waiting up to|Lost connection", re.I)
-_STEP_GONE = re.compile(r"Invalid job id specified|already completing or completed|Job/step already completing|"
-                        r"does not exist|Job step .* not found", re.I)
-_BAD_NODE_STATES = ("down", "drain", "fail", "future", "unknown", "power", "reboot", "maint", "inval")
-
-
-# ---------------------------------------------------------------------------- hostlists
-def expand_hostlist(expr: str) -> list[str]:
-    """``n[1-3,5],gpu07`` -> ``[n1, n2, n3, n5, gpu07]`` (Slurm's hostlist syntax, nested ranges
-    in one bracket per name, zero padding kept)."""
-    out: list[str] = []
-    for part in _split_top(expr.strip()):
-        if not part:
-            continue
-        m = re.fullmatch(r"([^\[\]]*)\[([^\[\]]+)\]([^\[\]]*)", part)
-        if m is None:
-            if "[" in part or "]" in part:
-                raise ValueError(f"unsupported hostlist {part!r}")
-            out.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        tails = _expand_ranges(ranges)
-        for tail in tails:
-            for name in expand_hostlist(suffix) if "[" in suffix else [suffix]:
-                out.append(f"{prefix}{tail}{name}")
-    return out
-
-
-def _split_top(expr: str) -> list[str]:
-    parts, depth, cur = [], 0, []
-    for ch in expr:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-def _expand_ranges(ranges: str) -> list[str]:
-    out = []
-    for item in ranges.split(","):
-        lo, sep, hi = item.partition("-")
-        if not sep:
-            out.append(lo)
-            continue
-        if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-            raise ValueError(f"bad hostlist range {item!r}")
-        width = len(lo)
-        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-    return out
-
-
-def srun_env(base: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """The environment of an ``srun`` client: the allocation's stale SLURM_* inputs removed."""
-    keep = {"SLURM_CONF"}
-    env = {k: v for k, v in base.items()
-           if k in keep or not k.startswith(("SLURM_", "SRUN_", "SBATCH_", "SALLOC_"))}
-    env.update(extra)
-    return env
-
-
-def srun_exit_code(code: int) -> int:
-    """srun returns 128+N when a task was killed by signal N: report that as -N (like Popen)."""
-    if 128 < code < 160:
-        return -(code - 128)
-    return code
 
 
 # ---------------------------------------------------------------------------- state
@@ -203,22 +103,13 @@ class SlurmPlatform(Platform):
         self.guard_grace = guard_grace_s
         self.requeue_on_loss = requeue_on_loss
         self.warning_signal = signal.Signals["SIG" + warning_signal.upper().removeprefix("SIG")]
+        # every Slurm command of this platform goes through its client
+        self.client = SlurmClient(bin_dir=bin_dir, timeout=command_timeout_s, base_env=self.base_env)
 
-    # ------------------------------------------------------------------ commands
-    def _bin(self, name: str) -> str:
-        return str(Path(self.bin_dir) / name) if self.bin_dir else name
-
-    def _cmd_env(self) -> dict[str, str]:
-        return srun_env(self.base_env, {})
-
-    async def _run(self, name: str, *args: str, check: bool = True) -> commands.Result:
-        return await commands.run([self._bin(name), *args], timeout=self.timeout, env=self._cmd_env(), check=check)
-
+    # ------------------------------------------------------------------ start-up
     def start(self) -> "SlurmPlatform":
         """Read the allocation once (synchronously, at start-up): nodes, addresses, batch host."""
-        res = commands.run_sync([self._bin("scontrol"), "show", "job", "-o", self.job_id], timeout=self.timeout,
-                                env=self._cmd_env())
-        fields = _kv(res.stdout)
+        fields = self.client.show_job_sync(self.job_id)
         state = fields.get("JobState", "")
         if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
             raise PlatformError(f"Slurm job {self.job_id} is {state or 'unknown'}, not running")
@@ -234,13 +125,9 @@ class SlurmPlatform(Platform):
     def _read_addrs_sync(self, nodes: list[str]) -> None:
         if not nodes:
             return
-        res = commands.run_sync([self._bin("scontrol"), "show", "node", "-o", ",".join(nodes)], timeout=self.timeout,
-                                env=self._cmd_env())
-        for line in res.stdout.splitlines():
-            f = _kv(line)
-            if f.get("NodeName"):
-                self.addrs[f["NodeName"]] = f.get("NodeAddr") or f["NodeName"]
-                self.view.node_states[f["NodeName"]] = f.get("State", "").lower()
+        for name, f in self.client.show_nodes_sync(nodes).items():
+            self.addrs[name] = f.get("NodeAddr") or name
+            self.view.node_states[name] = f.get("State", "").lower()
 
     def node_addr(self, name: str) -> str:
         return self.addrs.get(name, name)
@@ -252,30 +139,22 @@ class SlurmPlatform(Platform):
             now = time.monotonic()
             if not force and now - self.view.at < self.poll_interval:
                 return self.view
-            job = await self._run("squeue", "-h", "-j", self.job_id, "-o", "%T|%N")
-            line = job.stdout.strip().splitlines()
-            if not line:
+            job = await self.client.job(self.job_id)
+            if job is None:
                 view = _View(at=time.monotonic(), job_state="GONE")
             else:
-                state, _, nodelist = line[0].partition("|")
-                view = _View(at=0.0, job_state=state.strip(), alloc_nodes=expand_hostlist(nodelist.strip()))
-                steps = await self._run("squeue", "-h", "-s", "-j", self.job_id, "-o", "%i|%j|%N")
-                for row in steps.stdout.splitlines():
-                    parts = row.strip().split("|")
-                    if len(parts) == 3:
-                        view.steps[parts[1]] = (parts[0], parts[2])
+                state, alloc_nodes = job
+                view = _View(at=0.0, job_state=state, alloc_nodes=alloc_nodes)
+                view.steps.update(await self.client.steps(self.job_id))
                 if view.alloc_nodes:
-                    states = await self._run("sinfo", "-h", "-N", "-n", ",".join(view.alloc_nodes), "-o", "%N|%T")
-                    for row in states.stdout.splitlines():
-                        name, _, st = row.strip().partition("|")
-                        view.node_states[name] = st.lower()
+                    view.node_states.update(await self.client.node_states(view.alloc_nodes))
                 view.at = time.monotonic()
             self.view = view
             if self.last_error:
                 log.warning("event=slurm_answering_again job=%s (after: %s)", self.job_id, self.last_error)
                 self.last_error = ""
             for name, st in view.node_states.items():
-                if st.endswith("*") or st.startswith(_BAD_NODE_STATES):
+                if node_state_is_bad(st):
                     if name not in self.unresponsive:
                         log.warning("event=node_unresponsive node=%s slurm_state=%s", name, st)
                     self.unresponsive.add(name)
@@ -330,7 +209,7 @@ class SlurmPlatform(Platform):
                 return
             node.gone = True
             node.exit_code = srun_exit_code(code)
-            if code != 0 and (node.name in self.unresponsive or self._log_says_node_failed(node)):
+            if code != 0 and (node.name in self.unresponsive or srun_log_says_node_failed(node.log_path)):
                 node.lost = True
             if code != 0:
                 log.warning("event=step_ended node=%s attempt=%d step=%s srun_exit=%d lost=%s", node.name,
@@ -340,24 +219,12 @@ class SlurmPlatform(Platform):
             if not alive and self.view.at and node.step_name not in self.view.steps and not self.last_error:
                 node.gone, node.lost = True, True
 
-    def _log_says_node_failed(self, node: _Node) -> bool:
-        try:
-            with open(node.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(node.log_path) - 8192))
-                tail = f.read().decode(errors="replace")
-        except OSError:
-            return False
-        return bool(_NODE_FAILURE.search("\n".join(ln for ln in tail.splitlines() if ln.startswith("srun:"))))
-
     # ------------------------------------------------------------------ launch
     def agent_argv(self, spec: LaunchSpec, node: str, host_node: str) -> list[str]:
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         endpoint = f"{self.node_addr(host_node)}:{port}"
-        srun = [
-            self._bin("srun"), f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-            f"--job-name={self.step_name(spec.attempt, node)}", "--kill-on-bad-exit=0", "--input=none",
-            "--unbuffered", *(["--overlap"] if self.overlap else []), *self.srun_args,
-        ]
+        srun = self.client.srun_argv(self.job_id, node, self.step_name(spec.attempt, node), overlap=self.overlap,
+                                     srun_args=self.srun_args)
         # the host node's agent serves the rendezvous store; every other agent is its client
         agent = torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)
         api = spec.env.get("SUPERVISOR_API", "")
@@ -390,8 +257,7 @@ class SlurmPlatform(Platform):
             argv = self.agent_argv(spec, name, host_node)
             out = open(node.log_path, "ab")
             try:
-                node.popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+                node.popen = self.client.start_step(argv, env=env, output=out)
             except OSError as exc:
                 await self._abort_launch()
                 raise PlatformError(f"cannot start srun for {name}: {exc.strerror or exc}") from None
@@ -422,11 +288,8 @@ class SlurmPlatform(Platform):
         return out_dir
 
     async def _read_addrs(self, nodes: list[str]) -> None:
-        res = await self._run("scontrol", "show", "node", "-o", ",".join(nodes))
-        for line in res.stdout.splitlines():
-            f = _kv(line)
-            if f.get("NodeName"):
-                self.addrs[f["NodeName"]] = f.get("NodeAddr") or f["NodeName"]
+        for name, f in (await self.client.show_nodes(nodes)).items():
+            self.addrs[name] = f.get("NodeAddr") or name
 
     async def _wait_steps_listed(self) -> None:
         deadline = time.monotonic() + self.launch_timeout
@@ -454,18 +317,6 @@ class SlurmPlatform(Platform):
             log.error("event=launch_cleanup_failed error=%s", exc)
 
     # ------------------------------------------------------------------ killing
-    async def _scancel(self, step_ids: list[str], sig: str | None) -> None:
-        if not step_ids:
-            return
-        args = ["--quiet", *([f"--signal={sig}"] if sig else []), *step_ids]
-        res = await self._run("scancel", *args, check=False)
-        if res.returncode != 0:
-            # a step that ended meanwhile is not an error; anything else (no controller) is
-            errors = [ln for ln in res.stderr.splitlines() if ln.strip() and not _STEP_GONE.search(ln)]
-            if errors:
-                raise PlatformError(f"`scancel {' '.join(args)}` failed (exit {res.returncode}): "
-                                    f"{' '.join(errors)[-400:]}")
-
     def _listed_ids(self, nodes: list[_Node]) -> list[str]:
         """Step ids worth cancelling: those Slurm still lists (all we know of, if it does not answer)."""
         for n in nodes:
@@ -505,8 +356,8 @@ class SlurmPlatform(Platform):
             self.last_error = str(exc)
         ids = self._listed_ids([n for n in nodes if n.name not in self.unresponsive])
         try:
-            await self._scancel(ids, "KILL")
-            await self._scancel(ids, None)
+            await self.client.scancel(ids, "KILL")
+            await self.client.scancel(ids, None)
         except PlatformError as exc:
             log.warning("event=scancel_failed steps=%s error=%s", ids, exc)
         now = time.monotonic()
@@ -564,8 +415,8 @@ class SlurmPlatform(Platform):
         try:
             if direct:
                 raise PlatformError(f"nodes {sorted(self.unresponsive)} unresponsive")
-            await self._scancel(ids, "CONT")
-            await self._scancel(ids, "TERM")  # ranks write their emergency checkpoint, if they can
+            await self.client.scancel(ids, "CONT")
+            await self.client.scancel(ids, "TERM")  # ranks write their emergency checkpoint, if they can
         except PlatformError as exc:
             if not direct:
                 log.warning("event=scancel_failed steps=%s error=%s (signalling through the srun clients)", ids, exc)
@@ -587,7 +438,7 @@ class SlurmPlatform(Platform):
 
     async def requeue(self) -> None:
         """``scontrol requeue`` this job: Slurm ends it and queues it again (same job id)."""
-        await self._run("scontrol", "requeue", self.job_id)
+        await self.client.requeue(self.job_id)
 
     def _pick_up_controller_loss(self) -> None:
         """A node guard that ended this job because its controller was lost left a marker: report it
@@ -702,16 +553,6 @@ def _client_is_ours(node: _Node) -> bool:
             and start_time(node.srun_pid) == node.srun_start)
 
 
-def _kv(line: str) -> dict[str, str]:
-    """``scontrol -o`` output: ``Key=Value Key=Value ...`` (values without spaces)."""
-    out = {}
-    for tok in line.split():
-        k, sep, v = tok.partition("=")
-        if sep:
-            out[k] = v
-    return out
-
-
 def _tail_file(path: Path, n: int = 600) -> str:
     try:
         data = path.read_bytes()[-n:].decode(errors="replace")
@@ -751,259 +592,3 @@ def resolve_hosts(cfg, platform: SlurmPlatform):
         cfg, platform=dataclasses.replace(cfg.platform, host=pick(cfg.platform.host)),
         intake=dataclasses.replace(cfg.intake, host=pick(cfg.intake.host)),
         http=dataclasses.replace(cfg.http, host=pick(cfg.http.host)))
-
-
-# ---------------------------------------------------------------------------- the sbatch wrapper
-CONFIG_HEREDOC = "SUPERVISOR_CONFIG_JSON"
-TIME_FORMS = "MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES or DAYS-HOURS:MINUTES:SECONDS"
-
-
-@dataclass(frozen=True)
-class BatchScript:
-    """A self-contained batch script: every sbatch option in ``#SBATCH`` lines, the job config
-    inline (the script writes it to ``LOG_DIR/slurm-submit/JOB-$SLURM_JOB_ID.json`` and runs
-    ``supervisor run --config`` on it). ``sbatch --parsable`` reads it on its standard input."""
-
-    script: str
-    config_json: str
-    sbatch_argv: tuple[str, ...]
-    output_dir: Path     # the folder of #SBATCH --output: Slurm does not create it
-    record_dir: Path     # LOG_DIR/slurm-submit: the submitted script is kept here, named by job id
-    job: str
-
-    @property
-    def sbatch_command_text(self) -> str:
-        import shlex
-
-        return shlex.join(self.sbatch_argv)
-
-
-_SAFE = re.compile(r"^[A-Za-z0-9_./:@%=+,-]+$")
-
-
-def parse_time_limit(text: str) -> int | None:
-    """Seconds of an sbatch ``--time`` value, ``None`` for no limit (``0``, ``UNLIMITED``,
-    ``INFINITE``). Slurm itself accepts fields out of range and carries them over (``0:10:99``
-    becomes 12 minutes); here every field after the first must be in range, else ValueError."""
-    t = text.strip()
-    if t.upper() in ("UNLIMITED", "INFINITE", "-1"):
-        return None
-    bad = ValueError(f"--time {text!r}: not a Slurm time ({TIME_FORMS}, every field after the first in range: "
-                     "seconds and minutes below 60, hours after DAYS- below 24)")
-    days = 0
-    if "-" in t:
-        d, _, t = t.partition("-")
-        if not d.isdigit():
-            raise bad
-        days = int(d)
-    parts = t.split(":")
-    if not all(x.isdigit() for x in parts) or len(parts) > 3:
-        raise bad
-    nums = [int(x) for x in parts]
-    if days or "-" in text:  # D-H, D-H:M, D-H:M:S
-        h, m, s = (nums + [0, 0])[:3]
-        if h >= 24 or m >= 60 or s >= 60:
-            raise bad
-    elif len(nums) == 1:  # minutes
-        h, m, s = 0, nums[0], 0
-    elif len(nums) == 2:  # minutes:seconds
-        h, (m, s) = 0, nums
-        if s >= 60:
-            raise bad
-    else:  # hours:minutes:seconds
-        h, m, s = nums
-        if m >= 60 or s >= 60:
-            raise bad
-    total = ((days * 24 + h) * 60 + m) * 60 + s
-    return total or None  # 0: no time limit
-
-
-def warning_problems(cfg, *, warning_s: int, time_limit_s: int | None, requeue: bool,
-                     checkpoint_s: float | None = None) -> list[str]:
-    """Why ``--signal=B:SIG@warning_s`` would not leave the job time to stop cleanly (empty: it does).
-
-    On the warning the supervisor sends SIGTERM to every rank and waits at most
-    ``restart.kill_grace_s`` for their emergency checkpoint, then confirms the steps are gone
-    (up to ``platform.slurm.kill_confirm_s``) and, with ``--requeue``, runs ``scontrol requeue``
-    (up to ``command_timeout_s``): all of it must fit before the time limit. The ranks' own
-    checkpoint time (``checkpoint_s``, when known) must fit in the kill grace."""
-    sc = cfg.platform.slurm
-    grace = cfg.restart.kill_grace_s
-    out = []
-    if warning_s <= 0:
-        out.append(f"--warning-seconds {warning_s}: must be > 0 (the signal comes that long before the time limit)")
-        return out
-    need = grace + sc.kill_confirm_s + (sc.command_timeout_s if requeue else 0)
-    if warning_s < need:
-        out.append(f"--warning-seconds {warning_s} is shorter than stopping the job takes: restart.kill_grace_s "
-                   f"{grace:g} (the ranks' emergency checkpoint) + platform.slurm.kill_confirm_s {sc.kill_confirm_s:g}"
-                   + (f" + platform.slurm.command_timeout_s {sc.command_timeout_s:g} (scontrol requeue)" if requeue
-                      else "") + f" = {need:g} s")
-    if checkpoint_s is not None and checkpoint_s > grace:
-        out.append(f"--checkpoint-seconds {checkpoint_s:g} is longer than restart.kill_grace_s {grace:g}: the ranks "
-                   "would be killed in the middle of their emergency checkpoint (raise restart.kill_grace_s, and "
-                   "--warning-seconds with it)")
-    if time_limit_s is not None and warning_s >= time_limit_s:
-        out.append(f"--warning-seconds {warning_s} is not below the time limit ({time_limit_s} s): the signal would "
-                   "come at once")
-    return out
-
-
-def sbatch_partitions(sbatch_opts: Sequence[str], env: Mapping[str, str]) -> list[str]:
-    """The partitions named by ``-p/--partition`` in sbatch options (else ``$SBATCH_PARTITION``);
-    empty: the cluster's default partition."""
-    found: list[str] = []
-    opts = list(sbatch_opts)
-    for i, opt in enumerate(opts):
-        name, eq, value = opt.partition("=")
-        if re.fullmatch(r"--part(i(t(i(o(n)?)?)?)?)?", name):
-            value = value if eq else (opts[i + 1] if i + 1 < len(opts) else "")
-        elif opt.startswith("-p") and not opt.startswith("--"):
-            value = opt[2:] or (opts[i + 1] if i + 1 < len(opts) else "")
-        else:
-            continue
-        found = [p for p in value.split(",") if p]  # the last one given wins, as in sbatch
-    if not found and env.get("SBATCH_PARTITION"):
-        found = [p for p in env["SBATCH_PARTITION"].split(",") if p]
-    return found
-
-
-def partition_sizes(*, env: Mapping[str, str] | None = None, timeout: float = 20.0, sinfo: str = "sinfo",
-                    ) -> tuple[dict[str, int], str]:
-    """Nodes per partition as ``sinfo`` shows them (hidden ones too), and the default partition.
-    PlatformError when sinfo cannot be run or fails."""
-    res = commands.run_sync([sinfo, "-h", "-a", "-N", "-o", "%N|%P"], timeout=timeout, env=env)
-    nodes: dict[str, set[str]] = {}
-    default = ""
-    for row in res.stdout.splitlines():
-        node, _, part = row.strip().partition("|")
-        if not node or not part:
-            continue
-        if part.endswith("*"):
-            part = default = part[:-1]
-        nodes.setdefault(part, set()).add(node)
-    return {p: len(n) for p, n in nodes.items()}, default
-
-
-def node_count_problem(nodes: int, partitions: Sequence[str], sizes: Mapping[str, int], default: str) -> str:
-    """Why ``nodes`` cannot run in these partitions ('' if it can): a job asking more nodes than a
-    partition has pends forever."""
-    names = list(partitions) or ([default] if default else [])
-    if not names:
-        return ""
-    unknown = [p for p in names if p not in sizes]
-    if unknown and len(unknown) == len(names):
-        return (f"partition {', '.join(unknown)} not found by sinfo (partitions: "
-                f"{', '.join(f'{p} ({n} nodes)' for p, n in sorted(sizes.items())) or 'none'})")
-    biggest = max(sizes.get(p, 0) for p in names)
-    if nodes > biggest:
-        where = " or ".join(f"{p} ({sizes.get(p, 0)} nodes)" for p in names)
-        return (f"--nodes {nodes}: partition {where} has fewer nodes: the job would pend forever. Ask for at most "
-                f"{biggest} nodes, or another partition (--partition)")
-    return ""
-
-
-def _sbatch_token(tok: str) -> str:
-    """One argument in a ``#SBATCH`` line: sbatch groups by double quotes and takes \\\\ and \\" as
-    escapes inside them."""
-    if _SAFE.match(tok):
-        return tok
-    return '"' + tok.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def render_batch_script(cfg, *, time_limit: str | None, warning_s: int, requeue: bool,
-                        sbatch_opts: Sequence[str], python: str, workdir: str, sbatch: str = "sbatch") -> BatchScript:
-    """The self-contained batch script of ``supervisor sbatch`` (what ``--dry-run`` prints).
-
-    The node count is ``--nodes=MIN-MAX`` from ``nodes.min``/``nodes.max``: Slurm starts the job
-    on as many nodes as it has, from MIN (a drained node does not hold it) up to MAX.
-
-    Every option (the wrapper's and yours) is in a ``#SBATCH`` line, so the printed script can be
-    saved and submitted as is. The job config is inline, as JSON in a quoted heredoc the script
-    writes to ``LOG_DIR/slurm-submit/JOB-$SLURM_JOB_ID.json`` before ``exec supervisor run
-    --config`` on it: the training command is a JSON list there and no shell ever parses it (JSON
-    is ASCII here, and no line of it can be the heredoc's end marker).
-
-    sbatch options are written into a ``#`` comment line of the script: a line break in one would
-    end the comment and run the rest as shell, so an option holding a newline or a carriage
-    return (or a NUL) is a :class:`PlatformError`.
-    """
-    import json
-    import shlex
-
-    for opt in (*sbatch_opts, *([time_limit] if time_limit else [])):
-        if "\n" in opt or "\r" in opt or "\0" in opt:
-            raise PlatformError(f"sbatch option {opt!r} holds a line break: refused (in the batch script's comment "
-                                "line it would end the comment and run the rest as shell)")
-    log_dir = Path(cfg.log_dir)
-    sub_dir = log_dir / "slurm-submit"
-    config_json = json.dumps(cfg.to_dict(), indent=1, default=list, ensure_ascii=True) + "\n"
-    if CONFIG_HEREDOC in config_json.splitlines():  # cannot happen (JSON lines are indented or brackets)
-        raise PlatformError("the job config holds the heredoc's end marker")
-    signal_name = cfg.platform.slurm.warning_signal.upper().removeprefix("SIG")
-    lo, hi = cfg.nodes.min, cfg.nodes.max
-    # no --ntasks-per-node: with a node range Slurm would count MIN tasks and allocate MIN nodes
-    # even with MAX idle (measured on 22.05); the agents are srun steps with their own --ntasks=1
-    ours = [f"--job-name={cfg.job}", f"--nodes={lo}-{hi}" if lo < hi else f"--nodes={hi}", "--no-kill", f"--signal=B:{signal_name}@{int(warning_s)}", "--requeue" if requeue else "--no-requeue",
-            f"--output={log_dir / 'slurm-%j.out'}", "--open-mode=append"]
-    if time_limit:
-        ours.append(f"--time={time_limit}")
-    lines = [
-        "#!/bin/bash",
-        f"# Written by `supervisor sbatch` ({time.strftime('%Y-%m-%d %H:%M:%S')}); self-contained: submit it as is",
-        f"# (the --output folder must exist: mkdir -p {shlex.quote(str(log_dir))}). The supervisor runs here, on the",
-        "# batch host; it starts one torchrun agent per node as an srun step inside this --no-kill allocation.",
-        "# The job config is the JSON below (the training command is an argv list in it: no shell parses it).",
-        *(f"#SBATCH {_sbatch_token(o)}" for o in ours),
-    ]
-    if sbatch_opts:
-        lines.append("#SBATCH " + " ".join(_sbatch_token(o) for o in sbatch_opts))
-    config_path = shlex.quote(str(sub_dir / f"{cfg.job}-")) + '"${SLURM_JOB_ID:-manual}"' + shlex.quote(".json")
-    lines += [
-        "set -eu",
-        f"cd {shlex.quote(workdir)}",
-        "export PYTHONUNBUFFERED=1",
-        f"mkdir -p {shlex.quote(str(sub_dir))}",
-        f"config={config_path}",
-        f"(umask 077 && cat >\"$config.tmp\") <<'{CONFIG_HEREDOC}'",
-        config_json + CONFIG_HEREDOC,
-        'mv -f "$config.tmp" "$config"',
-        f'exec {shlex.quote(python)} -m supervisor run --config "$config"',
-        "",
-    ]
-    bin_dir = cfg.platform.slurm.bin_dir
-    argv = (str(Path(bin_dir) / sbatch) if bin_dir else sbatch, "--parsable")
-    return BatchScript("\n".join(lines), config_json, argv, log_dir, sub_dir, cfg.job)
-
-
-def submit(rendered: BatchScript, *, timeout: float = 60.0, env: Mapping[str, str] | None = None) -> str:
-    """Run ``sbatch --parsable`` with the script on its standard input; return the job id.
-
-    The ``--output`` folder is created first (Slurm does not create it: the job would fail at
-    launch with no trace but slurmd's log) and removed again if sbatch fails and it was new. The
-    script is kept as ``LOG_DIR/slurm-submit/JOB-ID.sbatch`` only once sbatch accepted it: a
-    failed submission leaves nothing behind."""
-    created = []
-    for d in (rendered.output_dir, *rendered.output_dir.parents):
-        if d.exists():
-            break
-        created.append(d)
-    rendered.output_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        res = commands.run_sync(list(rendered.sbatch_argv), timeout=timeout, env=env, input=rendered.script)
-        job_id = res.stdout.strip().split(";")[0]
-        if not job_id.isdigit():
-            raise PlatformError(f"sbatch printed no job id: {res.stdout.strip()!r} {res.stderr.strip()!r}")
-    except BaseException:
-        for d in created:  # deepest first
-            try:
-                d.rmdir()
-            except OSError:
-                break
-        raise
-    try:
-        rendered.record_dir.mkdir(parents=True, exist_ok=True)
-        (rendered.record_dir / f"{rendered.job}-{job_id}.sbatch").write_text(rendered.script)
-    except OSError as exc:  # the job is submitted: a missing copy is not a failure
-        log.warning("event=sbatch_record_not_written job_id=%s error=%s", job_id, exc)
-    return job_id
