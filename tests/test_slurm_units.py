@@ -102,12 +102,10 @@ def test_no_job_id_is_a_clear_error(tmp_path):
         SlurmPlatform("", tmp_path)
 
 
-def test_config_accepts_slurm_and_refuses_kubernetes():
+def test_config_of_the_slurm_platform():
     cfg = from_dict({"command": ["x"], "platform": {"kind": "slurm", "host": "auto",
                                                      "slurm": {"kill_confirm_s": 3, "srun_args": ["--mem=0"]}}})
     assert cfg.platform.slurm.kill_confirm_s == 3 and cfg.platform.slurm.srun_args == ("--mem=0",)
-    with pytest.raises(ConfigError, match="not implemented"):
-        from_dict({"command": ["x"], "platform": {"kind": "kubernetes"}})
     with pytest.raises(ConfigError, match="platform.slurm.command_timeout_s"):
         from_dict({"command": ["x"], "platform": {"kind": "slurm", "slurm": {"command_timeout_s": 0}}})
     with pytest.raises(ConfigError, match="platform.slurm.bogus"):

@@ -220,7 +220,10 @@ class KubernetesPlatform(Platform):
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         first = spec.nodes[0]
         first_name = self.pods[first].name
-        await self._create_pod(spec, first, f"{first_name}.{self.service}.{self.ns}.svc:{port}", is_host=True)
+        # the store's own pod dials itself: by its name, or by its IP, which Kubernetes puts in its
+        # command ($(POD_IP) from the downward API) before the pod is known to anyone else
+        own = f"$(POD_IP):{port}" if self.s.rdzv_address == "ip" else f"{first_name}.{self.service}.{self.ns}.svc:{port}"
+        await self._create_pod(spec, first, own, is_host=True)
         if self.s.rdzv_address == "ip":
             endpoint = f"{await self._wait_pod_ip(first_name)}:{port}"
         else:
