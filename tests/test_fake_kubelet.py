@@ -180,16 +180,16 @@ def test_a_missing_secret_leaves_the_pod_pending_until_it_exists(kubelet, v1):
     v1.create_namespaced_pod(NS, pod("p0", "pass", env=[
         {"name": "T", "valueFrom": {"secretKeyRef": {"name": "later", "key": "token"}}}]))
 
-    def waiting_reason():
+    def waiting(message: str):
         p = v1.read_namespaced_pod("p0", NS)
         statuses = p.status.container_statuses or []
-        return statuses and statuses[0].state.waiting and (p.status.phase, statuses[0].state.waiting)
-    phase, waiting = wait_until(waiting_reason, what="CreateContainerConfigError")
-    assert (phase, waiting.reason, waiting.message) == ("Pending", "CreateContainerConfigError",
-                                                        'secret "later" not found')
+        state = statuses[0].state.waiting if statuses else None
+        return state and state.message == message and (p.status.phase, state.reason)
+    assert wait_until(lambda: waiting('secret "later" not found'), what="the missing secret") == \
+        ("Pending", "CreateContainerConfigError")
     v1.create_namespaced_secret(NS, {"metadata": {"name": "later"}, "stringData": {"other": "x"}})
-    wait_until(lambda: "couldn't find key token" in (waiting_reason() or ("", waiting))[1].message,
-               what="the missing key")
+    assert wait_until(lambda: waiting(f"couldn't find key token in Secret {NS}/later"), what="the missing key") == \
+        ("Pending", "CreateContainerConfigError")
     v1.patch_namespaced_secret("later", NS, {"stringData": {"token": "t"}})
     assert terminated(kubelet.wait_phase("p0", "Succeeded")).exit_code == 0
 

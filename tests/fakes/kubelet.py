@@ -67,11 +67,13 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Self
 
+import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -85,7 +87,7 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 def _timestamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _set_condition(conditions: list[JSON], type_: str, status: str, reason: str | None = None,
@@ -315,13 +317,11 @@ class FakeKubelet:
 
     # --- lifecycle ---
 
-    def start(self) -> "FakeKubelet":
+    def start(self) -> Self:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         api_client = client.ApiClient(self.api.configuration())
         api_client.user_agent = USER_AGENT
         self._v1 = client.CoreV1Api(api_client)
-        for name in self.nodes:
-            self._register_node(name)
         for target, name in ((self._watch_loop, "pods"), (self._watch_loop, "nodes"), (self._work, None)):
             thread = threading.Thread(target=target, args=(name,) if name else (),
                                       name=f"fake-kubelet-{name or 'worker'}", daemon=True)
@@ -330,6 +330,8 @@ class FakeKubelet:
         for kind, synced in self._synced.items():
             if not synced.wait(30):
                 raise RuntimeError(f"the fake kubelet could not list {kind}")
+        for name in self.nodes:
+            self._register_node(name)
         return self
 
     def stop(self) -> None:
@@ -360,7 +362,7 @@ class FakeKubelet:
             self._v1.api_client.close()
         shutil.rmtree(self._own_dir, ignore_errors=True)
 
-    def __enter__(self) -> "FakeKubelet":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -528,7 +530,9 @@ class FakeKubelet:
         }
         _set_condition(status["conditions"], "Ready", "True", "KubeletReady", "kubelet is posting ready status")
         try:
-            self.v1.create_node({"metadata": {"name": name, "labels": labels}, "spec": {}, "status": status})
+            created = self.v1.create_node({"metadata": {"name": name, "labels": labels}, "spec": {},
+                                           "status": status}, _preload_content=False)
+            self._wait_cached(name, int(json.loads(created.data)["metadata"]["resourceVersion"]))
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -544,12 +548,22 @@ class FakeKubelet:
                 if cond["type"] == "Ready":
                     cond["lastHeartbeatTime"] = _timestamp()
             try:
-                self.v1.replace_node_status(node, new, _preload_content=False)
-                return
+                written = json.loads(self.v1.replace_node_status(node, new, _preload_content=False).data)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+            else:
+                # the scheduler decides from the watch cache: return once it holds this write
+                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
+                return
         raise RuntimeError(f"could not update node {node}: too many conflicts")
+
+    def _wait_cached(self, node: str, rv: int, timeout: float = 10.0) -> None:
+        with self._lock:
+            if not self._wake.wait_for(lambda: int((self._nodes.get(node) or {}).get("metadata", {})
+                                                   .get("resourceVersion", 0)) >= rv
+                                       or self._stopping.is_set(), timeout):
+                raise RuntimeError(f"the node watch never delivered {node} at resourceVersion {rv}")
 
     # --- list + watch ---
 
@@ -591,7 +605,7 @@ class FakeKubelet:
                     rv = None           # too old: list again
                 else:
                     self._stopping.wait(0.2)
-            except Exception:           # a dropped connection: watch again from rv
+            except (OSError, urllib3.exceptions.HTTPError, ValueError):   # a dropped connection: watch again
                 if self._stopping.is_set():
                     return
                 self._stopping.wait(0.2)
@@ -640,7 +654,7 @@ class FakeKubelet:
             for name in sorted(dirty):
                 try:
                     self._sync_pod(name)
-                except Exception as exc:   # an API hiccup: try again on the next pass
+                except Exception as exc:   # noqa: BLE001 - an API hiccup: try again on the next pass
                     if self._stopping.is_set():
                         return
                     print(f"fake kubelet: sync of pod {name} failed: {exc!r}")
@@ -650,7 +664,7 @@ class FakeKubelet:
             if schedule:
                 try:
                     self._schedule_pending()
-                except Exception as exc:
+                except Exception as exc:   # noqa: BLE001 - the same: the next pass tries again
                     if self._stopping.is_set():
                         return
                     print(f"fake kubelet: scheduling failed: {exc!r}")
@@ -1022,7 +1036,7 @@ class FakeKubelet:
             if c.terminating and not c.finished_deletion:
                 c.finished_deletion = True
                 self._finish_deletion(c.pod)
-        except Exception as exc:
+        except Exception as exc:   # noqa: BLE001 - a thread of its own: say why and end
             if not self._stopping.is_set():
                 print(f"fake kubelet: reporting the exit of pod {c.pod} failed: {exc!r}")
 
