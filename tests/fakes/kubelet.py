@@ -36,7 +36,9 @@ in the same process both work. What it models:
   still ends in SIGKILL), :meth:`~FakeKubelet.kill_node` (SIGKILL, Ready=Unknown, and the
   kubelet of that node falls silent: nothing more is reported or acted on for its pods until
   :meth:`~FakeKubelet.node_ready` brings it back), :meth:`~FakeKubelet.evict`,
-  :meth:`~FakeKubelet.preempt` and :meth:`~FakeKubelet.kill_pod_process`.
+  :meth:`~FakeKubelet.preempt` and :meth:`~FakeKubelet.kill_pod_process`. The node faults
+  return once the scheduler's node cache holds the new condition: a pod created next is
+  scheduled against it.
 
 Not modelled: images and pulls, cgroups and resource limits, namespaces/isolation (all pods
 share this host's network, filesystem and pids), probes, restarts (only ``restartPolicy:
