@@ -301,6 +301,14 @@ def test_a_failed_pod_counts_against_its_machine_not_its_slot_index():
     assert d.nodes == ("slot-0", "slot-1")  # pod indexes stay usable: the platform avoids the machine
 
 
+def test_a_lost_node_is_named_with_the_platforms_account_of_it():
+    lost = NodeStatus("slot-1", 0, NodeState.LOST, detail="pod j-a0-slot-1 PreemptionByScheduler: preempted")
+    f = classify({"slot-1": lost}, [], **KW)
+    assert f.kind == "node_lost" and f.detail == "node slot-1: pod j-a0-slot-1 PreemptionByScheduler: preempted"
+    assert f.node_failure is False  # not a hardware fault: the machine is not excluded
+    assert "vanished (exit code unknown)" in classify({"a": NodeStatus("a", 0, NodeState.LOST)}, [], **KW).detail
+
+
 def test_restart_timer():
     t = RestartTimer(0, "hang", fault_at=10.0, detected_at=13.0, torn_down_at=14.0, scheduled_at=14.5,
                      rendezvous_at=17.0, restored_at=18.0, first_step_at=18.5)

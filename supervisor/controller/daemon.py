@@ -193,6 +193,11 @@ class Controller:
         self._handoff = False
         """SIGTERM on a platform that keeps the gang through a controller restart: leave it running."""
 
+    @property
+    def handed_off(self) -> bool:
+        """This controller left on SIGTERM with the gang running, for the next one to adopt."""
+        return self._handoff
+
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
         """Run the job to its end; returns the exit code. Raises :class:`StateError` (nothing

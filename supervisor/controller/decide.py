@@ -249,7 +249,8 @@ def classify(
                 if failed_errors else ""
             suffix = f" ({errors})" if errors else ""
             if n.state == NodeState.LOST:
-                return Fault("node_lost", ranks, (name,), f"node {name} vanished (exit code unknown){suffix}",
+                what = n.detail or "vanished (exit code unknown)"  # the platform's account, when it has one
+                return Fault("node_lost", ranks, (name,), f"node {name}: {what}{suffix}",
                              RUNG_TEARDOWN, False, now, secondary=order == 2)
             if n.exit_code is not None and n.exit_code < 0:
                 return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",

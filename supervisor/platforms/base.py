@@ -72,6 +72,7 @@ class Supervised(Protocol):
     platforms layer does not import the controller)."""
 
     requeue_planned: bool
+    handed_off: bool
 
     async def run(self) -> int: ...
 

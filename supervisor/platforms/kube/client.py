@@ -186,6 +186,8 @@ class Watcher:
             backoff = min(5.0, backoff * 2)
 
     def _failed(self, exc: BaseException) -> None:
+        if self._stop.is_set():  # our own stop() closed the watch
+            return
         text = describe(exc)
         if text != self.last_error:
             log.warning("event=kube_watch_error kind=%s error=%s (reconnecting)", self.name, text)

@@ -522,7 +522,7 @@ class KubernetesPlatform(Platform):
     # ------------------------------------------------------------------ leader election
     async def supervise(self, job) -> int:
         code = await self._lead(job)
-        if self.fenced:
+        if self.fenced or job.handed_off:  # not the end of the job: leave (and be replaced)
             return code
         return await self._idle(code)
 
