@@ -353,3 +353,25 @@ def test_sigterm_to_the_controller_hands_the_running_gang_to_the_next_one(cluste
     run.wait_event("adopted", attempt=0)
     assert finished(run)["phase"] == "completed"
     assert_same_path(run, control)
+
+
+def test_an_api_server_down_for_a_while_stops_no_training(cluster, kube_run, control):
+    run = kube_run(job=[*JOB[:-1], "0.5"])  # long enough to outlast the outage and a controller restart
+    run.wait_event("running", attempt=0)
+    outage = cluster.api.inject_fault(503, user_agent="elastic-supervisor-controller")
+    cluster.api.close_watches()
+    ckpt_before = sorted(p.name for p in run.ckpt.glob("step-*"))
+    # the controller cannot renew its Lease: it stops acting (it may not prove it leads) and
+    # leaves, killing nothing; the pods train on meanwhile
+    run.wait_event("leadership_lost", timeout=60)
+    assert run.wait(timeout=60) == 1
+    deadline = time.monotonic() + 60
+    while sorted(p.name for p in run.ckpt.glob("step-*")) == ckpt_before:
+        assert time.monotonic() < deadline, "no checkpoint written while the API server was down"
+        time.sleep(0.1)
+    cluster.api.remove_fault(outage)
+    run.start()  # what the Deployment does
+    run.wait_event("adopted", attempt=0)
+    assert finished(run)["phase"] == "completed"
+    assert [e["attempt"] for e in run.events("launched")] == [0]  # never relaunched
+    assert_same_path(run, control)
