@@ -414,3 +414,23 @@ def token_problem(token: bytes) -> str | None:
     if not all(c in b"0123456789abcdefABCDEF" for c in token):
         return f"{len(token)} bytes that are not all hex digits, not a token of at least {TOKEN_MIN_CHARS} hex digits"
     return None
+
+
+# ------------------------------------------------------------------ the rank's environment
+class Env:
+    """The environment variables through which the controller (via its platform) tells every rank
+    where it belongs and whom to talk to; :class:`supervisor.worker.session.Session` reads them."""
+
+    JOB = "SUPERVISOR_JOB"
+    ATTEMPT = "SUPERVISOR_ATTEMPT"
+    NODE = "SUPERVISOR_NODE"
+    HEARTBEAT_ADDR = "SUPERVISOR_HEARTBEAT_ADDR"
+    API = "SUPERVISOR_API"
+    TOKEN = "SUPERVISOR_TOKEN"
+    TOKEN_FILE = "SUPERVISOR_TOKEN_FILE"
+    LOG_DIR = "SUPERVISOR_LOG_DIR"
+    CHECKPOINT_DIR = "SUPERVISOR_CHECKPOINT_DIR"
+    HEARTBEAT_INTERVAL = "SUPERVISOR_HEARTBEAT_INTERVAL"
+    WATCHDOG = "SUPERVISOR_WATCHDOG"
+    SKIP_STEPS = "SUPERVISOR_SKIP_STEPS"
+    FAULT = "SUPERVISOR_FAULT"

@@ -61,6 +61,7 @@ from supervisor.platforms.agent_output import read_tail
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
+    Env,
     OUTCOME_STOPPED,
     PHASE_DONE,
     PHASE_FAILED,
@@ -372,7 +373,7 @@ class Controller:
     def _stop_strays(self) -> None:
         """``--fresh``: no process of an earlier gang of this job may outlive its record."""
         marker = str(self.log_dir / "ranks")
-        pids = pids_with_env("SUPERVISOR_LOG_DIR", marker)
+        pids = pids_with_env(Env.LOG_DIR, marker)
         for pid in pids:
             for target in (lambda: os.killpg(os.getpgid(pid), signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
                 try:
@@ -875,16 +876,16 @@ class Controller:
         self.report, self.restored = None, None
         rank_log_dir = self.log_dir / "ranks"
         env = dict(self.cfg.env) | {
-            "SUPERVISOR_JOB": self.cfg.job,
-            "SUPERVISOR_ATTEMPT": str(self.attempt),
-            "SUPERVISOR_HEARTBEAT_ADDR": f"{self.platform.controller_address(self.cfg.intake.host)}:{self.intake_port}",
-            "SUPERVISOR_API": f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}",
+            Env.JOB: self.cfg.job,
+            Env.ATTEMPT: str(self.attempt),
+            Env.HEARTBEAT_ADDR: f"{self.platform.controller_address(self.cfg.intake.host)}:{self.intake_port}",
+            Env.API: f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}",
             **self.platform.token_env(self.log_dir / "token"),
-            "SUPERVISOR_LOG_DIR": str(rank_log_dir),
-            "SUPERVISOR_CHECKPOINT_DIR": str(self.ckpt_root),
-            "SUPERVISOR_HEARTBEAT_INTERVAL": str(self.cfg.heartbeat.interval_s),
-            "SUPERVISOR_WATCHDOG": self.timeouts.watchdog_env(),
-        } | ({"SUPERVISOR_SKIP_STEPS": ",".join(map(str, self.skip_steps))} if self.skip_steps else {})
+            Env.LOG_DIR: str(rank_log_dir),
+            Env.CHECKPOINT_DIR: str(self.ckpt_root),
+            Env.HEARTBEAT_INTERVAL: str(self.cfg.heartbeat.interval_s),
+            Env.WATCHDOG: self.timeouts.watchdog_env(),
+        } | ({Env.SKIP_STEPS: ",".join(map(str, self.skip_steps))} if self.skip_steps else {})
         spec = LaunchSpec(
             attempt=self.attempt, nodes=nodes, nnodes_min=min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
             nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,

@@ -14,6 +14,7 @@ from typing import Mapping
 
 from supervisor.platforms.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
 from supervisor.platforms.base import LaunchSpec
+from supervisor.protocol import Env
 
 
 def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None
@@ -42,7 +43,7 @@ def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None,
 def agent_env(spec: LaunchSpec, node: str, tmp_dir: Path) -> dict[str, str]:
     """What every agent adds to its environment (on top of the platform's own)."""
     return dict(spec.env) | {
-        "SUPERVISOR_NODE": node,
+        Env.NODE: node,
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
         "TMPDIR": str(tmp_dir),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
 from supervisor.platforms.agent_output import RankFailure
+from supervisor.protocol import Env
 
 
 class PlatformError(RuntimeError):
@@ -135,7 +136,7 @@ class Platform(abc.ABC):
 
     def token_env(self, token_path: Path) -> dict[str, str]:
         """How the job token reaches the ranks: a file on a filesystem they share with the controller."""
-        return {"SUPERVISOR_TOKEN_FILE": str(token_path)}
+        return {Env.TOKEN_FILE: str(token_path)}
 
     def exclude(self, hosts: Sequence[str]) -> None:
         """The machines the next launches must avoid (``slots()`` already leaves them out when the

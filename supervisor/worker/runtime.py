@@ -51,6 +51,7 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_ex
 from supervisor.checkpoint import CheckpointLoadError, CheckpointManager, RestoreResult, Skipped
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.protocol import (
+    Env,
     EXIT_CRASH,
     OUTCOME_FINISHED,
     OUTCOME_STOPPED,
@@ -135,7 +136,7 @@ class Worker:
     @classmethod
     def from_env(cls, *, log_dir: str | os.PathLike | None = None) -> "Worker":
         """Parse the session and ``SUPERVISOR_FAULT``; bad values raise at start-up."""
-        return cls(Session.from_env(log_dir=log_dir), parse_faults(os.environ.get("SUPERVISOR_FAULT")))
+        return cls(Session.from_env(log_dir=log_dir), parse_faults(os.environ.get(Env.FAULT)))
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> "Worker":

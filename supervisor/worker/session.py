@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Mapping
 
 from supervisor.protocol import (
+    Env,
     PHASE_CHECKPOINT,
     PHASE_COLLECTIVE,
     PHASE_COMPUTE,
@@ -81,28 +82,28 @@ class Session:
         rank = _int(env, "RANK", 0, minimum=0)
         if rank >= world:
             raise SessionError(f"RANK={rank} is not below WORLD_SIZE={world}")
-        attempt = _int(env, "SUPERVISOR_ATTEMPT", _int(env, "TORCHELASTIC_RESTART_COUNT", 0, minimum=0), minimum=0)
+        attempt = _int(env, Env.ATTEMPT, _int(env, "TORCHELASTIC_RESTART_COUNT", 0, minimum=0), minimum=0)
         addr = None
-        if env.get("SUPERVISOR_HEARTBEAT_ADDR"):
-            host, sep, port = env["SUPERVISOR_HEARTBEAT_ADDR"].rpartition(":")
+        if env.get(Env.HEARTBEAT_ADDR):
+            host, sep, port = env[Env.HEARTBEAT_ADDR].rpartition(":")
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise SessionError(f"SUPERVISOR_HEARTBEAT_ADDR={env['SUPERVISOR_HEARTBEAT_ADDR']!r} is not host:port")
             addr = (host.strip("[]"), int(port))
         token = None
-        if env.get("SUPERVISOR_TOKEN_FILE"):
+        if env.get(Env.TOKEN_FILE):
             try:
-                token = Path(env["SUPERVISOR_TOKEN_FILE"]).read_bytes().strip()
+                token = Path(env[Env.TOKEN_FILE]).read_bytes().strip()
             except OSError as exc:
                 raise SessionError(f"SUPERVISOR_TOKEN_FILE: {exc}") from None
-        elif env.get("SUPERVISOR_TOKEN"):
-            token = env["SUPERVISOR_TOKEN"].encode()
-        if (addr or env.get("SUPERVISOR_API")) and not token:
+        elif env.get(Env.TOKEN):
+            token = env[Env.TOKEN].encode()
+        if (addr or env.get(Env.API)) and not token:
             raise SessionError("a supervisor address is set but no SUPERVISOR_TOKEN(_FILE): refusing to talk unauthenticated")
-        interval = _float(env, "SUPERVISOR_HEARTBEAT_INTERVAL", 1.0)
+        interval = _float(env, Env.HEARTBEAT_INTERVAL, 1.0)
         if not 0.05 <= interval <= 60:
             raise SessionError(f"SUPERVISOR_HEARTBEAT_INTERVAL={interval} is outside [0.05, 60] seconds")
         timeouts = dict(DEFAULT_TIMEOUTS)
-        spec = env.get("SUPERVISOR_WATCHDOG", "").strip()
+        spec = env.get(Env.WATCHDOG, "").strip()
         for item in filter(None, (s.strip() for s in spec.split(","))):
             name, sep, value = item.partition("=")
             if not sep or name not in DEFAULT_TIMEOUTS:
@@ -114,18 +115,18 @@ class Session:
             if timeouts[name] <= 0:
                 raise SessionError(f"SUPERVISOR_WATCHDOG: {name} must be > 0")
         skip: dict[int, int] = {}
-        for item in filter(None, (s.strip() for s in env.get("SUPERVISOR_SKIP_STEPS", "").split(","))):
+        for item in filter(None, (s.strip() for s in env.get(Env.SKIP_STEPS, "").split(","))):
             if not item.isdigit() or int(item) < 1:
                 raise SessionError(f"SUPERVISOR_SKIP_STEPS: {item!r} is not a step number >= 1")
             skip[int(item)] = skip.get(int(item), 0) + 1
-        ld = log_dir if log_dir is not None else env.get("SUPERVISOR_LOG_DIR") or None
-        job = env.get("SUPERVISOR_JOB", "local")
+        ld = log_dir if log_dir is not None else env.get(Env.LOG_DIR) or None
+        job = env.get(Env.JOB, "local")
         if len(job) > 128:
             raise SessionError("SUPERVISOR_JOB is longer than 128 characters")
         return cls(
             rank=rank, local_rank=_int(env, "LOCAL_RANK", 0, minimum=0), world_size=world, attempt=attempt,
-            job=job, node=env.get("SUPERVISOR_NODE") or socket.gethostname(), heartbeat_addr=addr,
-            api=env.get("SUPERVISOR_API") or None, token=token, log_dir=Path(ld) if ld else None,
+            job=job, node=env.get(Env.NODE) or socket.gethostname(), heartbeat_addr=addr,
+            api=env.get(Env.API) or None, token=token, log_dir=Path(ld) if ld else None,
             heartbeat_interval=interval, timeouts=timeouts, skip_steps=skip,
         )
 

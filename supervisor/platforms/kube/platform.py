@@ -53,7 +53,7 @@ from supervisor.platforms.agent import agent_env, torchrun_argv
 from supervisor.platforms.agent_output import last_error, parse
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError, free_port
 from supervisor.platforms.kube.client import KubeApi, Watcher, api_client, own_namespace
-from supervisor.protocol import TOKEN_MAX_CHARS, token_problem
+from supervisor.protocol import TOKEN_MAX_CHARS, Env, token_problem
 
 log = logging.getLogger("supervisor.platform.kube")
 
@@ -245,7 +245,7 @@ class KubernetesPlatform(Platform):
         env = agent_env(spec, slot, Path("/tmp"))
         env.pop("TMPDIR", None)  # the container's own
         env_list: list[dict] = [{"name": k, "value": v} for k, v in sorted(env.items())]
-        env_list.append({"name": "SUPERVISOR_TOKEN", "valueFrom": {"secretKeyRef": {"name": self.secret,
+        env_list.append({"name": Env.TOKEN, "valueFrom": {"secretKeyRef": {"name": self.secret,
                                                                                     "key": self.token_key}}})
         env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         w = self.s.worker

@@ -28,6 +28,7 @@ from supervisor.platforms.slurm.client import (SlurmClient, node_state_is_bad, s
 from supervisor.platforms.slurm.hostlist import expand_hostlist
 from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
 from supervisor.procfs import pid_alive, proc_state, start_time
+from supervisor.protocol import Env
 
 log = logging.getLogger("supervisor.platform.slurm")
 
@@ -227,7 +228,7 @@ class SlurmPlatform(Platform):
                                      srun_args=self.srun_args)
         # the host node's agent serves the rendezvous store; every other agent is its client
         agent = torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)
-        api = spec.env.get("SUPERVISOR_API", "")
+        api = spec.env.get(Env.API, "")
         if not (self.controller_timeout > 0 and api):
             return [*srun, *agent]
         guard = GuardConfig(job_id=self.job_id, api=api, job=self.job, node=node, log_dir=self.log_dir.parent,
