@@ -212,8 +212,10 @@ def job_env(tmp: Path, fault: str | None = None) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 # readers: events (ISO UTC), rank logs (epoch), python logging lines (local), torch glog lines
 
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-GLOG_LINE = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) ")
+# a rank's lines reach the node log through torchrun's --tee, each prefixed "[rankN]:"
+RANK_PREFIX = r"^(?:\[rank\d+\]:)?"
+LOG_LINE = re.compile(RANK_PREFIX + r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+GLOG_LINE = re.compile(RANK_PREFIX + r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) ")
 
 
 def iso_epoch(s: str) -> float:
