@@ -529,6 +529,30 @@ def test_request_counter_per_verb_and_resource(api, v1):
     assert api.request_count(resource="pods") == 5     # pods/status is a resource of its own
 
 
+
+def test_request_counter_per_user_agent(api):
+    """What one client alone asked for (a controller's calls, against its RBAC), the
+    watch counted as its own verb, as the API server's authorizer sees it."""
+    a = client.ApiClient(api.configuration())
+    a.user_agent = "elastic-supervisor-controller"
+    b = client.ApiClient(api.configuration())
+    b.user_agent = "fake-kubelet"
+    va, vb = client.CoreV1Api(a), client.CoreV1Api(b)
+    va.create_namespaced_pod(NS, pod("p0"))
+    va.list_namespaced_pod(NS)
+    for _ in watch.Watch().stream(va.list_namespaced_pod, NS, resource_version=api.resource_version,
+                                  timeout_seconds=1):
+        pass
+    vb.patch_namespaced_pod_status("p0", NS, {"status": {"phase": "Running"}})
+    vb.list_namespaced_pod(NS)
+    client.CoordinationV1Api(a).create_namespaced_lease(NS, {"metadata": {"name": "l"}, "spec": {}})
+    assert api.request_counts(user_agent="elastic-supervisor-controller") == {
+        ("create", "pods"): 1, ("list", "pods"): 1, ("watch", "pods"): 1, ("create", "leases"): 1}
+    assert api.request_counts(user_agent="fake-kubelet") == {("patch", "pods/status"): 1, ("list", "pods"): 1}
+    assert api.request_counts(user_agent="nobody") == {}
+    assert api.request_counts() == api.request_counts(user_agent="")  # every request, whoever sent it
+    assert api.request_counts()[("list", "pods")] == 2
+
 def test_injected_faults_answer_with_a_status_and_can_be_scoped(api):
     a = client.ApiClient(api.configuration())
     a.user_agent = "elector-a"

@@ -32,7 +32,8 @@ Not kept (a real cluster has them): authentication and RBAC, admission and schem
 namespaces as objects (every namespace exists), garbage collection by owner references,
 consistent snapshots across list pages, server-side apply, protobuf and CBOR.
 
-For tests: a request counter per verb and resource (``request_counts``), faults injected by
+For tests: a request counter per verb and resource, also per User-Agent (``request_counts``,
+e.g. what one client alone asked for, to check its RBAC), faults injected by
 verb, resource, name or User-Agent with a status and/or a delay (``inject_fault``), the open
 watches (``watch_count``), bookmarks and watch closes on demand.
 
@@ -512,6 +513,7 @@ class FakeKubeAPIServer:
         self._faults: list[Fault] = []
         self._lock = threading.Lock()   # counters and faults: read and written from test threads
         self._requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._requests_by_agent: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._responses: collections.Counter[tuple[str, str, int]] = collections.Counter()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -659,10 +661,17 @@ class FakeKubeAPIServer:
         with self._lock:
             self._faults = []
 
-    def request_counts(self) -> collections.Counter[tuple[str, str]]:
-        """Requests so far by (verb, resource), e.g. ``("list", "pods")``, ``("patch", "pods/status")``."""
+    def request_counts(self, user_agent: str | None = None) -> collections.Counter[tuple[str, str]]:
+        """Requests so far by (verb, resource), e.g. ``("list", "pods")``, ``("patch", "pods/status")``;
+        with ``user_agent``, only those whose User-Agent header contains it (as :class:`Fault` matches)."""
         with self._lock:
-            return collections.Counter(self._requests)
+            if user_agent is None:
+                return collections.Counter(self._requests)
+            out: collections.Counter[tuple[str, str]] = collections.Counter()
+            for (agent, verb, resource), n in self._requests_by_agent.items():
+                if user_agent in agent:
+                    out[(verb, resource)] += n
+            return out
 
     def request_count(self, verb: str | None = None, resource: str | None = None,
                       code: int | None = None) -> int:
@@ -698,10 +707,11 @@ class FakeKubeAPIServer:
         else:
             return self._error(ApiError(405, f"method {method} is not supported"))
         resource = f"{rt.plural}/{sub}" if sub else rt.plural
+        agent = request.headers.get("User-Agent", "")
         with self._lock:
             self._requests[(verb, resource)] += 1
-            fault = next((f for f in self._faults
-                          if f.matches(verb, resource, name, request.headers.get("User-Agent", ""))), None)
+            self._requests_by_agent[(agent, verb, resource)] += 1
+            fault = next((f for f in self._faults if f.matches(verb, resource, name, agent)), None)
             if fault is not None:
                 fault.hits += 1
         try:
