@@ -34,6 +34,8 @@ from cloudcoil.models.prometheus_operator import v1 as prom_v1
 
 from supervisor import config as job_config
 
+from helm_rbac import allows, rendered_rbac
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "elastic-supervisor"
 RULES = ROOT / "deploy" / "prometheus" / "rules" / "supervisor-alerts.yml"
@@ -194,19 +196,22 @@ def test_labels_and_names(chart, value_set):
 # ------------------------------------------------------------------ RBAC
 
 ROLE_RULES = [
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "update", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
-
+"""Exactly the calls in supervisor/platforms/kube/ (tests/test_kube_platform.py checks the requests a
+real run sends against the rendered rules): no secrets (the chart's token Secret reaches the
+ranks by secretKeyRef), no events (the controller writes none), no GET of single pods (a watch)."""
+NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_rbac_least_verbs(chart, value_set):
     objs = objects(render(chart, VALUE_SETS[value_set]))
     role = one(objs, "Role")
-    assert role["rules"] == ROLE_RULES  # exactly: no secrets, no wildcard, no list on services/configmaps
+    assert role["rules"] == ROLE_RULES  # exactly: no secrets, no events, no wildcard
     sa = one(objs, "ServiceAccount")["metadata"]["name"]
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     binding = one(objs, "RoleBinding")
@@ -217,7 +222,7 @@ def test_rbac_least_verbs(chart, value_set):
     kinds = by_kind(objs)
     if VALUE_SETS[value_set].get("rbac", {}).get("nodeReads"):
         cluster_role = one(objs, "ClusterRole")
-        assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+        assert cluster_role["rules"] == NODE_RULES
         crb = one(objs, "ClusterRoleBinding")
         assert crb["roleRef"]["name"] == cluster_role["metadata"]["name"] and crb["subjects"] == subject
         assert NAMESPACE in cluster_role["metadata"]["name"]  # one per release and namespace
@@ -233,6 +238,19 @@ def test_rbac_off(chart):
     assert not {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"} & set(kinds)
     assert kinds["Deployment"][0]["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
 
+
+
+def test_rbac_as_the_platform_tests_read_it():
+    """tests/helm_rbac.py, which tests/test_kube_platform.py checks a run's requests with."""
+    rules = rendered_rbac({"rbac": {"nodeReads": True}}, release=RELEASE, namespace=NAMESPACE)
+    assert rules == {"Role": ROLE_RULES, "ClusterRole": NODE_RULES}
+    role = rules["Role"]
+    assert allows(role, "get", "", "pods/log") and not allows(role, "get", "", "pods")
+    assert allows(role, "update", "coordination.k8s.io", "leases") and not allows(role, "update", "", "leases")
+    assert not allows(role, "create", "", "secrets") and not allows(role, "create", "", "events")
+    assert allows(rules["ClusterRole"], "watch", "", "nodes")
+    assert allows([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}], "patch", "apps", "deployments")
+    assert rendered_rbac({}) == {"Role": ROLE_RULES, "ClusterRole": []}
 
 # ------------------------------------------------------------------ the Deployment
 

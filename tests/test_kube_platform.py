@@ -8,6 +8,7 @@ SIGKILLed. Each run's loss path is compared with an uninterrupted control under 
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -21,8 +22,10 @@ import pytest
 import yaml
 
 from conftest import TRAIN, job_env, kill_tree, losses_by_step, read_log, run_job
-from fakes.kube_apiserver import FakeKubeAPIServer
+from fakes.kube_apiserver import RESOURCES, FakeKubeAPIServer
 from fakes.kubelet import FakeKubelet
+from helm_rbac import allows, rendered_rbac
+from supervisor.platforms.kube.client import USER_AGENT
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -84,14 +87,15 @@ class KubeRun:
     """``supervisor run`` with ``platform.kind: kubernetes`` as a real subprocess."""
 
     def __init__(self, tmp: Path, cluster: Cluster, *, fault: str | None = None, job: list[str] = JOB,
-                 nodes: int = 2, overrides: dict | None = None, name: str = "controller") -> None:
+                 nodes: int = 2, overrides: dict | None = None, name: str = "controller",
+                 kube: dict | None = None) -> None:
         self.tmp, self.cluster, self.name = tmp, cluster, name
         self.log_dir, self.ckpt = tmp / "logs", tmp / "ckpt"
         kube = {"namespace": NS, "worker": {"image": "fake.invalid/worker:1"}, "python": PY,
                 "kubeconfig": str(cluster.kubeconfig), "rdzv_port": 0, "rendezvous": "ip", "node_reads": True,
                 "controller_address": "127.0.0.1",
                 "termination_grace_s": 10, "delete_confirm_s": 5, "lease_duration_s": 4, "renew_deadline_s": 3,
-                "api_retry_s": 20}
+                "api_retry_s": 20, **(kube or {})}
         cfg = {"job": JOB_NAME, "command": [PY, str(TRAIN), *job], "nproc_per_node": 1,
                "nodes": {"min": nodes, "max": nodes}, "platform": {"kind": "kubernetes", "kubernetes": kube},
                "checkpoint_dir": str(self.ckpt), "log_dir": str(self.log_dir),
@@ -200,9 +204,39 @@ def finished(run: KubeRun, code: int = 0) -> dict:
     return done
 
 
+def as_the_chart_installs_it(cluster: Cluster, tmp: Path) -> dict:
+    """``platform.kubernetes`` as the Helm chart sets it: the release's ConfigMap owns the pods,
+    the release's token Secret (mounted in the controller) reaches the ranks by secretKeyRef."""
+    token = os.urandom(32).hex()
+    cluster.kubelet.v1.create_namespaced_secret(NS, {"metadata": {"name": "demo-elastic-supervisor-token"},
+                                                     "data": {"token": base64.b64encode(token.encode()).decode()}})
+    cluster.kubelet.v1.create_namespaced_config_map(NS, {"metadata": {"name": "demo-elastic-supervisor-config"},
+                                                         "data": {"job.yaml": "{}"}})
+    mounted = tmp / "token-secret"
+    mounted.mkdir()
+    (mounted / "token").write_text(token)
+    return {"owner_config_map": "demo-elastic-supervisor-config", "lease": "demo-elastic-supervisor-leader",
+            "token_secret": {"name": "demo-elastic-supervisor-token", "key": "token"},
+            "token_file": str(mounted / "token")}
+
+
+def assert_allowed_by_the_charts_rbac(api: FakeKubeAPIServer) -> None:
+    """Every request the controller sent (its own User-Agent) is one the chart's Role (namespaced)
+    or node ClusterRole (cluster-scoped) allows: the RBAC is what the platform really calls."""
+    rules = rendered_rbac({"rbac": {"nodeReads": True}}, namespace=NS)
+    made = api.request_counts(user_agent=USER_AGENT)
+    assert made, "no request carried the controller's User-Agent"
+    refused = []
+    for verb, resource in sorted(made):
+        rt = RESOURCES[resource.split("/")[0]]
+        if not allows(rules["Role" if rt.namespaced else "ClusterRole"], verb, rt.group, resource):
+            refused.append((verb, rt.group, resource))
+    assert not refused, f"the chart's RBAC refuses requests the controller made: {refused}\nrules: {rules}"
+
+
 # ------------------------------------------------------------------------------------ the tests
-def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, control):
-    run = kube_run()
+def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, control, tmp_path):
+    run = kube_run(kube=as_the_chart_installs_it(cluster, tmp_path))
     launched = run.wait_event("launched", attempt=0)
     assert launched["nodes"] == ["fake-node-0", "fake-node-1"] and launched["world_size"] == 2
     done = finished(run)
@@ -216,14 +250,20 @@ def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, contr
         assert p["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "elastic-supervisor"
         (container,) = spec["containers"]
         env = {e["name"]: e for e in container["env"]}
-        # the token reaches the ranks from a Secret, never as a value in the pod spec
-        assert env["SUPERVISOR_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "kjob-token", "key": "token"}
+        # the token reaches the ranks from the release's Secret, never as a value in the pod spec
+        assert env["SUPERVISOR_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "demo-elastic-supervisor-token",
+                                                                        "key": "token"}
         assert "SUPERVISOR_TOKEN_FILE" not in env
+        assert [o["name"] for o in p["metadata"]["ownerReferences"]] == ["demo-elastic-supervisor-config"]
         node = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert node["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [spec["nodeName"]]
     service = cluster.api.get("services", NS, "kjob-rdzv")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert cluster.api.request_count(verb="watch", resource="pods") >= 1  # observed by watch
+    made = cluster.api.request_counts(user_agent=USER_AGENT)
+    assert made[("watch", "nodes")] >= 1 and made[("get", "configmaps")] == 1
+    assert not [r for _, r in made if r == "secrets"]  # the release's Secret: none written
+    assert_allowed_by_the_charts_rbac(cluster.api)
 
 
 def test_a_pod_deleted_mid_run_is_lost_not_a_bad_node_and_the_gang_resumes(cluster, kube_run, control):
