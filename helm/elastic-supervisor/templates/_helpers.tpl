@@ -92,11 +92,11 @@ checks at startup, this only says it at install time.
 
 {{/*
 The job config (supervisor/config.py's JobConfig) the controller runs: the user's `config`
-with the cluster-dependent keys set by the chart. `platform.kind: kubernetes` and everything
-under `platform.kubernetes` is the chart's contract with the Kubernetes platform (issue 9),
-which config.py does not accept yet: see docs/kubernetes.md. owner_config_map is the owner of
-every object the platform creates (pods, the headless Service, the state ConfigMap, the Lease):
-`helm uninstall` deletes it and Kubernetes' garbage collector the rest.
+with the cluster-dependent keys set by the chart. `platform.kubernetes` is read by the
+Kubernetes platform (supervisor/platforms/kube/; docs/kubernetes.md). owner_config_map is the
+owner of the objects the platform creates (the worker pods, the headless Service): `helm
+uninstall` deletes it and Kubernetes' garbage collector the rest. token_secret is the chart's
+token Secret: the pods read it by secretKeyRef, so the platform writes no Secret of its own.
 */}}
 {{- define "es.jobConfig" -}}
 {{- $fullname := include "es.fullname" . -}}
