@@ -140,3 +140,12 @@ def test_the_guard_refuses_a_command_line_without_an_agent(tmp_path):
 def test_guard_settings_are_checked(fields, message):
     with pytest.raises(ConfigError, match=message):
         SlurmConfig(**fields)
+
+
+def test_a_controller_never_reached_is_a_wrong_address_not_a_lost_controller(tmp_path):
+    # e.g. http.host left at 127.0.0.1 while the guard runs on another node: it must not end the job
+    proc = start_guard(tmp_path, free_port(), [PY, "-c", "import time; time.sleep(2.5); raise SystemExit(4)"],
+                       timeout_s=1)
+    assert proc.wait(60) == 4
+    assert "event=controller_never_answered" in guard_log(tmp_path)
+    assert not (tmp_path / "slurm" / MARKER).exists() and "event=controller_lost" not in guard_log(tmp_path)

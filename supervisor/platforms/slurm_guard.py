@@ -196,11 +196,16 @@ def guard(cfg: GuardConfig, argv: Sequence[str]) -> int:
     probe_timeout = max(0.5, min(cfg.probe_s, 5.0))
     next_probe = 0.0
     waiting = False
+    ever_heard = False
+    warned_never = False
     while True:
         code = child.poll()
         now = time.monotonic()
         if code is not None or now >= next_probe:
             if controller_answers(cfg.api, probe_timeout):
+                if not ever_heard:
+                    log.info("event=controller_answered api=%s", cfg.api)
+                ever_heard = True
                 silence.heard()
                 if code is not None:
                     log.info("event=agent_exited exit_code=%d", code)
@@ -213,8 +218,15 @@ def guard(cfg: GuardConfig, argv: Sequence[str]) -> int:
                 log.warning("event=agent_exited_controller_silent exit_code=%d silent_s=%.1f (waiting up to %gs for "
                             "the controller)", code, silence.seconds, cfg.timeout_s)
             next_probe = time.monotonic() + cfg.probe_s
-        if silence.seconds >= cfg.timeout_s:
+        if silence.seconds >= cfg.timeout_s and ever_heard:
             return _controller_lost(cfg, child, silence.seconds, code)
+        if silence.seconds >= cfg.timeout_s and not warned_never:
+            # never reached: a wrong address (a loopback http.host?) is not a lost controller
+            warned_never = True
+            log.error("event=controller_never_answered api=%s after_s=%.0f: this guard will not end the job; "
+                      "check http.host (the nodes must reach it)", cfg.api, silence.seconds)
+        if code is not None and not ever_heard and silence.seconds >= cfg.timeout_s:
+            return _exit_like(code)
         try:
             child.wait(timeout=max(0.05, min(cfg.probe_s, next_probe - time.monotonic())))
         except subprocess.TimeoutExpired:

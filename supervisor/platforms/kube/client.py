@@ -181,7 +181,7 @@ class Watcher:
                     rv = self._stream(rv)  # None: relist (410 Gone, or an error event)
             except ApiException as exc:
                 self._failed(exc)
-            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - the watch must never die: log, back off, list again
                 self._failed(exc)
             if self._stop.is_set():
                 return

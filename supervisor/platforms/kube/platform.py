@@ -216,6 +216,7 @@ class KubernetesPlatform(Platform):
         await self._ensure_token()
         self.attempt = spec.attempt
         self.pods = {slot: _Pod(slot, self._pod_name(spec.attempt, slot), spec.attempt) for slot in spec.nodes}
+        self.pod_watch.forget([p.name for p in self.pods.values()])  # a retried launch's names are new again
         self._fence_older()
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         first = spec.nodes[0]
@@ -480,7 +481,7 @@ class KubernetesPlatform(Platform):
 
     async def teardown(self, grace_s: float) -> None:
         self._check_fenced()
-        live = [p for p in self.pods.values() if p.name in self.pod_watch.snapshot()]
+        live = list(self.pods.values())  # every pod we made, seen by the watch yet or not (404 is fine)
         for p in live:
             p.deleted_by_us = True
         grace = max(0, int(round(grace_s)))
