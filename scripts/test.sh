@@ -20,4 +20,4 @@ fi
 export PATH="$PWD/.venv/bin:$PATH"
 lint-imports
 # pytest exits 5 when it collects no test: that fails this script (and CI) too.
-exec python -m pytest -p no:cacheprovider -q "$@"
+exec python -m pytest -p no:cacheprovider -q --durations=25 "$@"
