@@ -545,17 +545,35 @@ def test_losing_the_batch_host_requeues_the_job_which_resumes_from_its_last_chec
 def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slurm, tmp_path):
     from supervisor.platforms.slurm_guard import GuardConfig, guard_argv
 
+    import http.server
+    import threading
+
     job_id = allocation(slurm, nodes=2)
-    with socket.socket() as s:  # a controller address that nobody answers on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
-    cfg = GuardConfig(job_id=job_id, api=f"http://127.0.0.1:{dead}", job="guarded", node="n2", log_dir=tmp_path,
-                      timeout_s=3, probe_s=0.5, grace_s=5, action="cancel")
+    probed = threading.Event()
+
+    class Controller(http.server.BaseHTTPRequestHandler):  # answers /healthz until it is shut down
+        def do_GET(self):
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            probed.set()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Controller)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = GuardConfig(job_id=job_id, api=f"http://127.0.0.1:{server.server_address[1]}", job="guarded", node="n2",
+                      log_dir=tmp_path, timeout_s=3, probe_s=0.5, grace_s=5, action="cancel")
     srun = subprocess.Popen(["srun", f"--jobid={job_id}", "-N1", "-n1", "-w", "n2", "--overlap", *guard_argv(PY, cfg),
                              "--", "sleep", "300"], env=slurm.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        assert probed.wait(60), "the guard never probed the controller"
+        server.shutdown()  # the controller goes away after the guard has heard it
+        server.server_close()
         info = slurm.wait_job(job_id, states=("CANCELLED",), timeout=60)
     finally:
+        server.shutdown()
         srun.kill()
         srun.wait()
     assert info["Comment"].startswith("elastic-supervisor:controller-lost:no-answer-for-"), info
