@@ -462,7 +462,7 @@ class Controller:
             self._finish(pick.phase, pick.reason)
             return
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        await self._launch(slots[:size], pick)
+        await self._launch_unless_handed_off(slots[:size], pick, None)
 
     def _adopt(self, saved: dict) -> None:
         attempt = int(saved["attempt"])
@@ -821,14 +821,45 @@ class Controller:
         self.attempt += 1  # every message and process of the next gang carries the new number
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
-                await self._launch(list(decision.nodes), decision.restore_from, timer)
+                await self._launch_unless_handed_off(list(decision.nodes), decision.restore_from, timer)
                 return
             except PlatformError as exc:
                 log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
                 self.event("launch_failed", attempt=self.attempt, error=str(exc), try_=attempt_no)
                 await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-                await asyncio.sleep(min(30.0, 2.0 ** attempt_no))
+                if self._stop.is_set():
+                    return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
+                try:
+                    await asyncio.wait_for(self._stop.wait(), min(30.0, 2.0 ** attempt_no))
+                    return
+                except asyncio.TimeoutError:
+                    pass
         self._finish(JobPhase.FAILED, f"the platform could not launch attempt {self.attempt} ({LAUNCH_TRIES} tries)")
+
+    async def _launch_unless_handed_off(self, nodes: list[str], restore_from: str | None,
+                                        timer: RestartTimer | None) -> None:
+        """Launch; a SIGTERM hand-off meanwhile abandons the launch at once (its pods may wait
+        minutes for a node): the state says the restart is unfinished, and the next controller
+        finishes it. A plain stop lets the launch end first, so that its teardown finds every
+        process the launch made."""
+        launch = asyncio.ensure_future(self._launch(nodes, restore_from, timer))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({launch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if launch.done() or not self._handoff:
+            await launch
+            return
+        launch.cancel()
+        try:
+            await launch
+        except (asyncio.CancelledError, PlatformError):
+            pass
+        log.warning("event=launch_abandoned attempt=%d (SIGTERM hand-off: the next controller finishes the restart)",
+                    self.attempt)
+        self.event("launch_abandoned", attempt=self.attempt,
+                   detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
 
     async def _nodes_exit(self, nodes, timeout: float) -> bool:
         deadline = self.clock() + timeout
