@@ -145,6 +145,51 @@ def test_pods_of_an_older_attempt_are_deleted_on_sight(api, tmp_path):
         p.close()
 
 
+def test_a_new_run_never_takes_an_earlier_runs_finished_pods_for_its_own(api, tmp_path):
+    before = platform(api, tmp_path)
+    try:
+        run(before.launch(spec(0)))  # the earlier run: attempt 0, finished
+        for slot in ("slot-0", "slot-1"):
+            set_status(api, f"job-1-a0-{slot}", terminated(0, "Completed"))
+    finally:
+        before.close()
+    p = platform(api, tmp_path)  # the new run (--fresh, a new release): attempt 0 again
+    try:
+        until(lambda: len(p.pod_watch.snapshot()) == 2)
+        earlier = api.get("pods", NS, "job-1-a0-slot-0")["metadata"]["labels"]["elastic-supervisor/launch"]
+        run(p.launch(spec(0)))
+        assert sorted(p.describe()["pods"].values()) == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"]
+        states = run(p.observe())
+        assert {s: st.state for s, st in states.items()} == {"slot-0": NodeState.RUNNING, "slot-1": NodeState.RUNNING}
+        ours = {o["metadata"]["name"]: o for o in api.objects("pods", NS)}
+        assert ours["job-1-a0-slot-0-1"]["metadata"]["labels"]["elastic-supervisor/launch"] != earlier
+        # the earlier run's pods are fenced: deleted, the new gang's untouched
+        until(lambda: sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
+                             if not o["metadata"].get("deletionTimestamp")) == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"])
+        assert "--rdzv-endpoint=job-1-a0-slot-0-1.job-1-rdzv.ml.svc:29400" in \
+            ours["job-1-a0-slot-1-1"]["spec"]["containers"][0]["command"]  # the store's pod by its new name
+    finally:
+        p.close()
+
+
+def test_a_retried_launch_does_not_take_its_terminating_pods_for_new_ones(api, tmp_path):
+    p = platform(api, tmp_path)
+    try:
+        run(p.launch(spec(1)))
+        v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+        for slot in ("slot-0", "slot-1"):  # scheduled, running; torn down, still Terminating (a slow node)
+            v1.create_namespaced_pod_binding(f"job-1-a1-{slot}", NS, {"target": {"kind": "Node", "name": "n1"}},
+                                             _preload_content=False)  # the answer is a Status (client #825)
+            set_status(api, f"job-1-a1-{slot}", {"phase": "Running"})
+            v1.delete_namespaced_pod(f"job-1-a1-{slot}", NS, grace_period_seconds=300)
+        until(lambda: all(o.metadata.deletion_timestamp for o in p.pod_watch.snapshot().values()))
+        run(p.launch(spec(1)))  # the same attempt, tried again
+        assert sorted(p.describe()["pods"].values()) == ["job-1-a1-slot-0-1", "job-1-a1-slot-1-1"]
+        assert {st.state for st in run(p.observe()).values()} == {NodeState.RUNNING}
+    finally:
+        p.close()
+
+
 def test_adoption_takes_a_whole_live_gang_and_refuses_a_broken_one(api, tmp_path):
     p = platform(api, tmp_path)
     try:

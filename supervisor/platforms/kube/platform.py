@@ -7,7 +7,9 @@ For attempt k of job J the platform creates, in its namespace:
 * a Secret ``J-token`` holding the job token, which reaches every rank as
   ``SUPERVISOR_TOKEN`` (``secretKeyRef``): never on a shared filesystem;
 * one Pod ``J-aK-SLOT`` per node slot (``restartPolicy: Never``), labelled managed-by, job,
-  attempt and slot, running one torchrun agent (``--max-restarts 0``: recovery is ours). The
+  attempt, slot and launch (a random id per launch; a name still held by another launch's pod
+  gets a suffix, ``J-aK-SLOT-1``: a pod stuck Terminating, or an earlier run's finished pod,
+  never stands in for a new one), running one torchrun agent (``--max-restarts 0``: recovery is ours). The
   first pod's agent serves the c10d store (``is_host=1``); the others dial it by its DNS name
   under the Service, or by its IP (``rdzv_address: ip``, once the pod has one). The controller
   never hosts the store: its loss would take every healthy agent with it.
@@ -19,7 +21,8 @@ Every object carries an owner reference to the release's ConfigMap when one is n
 pod per tick: Pending/Running -> running; Succeeded/Failed -> exited with the container's exit
 code (``128+N`` -> killed by signal N); gone (deleted by someone else) or ``DisruptionTarget``
 (eviction, preemption, taint manager) -> lost, with the reason; the pod's node NotReady (with
-``read_nodes``) -> stopped. Pods of older attempts are deleted on sight (attempt fencing).
+``read_nodes``) -> stopped. Every other pod of the job (older attempts', an earlier run's) is
+deleted on sight (attempt fencing).
 
 **Act.** ``kill_node`` deletes the pod with ``gracePeriodSeconds: 0``; teardown deletes the gang
 with the pods' grace period, waits for it, then forces what is left and moves on: new pod names
@@ -43,6 +46,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -62,6 +66,10 @@ MANAGER = "elastic-supervisor"
 JOB_LABEL = "elastic-supervisor/job"
 ATTEMPT_LABEL = "elastic-supervisor/attempt"
 SLOT_LABEL = "elastic-supervisor/slot"
+LAUNCH_LABEL = "elastic-supervisor/launch"
+"""A random id per launch: a name taken by a pod of another launch (an earlier run's, one still
+Terminating, a dead controller's half-made gang) is never mistaken for ours."""
+NAME_TRIES = 8
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 TOKEN_KEY = "token"
 DISRUPTION = "DisruptionTarget"
@@ -148,6 +156,8 @@ class KubernetesPlatform(Platform):
         self._fencing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._token_written: bytes | None = None
+        self._launch_id = ""
+        self._elected = ""
         self.pod_watch = Watcher("pods", api.core.list_namespaced_pod, namespace=self.ns, label_selector=self.selector,
                                  timeout_s=api.timeout_s)
         self.node_watch = (Watcher("nodes", api.core.list_node, timeout_s=api.timeout_s,
@@ -202,8 +212,9 @@ class KubernetesPlatform(Platform):
                 f"events and state in {cfg.log_dir}; watch with `kubectl get pods -n {self.ns} -l {JOB_LABEL}={self.job}`")
 
     # ------------------------------------------------------------------ launch
-    def _pod_name(self, attempt: int, slot: str) -> str:
-        return dns_label(f"{self.job}-a{attempt}-{slot}")
+    def _pod_name(self, attempt: int, slot: str, try_: int = 0) -> str:
+        suffix = f"-{try_}" if try_ else ""
+        return dns_label(f"{self.job}-a{attempt}-{slot}", 63 - len(suffix)) + suffix
 
     def _check_fenced(self) -> None:
         if self.fenced:
@@ -215,16 +226,13 @@ class KubernetesPlatform(Platform):
         await self._ensure_service()
         await self._ensure_token()
         self.attempt = spec.attempt
+        self._launch_id = secrets.token_hex(4)
         self.pods = {slot: _Pod(slot, self._pod_name(spec.attempt, slot), spec.attempt) for slot in spec.nodes}
-        self.pod_watch.forget([p.name for p in self.pods.values()])  # a retried launch's names are new again
         self._fence_older()
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         first = spec.nodes[0]
+        await self._create_pod(spec, first, port, is_host=True)
         first_name = self.pods[first].name
-        # the store's own pod dials itself: by its name, or by its IP, which Kubernetes puts in its
-        # command ($(POD_IP) from the downward API) before the pod is known to anyone else
-        own = f"$(POD_IP):{port}" if self.s.rdzv_address == "ip" else f"{first_name}.{self.service}.{self.ns}.svc:{port}"
-        await self._create_pod(spec, first, own, is_host=True)
         if self.s.rdzv_address == "ip":
             endpoint = f"{await self._wait_pod_ip(first_name)}:{port}"
         else:
@@ -235,13 +243,44 @@ class KubernetesPlatform(Platform):
                  [p.name for p in self.pods.values()], endpoint)
 
     async def _create_pod(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> None:
-        pod = self._pod_body(spec, slot, endpoint, is_host)
-        created = await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
-        if created is None:  # 409: a retried launch of this attempt already made it
-            log.info("event=pod_exists pod=%s", pod["metadata"]["name"])
+        """Create the slot's pod. On a name already taken: ours (a create whose answer was lost
+        and was retried) is kept; another's (an earlier run's or launch's, or one still
+        Terminating) is left to the fencing and this pod takes the next name. ``endpoint`` is
+        the store's ``host:port``, or its port alone for the pod that serves it."""
+        p = self.pods[slot]
+        self.pod_watch.forget([p.name])  # a retried launch's names are new again
+        for try_ in range(NAME_TRIES):
+            pod = self._pod_body(spec, slot, endpoint, is_host)
+            created = await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
+            if created is not None or await self._ours(p.name):
+                return
+            taken = p.name
+            p.name = self._pod_name(spec.attempt, slot, try_ + 1)
+            self.pod_watch.forget([p.name])
+            log.warning("event=pod_name_taken pod=%s by=another_launch action=use_name new=%s", taken, p.name)
+        raise PlatformError(f"pod names for slot {slot} of attempt {spec.attempt} are all taken "
+                            f"(`kubectl get pods -n {self.ns} -l {self.selector}`)")
+
+    async def _ours(self, name: str) -> bool:
+        """Whether the pod already named ``name`` is this launch's (seen through the watch, which
+        shows any existing pod within its latency; never a GET: the Role has no pods/get)."""
+        deadline = time.monotonic() + min(5.0, self.api.timeout_s)
+        while True:
+            pod = self.pod_watch.snapshot().get(name)
+            if pod is not None:
+                labels = pod.metadata.labels or {}
+                return labels.get(LAUNCH_LABEL) == self._launch_id and not pod.metadata.deletion_timestamp
+            if time.monotonic() >= deadline:
+                return False  # gone already (deleted as we asked), or never seen: take a new name
+            await asyncio.sleep(0.05)
 
     def _pod_body(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> dict:
         name = self.pods[slot].name
+        if is_host:
+            # the store's own pod dials itself: by its name, or by its IP, which Kubernetes puts in
+            # its command ($(POD_IP) from the downward API) before the pod is known to anyone else
+            endpoint = (f"$(POD_IP):{endpoint}" if self.s.rdzv_address == "ip"
+                        else f"{name}.{self.service}.{self.ns}.svc:{endpoint}")
         argv = torchrun_argv(self.s.python, spec, endpoint=endpoint, is_host=is_host)
         env = agent_env(spec, slot, Path("/tmp"))
         env.pop("TMPDIR", None)  # the container's own
@@ -278,7 +317,8 @@ class KubernetesPlatform(Platform):
         if self.s.node_selector:
             pod_spec["nodeSelector"] = dict(self.s.node_selector)
         labels = dict(w.labels if w is not None else {}) | {
-            MANAGED_BY: MANAGER, JOB_LABEL: self.job, ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot)}
+            MANAGED_BY: MANAGER, JOB_LABEL: self.job, ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot),
+            LAUNCH_LABEL: self._launch_id}
         annotations = dict(w.annotations if w is not None else {}) | {
             "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
         meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
@@ -443,19 +483,20 @@ class KubernetesPlatform(Platform):
                           detail=f"pod {p.name} {who}{ended}")
 
     def _fence_older(self, pods: dict | None = None) -> None:
-        """Delete, once, every pod of this job from an attempt before the current one."""
-        if self.fenced:
+        """Delete, once, every pod of this job that is not the current gang's: older attempts',
+        an earlier run's (a run restarts at attempt 0), a dead controller's half-made launch.
+        Only the one acting controller (the Lease holder) gets here, and only once it has
+        launched or adopted (or refused to adopt) a gang."""
+        if self.fenced or self.attempt < 0:
             return
+        current = {p.name for p in self.pods.values()}
         for name, pod in (pods if pods is not None else self.pod_watch.snapshot()).items():
-            labels = pod.metadata.labels or {}
-            try:
-                attempt = int(labels.get(ATTEMPT_LABEL, "-1"))
-            except ValueError:
+            if name in current or name in self._fencing or pod.metadata.deletion_timestamp:
                 continue
-            if attempt < self.attempt and name not in self._fencing and not pod.metadata.deletion_timestamp:
-                self._fencing.add(name)
-                log.warning("event=stale_pod_deleted pod=%s attempt=%d current=%d", name, attempt, self.attempt)
-                self._spawn(self._delete(name, 0))
+            self._fencing.add(name)
+            log.warning("event=stale_pod_deleted pod=%s attempt=%s current=%d", name,
+                        (pod.metadata.labels or {}).get(ATTEMPT_LABEL, "?"), self.attempt)
+            self._spawn(self._delete(name, 0))
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
