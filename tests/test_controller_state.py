@@ -75,10 +75,10 @@ def test_a_second_controller_is_refused_while_the_first_holds_the_lock(tmp_path)
 # directory, as two hosts share an NFS folder. A holder killed with SIGKILL drops its flock at
 # once, exactly as a holder on another host whose flock this host never sees: only its lease is left.
 HOLD = ("import os, sys, time; from pathlib import Path; from supervisor.controller.state import JobLock\n"
-        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2])); lock.acquire()\n"
-        "print('held', flush=True); time.sleep(600)\n")
-TAKE = ("import json, sys; from pathlib import Path; from supervisor.controller.state import JobLock, StateError\n"
-        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2]))\n"
+        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2])); lock.elected = os.environ.get('ELECTED', '')\n"
+        "lock.acquire()\nprint('held', flush=True); time.sleep(600)\n")
+TAKE = ("import json, os, sys; from pathlib import Path; from supervisor.controller.state import JobLock, StateError\n"
+        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2])); lock.elected = os.environ.get('ELECTED', '')\n"
         "try:\n    lock.acquire()\nexcept StateError as e:\n    print(e); sys.exit(3)\n"
         "print(json.dumps(lock.took_over)); lock.release()\n")
 
@@ -164,3 +164,17 @@ def test_the_requeued_run_of_the_same_slurm_job_takes_over_at_once_and_a_same_ho
     again = _take(tmp_path, "host-c", lease, {})
     assert again.returncode == 0, again.stdout
     assert "is gone" in json.loads(again.stdout)["reason"]
+
+
+def test_a_controller_elected_by_the_platform_takes_over_at_once_from_one_elected_before_it(tmp_path):
+    # Kubernetes: the controller's pod died with its node; its file lease is still fresh, but the
+    # new controller holds the Lease, which the dead one no longer does
+    lease = 600.0
+    holder = _start_holder(tmp_path, "ctrl-pod-a", lease, {"ELECTED": "Lease ml/j-controller held by ctrl-pod-a_1"})
+    _kill(holder)
+    unelected = _take(tmp_path, "ctrl-pod-b", lease, {})  # no election to prove anything: wait for the lease
+    assert unelected.returncode == 3, unelected.stdout
+    elected = _take(tmp_path, "ctrl-pod-b", lease, {"ELECTED": "Lease ml/j-controller held by ctrl-pod-b_2"})
+    assert elected.returncode == 0, elected.stdout + elected.stderr
+    prev = json.loads(elected.stdout)
+    assert prev["host"] == "ctrl-pod-a" and "held by ctrl-pod-b_2" in prev["reason"], prev

@@ -12,10 +12,12 @@ import base64
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -195,13 +197,26 @@ def finished(run: KubeRun, code: int = 0) -> dict:
     Deployment does not restart it), leaves on SIGTERM."""
     done = run.wait_event("job_finished", timeout=240)
     assert done["exit_code"] == code, f"{done}\n{run.output()[-5000:]}\n{run.events()}"
-    deadline = time.monotonic() + 30
-    while "event=idle" not in run.output():
-        assert time.monotonic() < deadline and run.proc.poll() is None, run.output()[-3000:]
-        time.sleep(0.1)
+    assert served_verdict(run)["phase"] == done["phase"]
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait(timeout=30) == code
     return done
+
+
+def served_verdict(run: KubeRun) -> dict:
+    """An idle controller (the job ended) still answers its liveness probe, /readyz and /status:
+    a Deployment's probe must not restart it, its scrapers see the verdict."""
+    deadline = time.monotonic() + 30
+    while not (m := re.search(r"event=serving_verdict phase=\S+ http=([^\s:]+):(\d+)", run.output())):
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.output()[-3000:]
+        time.sleep(0.1)
+    base = f"http://{m.group(1)}:{m.group(2)}"
+    with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(f"{base}/readyz", timeout=5) as resp:
+        assert resp.status == 200
+    with urllib.request.urlopen(f"{base}/status", timeout=5) as resp:
+        return json.loads(resp.read())
 
 
 def as_the_chart_installs_it(cluster: Cluster, tmp: Path) -> dict:
@@ -362,6 +377,7 @@ def test_two_controllers_at_once_only_the_lease_holder_acts(cluster, kube_run, c
     # the first released the Lease at the end; the standby leads now, finds the run finished and
     # does nothing (a Deployment's restarted controller must not train the job again)
     second.wait_event("job_already_finished", phase="completed")
+    assert served_verdict(second)["phase"] == "completed"
     assert [e["attempt"] for e in first.events("launched")] == [0]  # one gang, launched once, by one controller
     second.proc.send_signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0

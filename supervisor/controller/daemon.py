@@ -204,6 +204,7 @@ class Controller:
         """Run the job to its end; returns the exit code. Raises :class:`StateError` (nothing
         started) when another controller holds the job or its saved state cannot be used."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.elected = self.platform.elected()
         self._lock.acquire()
         try:
             return await self._run_locked()
@@ -280,6 +281,21 @@ class Controller:
         seen, deadline = self.scrapes, self.clock() + self.cfg.metrics_linger_s
         while self.scrapes == seen and self.clock() < deadline and not self._linger_cut:
             await asyncio.sleep(0.05)
+
+    async def serve_ended(self, until: asyncio.Event) -> None:
+        """After the job has ended (or was found ended): keep answering ``/healthz``, ``/readyz``,
+        ``/status`` and ``/metrics`` (the verdict) until ``until`` is set. A controller that
+        stays up after the end (a Deployment's) must still pass its liveness probe, and its
+        scrapers must see the final phase, not a target gone down."""
+        from supervisor.controller.http import start_http
+
+        self.ready = True  # ready to be scraped and asked: the Service lists only ready pods
+        runner = await self._bind_http(start_http, {"http_port": self.http_port} if self.http_port else None)
+        log.info("event=serving_verdict phase=%s http=%s:%s", self.phase.value, self.cfg.http.host, self.http_port)
+        try:
+            await until.wait()
+        finally:
+            await runner.cleanup()
 
     def request_stop(self, sig: int) -> None:
         """Tear the gang down (SIGTERM, restart.kill_grace_s: ranks write an emergency checkpoint) and exit."""

@@ -218,7 +218,8 @@ class JobLock:
     :meth:`renew` when the controller calls it). A controller elsewhere is refused while that lease
     is fresh, and takes over a record whose holder is known gone: its lease expired, its pid is
     dead on this very host, or it was an earlier run of this Slurm job (requeued: a higher
-    ``SLURM_RESTART_COUNT``). The record is created with ``link()`` (atomic, NFS included) and
+    ``SLURM_RESTART_COUNT``), or the platform's own election (a Kubernetes Lease, :attr:`elected`)
+    has since made another controller the job's one actor. The record is created with ``link()`` (atomic, NFS included) and
     replaced with ``rename()``; one takeover per stale record is claimed with ``O_EXCL``. Leases
     compare wall clocks across hosts: keep them in sync (NTP) to well under ``lease_s``.
     """
@@ -233,6 +234,10 @@ class JobLock:
         """The record of a holder found gone and replaced at :meth:`acquire`, if any (with ``reason``)."""
         self.lost = ""
         """Why the lease was lost while held (another controller took the job over); empty while held."""
+        self.elected = ""
+        """Set before :meth:`acquire` when the platform's own election (a Kubernetes Lease) made this
+        controller the job's only actor: a record of a holder elected otherwise is then taken over at
+        once, not after its lease runs out (that holder has lost the election and stopped acting)."""
         self._env = dict(os.environ if env is None else env)
         self._fd: int | None = None
         self._me: dict[str, Any] | None = None
@@ -321,7 +326,7 @@ class JobLock:
             restarts = 0
         return {"host": socket.gethostname(), "boot_id": _boot_id(), "node": self._env.get("SLURMD_NODENAME", ""),
                 "slurm_job_id": self._env.get("SLURM_JOB_ID", ""), "slurm_restart_count": restarts,
-                "pid": pid, "pid_start": start_time(pid)}
+                "pid": pid, "pid_start": start_time(pid), **({"elected": self.elected} if self.elected else {})}
 
     def _claim(self) -> None:
         now = time.time()
@@ -377,6 +382,9 @@ class JobLock:
             if pid == mine["pid"]:
                 return "it is this process"
             return ""  # alive here: it holds the job (even if it cannot renew)
+        theirs = cur.get("elected")
+        if self.elected and isinstance(theirs, str) and theirs and theirs != self.elected:
+            return f"an election since made this controller the job's actor ({self.elected}; the holder was {theirs})"
         job, restarts = cur.get("slurm_job_id"), cur.get("slurm_restart_count")
         if job and job == mine["slurm_job_id"] and isinstance(restarts, int) and mine["slurm_restart_count"] > restarts:
             return f"Slurm requeued job {job} (restart {restarts} -> {mine['slurm_restart_count']}): that run is over"

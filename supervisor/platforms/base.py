@@ -10,6 +10,7 @@ they never raise a subprocess or client library exception into the controller.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import socket
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ class Supervised(Protocol):
     def event(self, name: str, /, **fields: Any) -> None: ...
 
     def request_stop(self, sig: Any) -> None: ...
+
+    async def serve_ended(self, until: asyncio.Event) -> None: ...
 
 
 def free_port(host: str) -> int:
@@ -154,6 +157,12 @@ class Platform(abc.ABC):
     async def supervise(self, job: Supervised) -> int:
         """Run the controller; a platform wraps it with what it needs (signals, leader election)."""
         return await job.run()
+
+    def elected(self) -> str:
+        """How the platform's own leader election made this controller the job's one actor (e.g.
+        the Kubernetes Lease it holds), or "" without one. The job's file lease of a controller
+        elected before it is then taken over at once."""
+        return ""
 
     def notices(self) -> list[tuple[str, dict]]:
         """Events the platform found when it started, for the controller's events.jsonl (e.g. the

@@ -562,13 +562,16 @@ class KubernetesPlatform(Platform):
         return True
 
     # ------------------------------------------------------------------ leader election
+    def elected(self) -> str:
+        return self._elected
+
     async def supervise(self, job) -> int:
         code = await self._lead(job)
         if self.fenced or job.handed_off:  # not the end of the job: leave (and be replaced)
             return code
-        return await self._idle(code)
+        return await self._idle(job, code)
 
-    async def _idle(self, code: int) -> int:
+    async def _idle(self, job, code: int) -> int:
         """The job has ended: stay up (a Deployment restarts a container that exits, and a
         restarted controller would only report the same verdict) until SIGTERM or SIGINT."""
         loop = asyncio.get_running_loop()
@@ -576,8 +579,9 @@ class KubernetesPlatform(Platform):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, done.set)
         log.info("event=idle exit_code=%d: the job has ended; this controller stays up so that its Deployment does "
-                 "not restart it (`helm uninstall` removes the job, its pods and this controller)", code)
-        await done.wait()
+                 "not restart it, and keeps answering /healthz, /status and /metrics (`helm uninstall` removes the "
+                 "job, its pods and this controller)", code)
+        await job.serve_ended(done)
         return code
 
     async def _lead(self, job) -> int:
@@ -606,6 +610,7 @@ class KubernetesPlatform(Platform):
             campaign.result()  # raises the elector's PlatformError (RBAC, bad name)
             return 1
         log.info("event=leading lease=%s/%s identity=%s", self.ns, lease.name, identity)
+        self._elected = f"Lease {self.ns}/{lease.name} held by {identity}"
         run = asyncio.ensure_future(job.run())
         lost = asyncio.ensure_future(elector.wait_not_leading())
         try:
