@@ -201,17 +201,19 @@ ROLE_RULES = [
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 """Exactly the calls in supervisor/platforms/kube/ (tests/test_kube_platform.py checks the requests a
 real run sends against the rendered rules): no secrets (the chart's token Secret reaches the
-ranks by secretKeyRef), no events (the controller writes none), no GET of single pods (a watch)."""
+ranks by secretKeyRef), events created only (never read, patched or deleted), no GET of single
+pods (a watch)."""
 NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}]
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_rbac_least_verbs(chart, value_set):
     objs = objects(render(chart, VALUE_SETS[value_set]))
     role = one(objs, "Role")
-    assert role["rules"] == ROLE_RULES  # exactly: no secrets, no events, no wildcard
+    assert role["rules"] == ROLE_RULES  # exactly: no secrets, no wildcard, events created only
     sa = one(objs, "ServiceAccount")["metadata"]["name"]
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     binding = one(objs, "RoleBinding")
@@ -247,7 +249,8 @@ def test_rbac_as_the_platform_tests_read_it():
     role = rules["Role"]
     assert allows(role, "get", "", "pods/log") and not allows(role, "get", "", "pods")
     assert allows(role, "update", "coordination.k8s.io", "leases") and not allows(role, "update", "", "leases")
-    assert not allows(role, "create", "", "secrets") and not allows(role, "create", "", "events")
+    assert not allows(role, "create", "", "secrets") and allows(role, "create", "", "events")
+    assert not allows(role, "delete", "", "events") and not allows(role, "patch", "", "events")
     assert allows(rules["ClusterRole"], "watch", "", "nodes")
     assert allows([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}], "patch", "apps", "deployments")
     assert rendered_rbac({}) == {"Role": ROLE_RULES, "ClusterRole": []}

@@ -219,6 +219,20 @@ def served_verdict(run: KubeRun) -> dict:
         return json.loads(resp.read())
 
 
+def k8s_event(cluster: Cluster, reason: str, about: str, timeout: float = 30) -> dict:
+    """The Kubernetes Event the controller posted with ``reason`` about the object named ``about``
+    (posted in the background: wait for it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in cluster.api.objects("events", NS)
+                 if e.get("reason") == reason and e["involvedObject"]["name"] == about]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, [(e.get("reason"), e["involvedObject"]) for e in
+                                             cluster.api.objects("events", NS)]
+        time.sleep(0.1)
+
+
 def as_the_chart_installs_it(cluster: Cluster, tmp: Path) -> dict:
     """``platform.kubernetes`` as the Helm chart sets it: the release's ConfigMap owns the pods,
     the release's token Secret (mounted in the controller) reaches the ranks by secretKeyRef."""
@@ -279,6 +293,12 @@ def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, contr
     assert made[("watch", "nodes")] >= 1 and made[("get", "configmaps")] == 1
     assert not [r for _, r in made if r == "secrets"]  # the release's Secret: none written
     assert_allowed_by_the_charts_rbac(cluster.api)
+    # `kubectl get events`: the job's own events are on the release's ConfigMap
+    owner = "demo-elastic-supervisor-config"
+    assert k8s_event(cluster, "GangLaunched", owner)["type"] == "Normal"
+    ended = k8s_event(cluster, "JobFinished", owner)
+    assert ended["type"] == "Normal" and ended["message"].startswith("completed (exit code 0)")
+    assert ended["involvedObject"]["kind"] == "ConfigMap" and ended["involvedObject"]["uid"]
 
 
 def test_a_pod_deleted_mid_run_is_lost_not_a_bad_node_and_the_gang_resumes(cluster, kube_run, control):
@@ -306,6 +326,12 @@ def test_a_sigstopped_rank_is_found_silent_its_pod_killed_and_the_gang_resumes(c
     assert fault["kind"] == "dead" and fault["ranks"] == [1], fault
     kill = run.wait_event("action", action="kill_node")
     assert kill["node"] == fault["nodes"][0]
+    # `kubectl describe pod` of the stopped rank's pod says what happened to it and why
+    pod = f"{JOB_NAME}-a0-{kill['node']}"
+    said = k8s_event(cluster, "RankFault", pod)
+    assert said["type"] == "Warning" and "dead on rank(s) 1" in said["message"], said
+    assert said["involvedObject"]["kind"] == "Pod" and said["involvedObject"]["uid"]
+    assert k8s_event(cluster, "KilledBySupervisor", pod)["type"] == "Warning"
     relaunch = run.wait_event("launched", attempt=1)
     assert relaunch["restore_from"] == "step-0000000010"
     assert finished(run)["phase"] == "completed"

@@ -253,3 +253,53 @@ def test_a_mounted_secret_token_is_read_through_its_symlinks_but_not_out_of_its_
     (data / "short").write_text("abc")
     with pytest.raises(PlatformError, match="not a token of at least 48 hex digits"):
         read_mounted_token(data / "short")
+
+
+def test_faults_and_kills_are_told_as_events_on_the_pods_and_a_role_without_events_is_said_once(
+        api, tmp_path, caplog):
+    p = platform(api, tmp_path)
+
+    async def tell_and_wait(name: str, fields: dict, reason: str) -> list[dict]:
+        p.tell(name, fields)
+        deadline = time.monotonic() + 10
+        while not (got := [e for e in api.objects("events", NS) if e["reason"] == reason]):
+            assert time.monotonic() < deadline, api.objects("events", NS)
+            await asyncio.sleep(0.02)
+        return got
+
+    async def scenario():
+        await p.launch(spec())
+        until(lambda: "job-1-a0-slot-1" in p.pod_watch.snapshot())
+        (fault,) = await tell_and_wait("fault_detected", {
+            "attempt": 0, "kind": "hang", "ranks": [1], "nodes": ["slot-1"], "culprit": True,
+            "detail": "rank 1 never entered collective 7", "detection_s": 31.2}, "RankFault")
+        assert fault["type"] == "Warning" and fault["involvedObject"]["name"] == "job-1-a0-slot-1"
+        assert fault["involvedObject"]["uid"] == api.get("pods", NS, "job-1-a0-slot-1")["metadata"]["uid"]
+        assert fault["message"] == "attempt 0: hang on rank(s) 1 after 31.2 s: rank 1 never entered collective 7"
+        (kill,) = await tell_and_wait("action", {"attempt": 0, "action": "kill_node", "node": "slot-1",
+                                                 "reason": "hang"}, "KilledBySupervisor")
+        assert kill["involvedObject"]["name"] == "job-1-a0-slot-1"
+        p.tell("heartbeat_late", {"attempt": 0})  # not for `kubectl describe`: no Event
+        p.tell("action", {"attempt": 0, "action": "tear_down", "reason": "hang"})
+        # a Role without events/create: one warning, then no more tries
+        api.inject_fault(403, verb="create", resource="events")
+        p.tell("nodes_excluded", {"nodes": ["slot-0"], "reason": "dead"})
+        deadline = time.monotonic() + 10
+        while "k8s_events_forbidden" not in caplog.text:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        tried = api.request_count(verb="create", resource="events")
+        p.tell("nodes_excluded", {"nodes": ["slot-1"], "reason": "dead"})
+        p.tell("job_finished", {"phase": "failed", "exit_code": 1, "reason": "x"})
+        # a barrier, not a sleep: the launch's own API round trips run any post told before it
+        await p.launch(spec(attempt=1))
+        assert api.request_count(verb="create", resource="events") == tried
+
+    try:
+        with caplog.at_level("WARNING", logger="supervisor.platform.kube"):
+            run(scenario())
+        assert [e["reason"] for e in api.objects("events", NS)] in (["RankFault", "KilledBySupervisor"],
+                                                                     ["KilledBySupervisor", "RankFault"])
+        assert caplog.text.count("k8s_events_forbidden") == 1
+    finally:
+        p.close()

@@ -1021,6 +1021,7 @@ class Controller:
                "event": name, "job": self.cfg.job, "run": self.run_no} | fields
         with open(self.log_dir / EVENTS_FILE, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
+        self.platform.tell(name, rec)
 
     def _save_state(self) -> None:
         self._check_lease()  # the state is the new owner's once the lease is lost

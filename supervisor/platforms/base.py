@@ -164,6 +164,10 @@ class Platform(abc.ABC):
         elected before it is then taken over at once."""
         return ""
 
+    def tell(self, name: str, fields: dict) -> None:
+        """Hear one event the controller recorded (``events.jsonl``'s record): a platform may show
+        it where its users look (Kubernetes Events on the pods). Must not block or raise."""
+
     def notices(self) -> list[tuple[str, dict]]:
         """Events the platform found when it started, for the controller's events.jsonl (e.g. the
         previous controller of this job was lost and the job requeued)."""

@@ -42,6 +42,7 @@ import asyncio
 import base64
 import copy
 import dataclasses
+import datetime
 import json
 import logging
 import os
@@ -73,6 +74,44 @@ NAME_TRIES = 8
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 TOKEN_KEY = "token"
 DISRUPTION = "DisruptionTarget"
+EVENT_MESSAGE_MAX = 1000
+"""Kubernetes caps an Event's message at 1 KiB; the whole record is in events.jsonl."""
+
+
+def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] | None:
+    """The Kubernetes Event for one controller event: ``(type, reason, message, slots)``, where
+    ``slots`` are the slots whose pods it is about (empty: about the job itself), or None for
+    an event no one looks for in ``kubectl describe``/``kubectl get events``."""
+    attempt = fields.get("attempt", "?")
+    if name == "fault_detected":
+        ranks = ",".join(map(str, fields.get("ranks") or []))
+        slots = ",".join(map(str, fields.get("nodes") or []))
+        who = f"rank(s) {ranks}" if ranks else f"slot(s) {slots}" if slots else "the gang"
+        if fields.get("culprit") is False:
+            who = f"the gang (no single culprit; waiting: {who})"
+        return ("Warning", "RankFault",
+                f"attempt {attempt}: {fields.get('kind', 'fault')} on {who} after {fields.get('detection_s', '?')} s: "
+                f"{fields.get('detail', '')}", list(fields.get("nodes") or []))
+    if name == "action" and fields.get("action") == "kill_node":
+        return ("Warning", "KilledBySupervisor",
+                f"attempt {attempt}: the supervisor deleted this pod ({fields.get('reason', '')}); the gang restarts "
+                "from the newest verified checkpoint", [str(fields.get("node", ""))])
+    if name == "launched":
+        return ("Normal", "GangLaunched",
+                f"attempt {attempt}: {fields.get('world_size', '?')} ranks on {len(fields.get('nodes') or [])} pods, "
+                f"restoring {fields.get('restore_from') or 'nothing (fresh start)'}", [])
+    if name == "nodes_excluded":
+        return ("Warning", "NodesExcluded",
+                f"{', '.join(fields.get('nodes') or [])} excluded from the job ({fields.get('reason', '')})",
+                list(fields.get("nodes") or []))
+    if name == "restart_complete":
+        return ("Normal", "Restarted", f"attempt {attempt} is training again ({fields.get('reason', '')}, "
+                f"{fields.get('total_s', '?')} s)", [])
+    if name == "job_finished":
+        ok = fields.get("exit_code") == 0
+        return ("Normal" if ok else "Warning", "JobFinished",
+                f"{fields.get('phase', '?')} (exit code {fields.get('exit_code', '?')}): {fields.get('reason', '')}", [])
+    return None
 _DNS = re.compile(r"[^a-z0-9-]+")
 
 
@@ -158,6 +197,7 @@ class KubernetesPlatform(Platform):
         self._token_written: bytes | None = None
         self._launch_id = ""
         self._elected = ""
+        self._events_allowed = True
         self.pod_watch = Watcher("pods", api.core.list_namespaced_pod, namespace=self.ns, label_selector=self.selector,
                                  timeout_s=api.timeout_s)
         self.node_watch = (Watcher("nodes", api.core.list_node, timeout_s=api.timeout_s,
@@ -497,6 +537,55 @@ class KubernetesPlatform(Platform):
             log.warning("event=stale_pod_deleted pod=%s attempt=%s current=%d", name,
                         (pod.metadata.labels or {}).get(ATTEMPT_LABEL, "?"), self.attempt)
             self._spawn(self._delete(name, 0))
+
+    # ------------------------------------------------------------------ events
+    def tell(self, name: str, fields: dict) -> None:
+        """Post the controller's fault, kill, launch and end records as Kubernetes Events: on the
+        culprit's pod (``kubectl describe pod``), or on the release's ConfigMap for the job's own
+        (``kubectl get events``). Best effort, in the background: never in the way of a restart."""
+        said = describe_event(name, fields)
+        if said is None or not self._events_allowed or self.fenced:
+            return
+        kind, reason, message, slots = said
+        targets: list[tuple[str, str, str]] = []  # (kind, name, uid)
+        pods = self.pod_watch.snapshot()
+        for slot in slots:
+            p = self.pods.get(slot)
+            if p is not None:
+                seen = pods.get(p.name) or self.pod_watch.gone(p.name)
+                targets.append(("Pod", p.name, (seen.metadata.uid or "") if seen is not None else ""))
+        if not targets and self._owner:
+            targets.append(("ConfigMap", self._owner[0]["name"], self._owner[0]["uid"]))
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for target in targets:
+            self._spawn(self._post_event(kind, reason, message, target))
+
+    async def _post_event(self, kind: str, reason: str, message: str, target: tuple[str, str, str]) -> None:
+        what, name, uid = target
+        now = datetime.datetime.now(datetime.timezone.utc)
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": self.ns,
+                         "labels": {MANAGED_BY: MANAGER, JOB_LABEL: self.job}},
+            "involvedObject": {"apiVersion": "v1", "kind": what, "name": name, "namespace": self.ns,
+                               **({"uid": uid} if uid else {})},
+            "type": kind, "reason": reason, "message": message[:EVENT_MESSAGE_MAX],
+            "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1,
+            "source": {"component": MANAGER}, "reportingComponent": MANAGER,
+            "reportingInstance": os.environ.get("HOSTNAME", ""),
+        }
+        try:
+            made = await self.api.call(self.api.core.create_namespaced_event, self.ns, body, ok=(403,), retry_s=2.0)
+        except PlatformError as exc:
+            log.debug("event=k8s_event_failed reason=%s error=%s", reason, exc)
+            return
+        if made is None and self._events_allowed:
+            self._events_allowed = False
+            log.warning("event=k8s_events_forbidden: the Role does not allow creating Events in %s; the "
+                        "supervisor's events stay in events.jsonl and the logs only", self.ns)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
