@@ -44,3 +44,26 @@ def test_preflight_checks(tmp_path, python_without_torch):
     (tmp_path / "a-file").write_text("x")  # (a mode cannot stop root, which CI runs as)
     with pytest.raises(PreflightError, match="not writable"):
         check([PYTHON], env, tmp_path / "a-file" / "ckpt")
+
+
+def test_the_controllers_own_interpreter_is_asked_in_process(tmp_path, monkeypatch):
+    """The job's python is the controller's, same search path: no second Python on the cold
+    start's serial path. Another interpreter, or another PYTHONPATH, still gets its own probe."""
+    env = dict(os.environ)
+    started = []
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: started.append(a[0]) or real_run(*a, **k))
+    assert check([sys.executable, "x.py"], env, tmp_path / "ckpt") == []
+    assert started == []
+    check([sys.executable, "x.py"], env | {"PYTHONPATH": str(tmp_path)}, tmp_path / "ckpt")
+    assert len(started) == 1 and started[0][0] == sys.executable
+
+
+def test_the_worker_sdk_does_not_import_the_checkpoint_manager():
+    """`import supervisor.worker` leaves torch.distributed.checkpoint (~1 s) and tenacity to the
+    script that uses them: the SDK's import is on every rank's cold start."""
+    code = ("import sys, supervisor.worker\n"
+            "print(sorted(m for m in ('torch.distributed.checkpoint', 'tenacity', 'supervisor.checkpoint.manager')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -42,13 +42,12 @@ import urllib.request
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from supervisor.checkpoint import CheckpointLoadError, CheckpointManager, RestoreResult, Skipped
+from supervisor.checkpoint import CheckpointLoadError, Skipped
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.protocol import (
     Env,
@@ -71,6 +70,9 @@ from supervisor.worker.heartbeat import HeartbeatSender
 from supervisor.worker.session import Session
 from supervisor.worker.telemetry import RankState
 from supervisor.worker.watchdog import Watchdog, dump_stacks
+
+if TYPE_CHECKING:  # the manager imports torch.distributed.checkpoint (~1 s): loaded by the script that uses it
+    from supervisor.checkpoint import CheckpointManager, RestoreResult
 
 log = logging.getLogger("supervisor.worker")
 
@@ -491,9 +493,23 @@ def _skipped_text(skipped: list[Skipped]) -> str:
     return "; ".join(f"{s.name}: {s.reason}" for s in skipped)[:384]
 
 
-@retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)), stop=stop_after_attempt(3),
-       wait=wait_exponential(multiplier=0.2, max=2), reraise=True)
+_get_json_retrying = None
+
+
 def _get_json(url: str, token: bytes) -> dict[str, Any]:
+    """:func:`_get_json_once`, tried 3 times with exponential back-off (tenacity is imported on
+    first use: only rank 0 of a supervised job asks, once per attempt)."""
+    global _get_json_retrying
+    if _get_json_retrying is None:
+        from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+        _get_json_retrying = retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)),
+                                   stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
+                                   reraise=True)(_get_json_once)
+    return _get_json_retrying(url, token)
+
+
+def _get_json_once(url: str, token: bytes) -> dict[str, Any]:
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token.decode()}"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         body = resp.read(1 << 20)
