@@ -205,11 +205,12 @@ def build_report(args, runs: dict[tuple[str, str], list[rl.SvRun]], started: str
                      f"{', '.join(sorted({r.note.rsplit('on ', 1)[-1] for r in rs})) or '—'} |")
     L.append("")
     L.append("Teardown split (medians, s): *evidence* = `fault_detected` -> `evidence_saved` (stack dumps asked for "
-             "first); *culprit* = -> `tear_down` (the silent rank's node killed and its end confirmed: on Slurm "
-             "`scancel JOB.STEP`, then the step seen gone, or the node marked unresponsive after `kill_confirm_s`); "
-             "*rest* = -> relaunch (the other nodes ended).")
+             "first); *culprit* = -> `tear_down`, the kill + confirm of the silent rank's node (on Slurm "
+             "`scancel --ctld --signal=KILL JOB.STEP`, then the step seen gone, or the node marked unresponsive: "
+             "Slurm lists it as not responding, or `kill_confirm_s` ran out); *rest* = -> relaunch (the other "
+             "nodes ended).")
     L.append("")
-    L.append("| fault | platform | evidence | culprit | rest |")
+    L.append("| fault | platform | evidence | culprit (kill + confirm) | rest |")
     L.append("|---|---|---|---|---|")
     for fault in args.faults:
         for plat in ("slurm", "local"):

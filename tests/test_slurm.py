@@ -207,6 +207,42 @@ def test_platform_finds_a_killed_node_unresponsive_and_drops_it(slurm, tmp_path)
     asyncio.run(scenario())
 
 
+def test_the_kill_of_a_dead_nodes_step_goes_through_slurmctld_and_never_waits_on_its_slurmd(slurm, tmp_path):
+    """``scancel --signal=KILL J.S`` signals the step's slurmd from scancel itself: on a dead node it
+    waited MessageTimeout (~6 s here) before the kill could start confirming. ``--ctld`` hands the
+    SIGKILL to slurmctld, which answers at once; its failed RPC to the node is what then marks the
+    node not responding, well before kill_confirm_s runs out."""
+    job_id = allocation(slurm)
+
+    async def scenario():
+        p = SlurmPlatform(job_id, tmp_path, job="d", kill_confirm_s=20, poll_interval_s=0.5,
+                          base_env=slurm.env).start()
+        await p.launch(spec(0, ["n1", "n2", "n3"], ["sleep", "120"]))
+        cancels = []
+        scancel = p.client.scancel
+
+        async def timed(ids, sig, **kw):
+            t0 = time.monotonic()
+            try:
+                await scancel(ids, sig, **kw)
+            finally:
+                cancels.append((list(ids), sig, kw, time.monotonic() - t0))
+
+        p.client.scancel = timed
+        slurm.sh("kill-node", "n2")
+        t0 = time.monotonic()
+        await p.kill_node("n2")
+        kill_s = time.monotonic() - t0
+        assert "n2" in p.unresponsive and p.slots() == ["n1", "n3"]
+        assert [c[:3] for c in cancels] == [([p.nodes["n2"].step_id], "KILL", {"ctld": True})]
+        assert cancels[0][3] < 2, cancels  # the direct scancel took ~6 s on the dead node
+        assert kill_s < 12, kill_s  # Slurm said "not responding" (MessageTimeout 5 s), not our 20 s deadline
+        await p.teardown(1.0)
+        assert set(steps(slurm, job_id)) <= {"sv-d-a0-n2"}  # listed until slurmctld gives n2 up
+
+    asyncio.run(scenario())
+
+
 def test_slurmctld_stopped_is_a_clear_error_and_the_steps_keep_running(slurm, tmp_path):
     job_id = allocation(slurm)
 

@@ -152,12 +152,13 @@ class SlurmClient:
         return out
 
     # ------------------------------------------------------------------ scancel
-    async def scancel(self, step_ids: Sequence[str], sig: str | None) -> None:
-        """``scancel [--signal=SIG] J.S ...``; a step that ended meanwhile is not an error,
-        anything else (no controller) is a PlatformError."""
+    async def scancel(self, step_ids: Sequence[str], sig: str | None, *, ctld: bool = False) -> None:
+        """``scancel [--ctld] [--signal=SIG] J.S ...``; a step that ended meanwhile is not an error,
+        anything else (no controller) is a PlatformError. ``ctld``: the request goes to slurmctld,
+        which signals the nodes itself, asynchronously (scancel does not wait for a node's slurmd)."""
         if not step_ids:
             return
-        args = ["--quiet", *([f"--signal={sig}"] if sig else []), *step_ids]
+        args = ["--quiet", *(["--ctld"] if ctld else []), *([f"--signal={sig}"] if sig else []), *step_ids]
         res = await self._run("scancel", *args, check=False)
         if res.returncode != 0:
             errors = [ln for ln in res.stderr.splitlines() if ln.strip() and not _STEP_GONE.search(ln)]
