@@ -30,18 +30,14 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (children, grandchildren, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+def children(pid: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """The live direct children of ``pid`` (from /proc, or from a :func:`process_tree` taken once)."""
+    return list((process_tree() if tree is None else tree).get(pid, []))
+
+
+def descendants(pid: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """Every live descendant of ``pid`` (children, grandchildren, ...), from /proc (or ``tree``)."""
+    children = process_tree() if tree is None else tree
     out: list[int] = []
     todo = [pid]
     while todo:
@@ -49,6 +45,26 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Every live process's children, by parent pid: one scan of /proc, to share between callers
+    (each scan reads every process's stat; a controller tick needs one, not one per node)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
+            try:
+                raw = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            ppid = int(raw.rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
 
 
 def pids_with_env(name: str, value: str) -> list[int]:

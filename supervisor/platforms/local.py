@@ -29,7 +29,7 @@ from pathlib import Path
 from supervisor.files import set_aside
 from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
-from supervisor.procfs import descendants, pid_alive, proc_state, start_time
+from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
 
 log = logging.getLogger("supervisor.platform.local")
 
@@ -50,18 +50,32 @@ class _Node:
         # torchrun starts every worker in a session of its own, so killing the agent's process
         # group does not reach the ranks: remember them (pid -> start time, against pid reuse)
         self.ranks: dict[int, int | None] = {}
+        # the agent's own children (its ranks) and those that ended while it ran on: an agent
+        # allowed to restart in place starts new ones
+        self.workers: dict[int, int | None] = {}
+        self.exited: list[int] = []
 
     def agent_is_ours(self) -> bool:
         """The agent's pid still names the process this node started (running, or a zombie not
         yet reaped), not another one that got the pid since."""
         return self.started is not None and start_time(self.pid) == self.started
 
-    def track_ranks(self) -> None:
+    def track_ranks(self, tree: dict[int, list[int]] | None = None) -> None:
         if not self.agent_is_ours():  # a stranger's children are not our ranks
             return
-        for pid in descendants(self.pid):
+        tree = process_tree() if tree is None else tree
+        for pid in descendants(self.pid, tree):
             if pid not in self.ranks:
                 self.ranks[pid] = start_time(pid)
+        for pid in children(self.pid, tree):
+            if pid not in self.workers:
+                self.workers[pid] = self.ranks.get(pid) or start_time(pid)
+
+    def track_exits(self) -> None:
+        """Note the agent's ranks that ended (the agent itself still running)."""
+        for pid, started in self.workers.items():
+            if pid not in self.exited and not (pid_alive(pid) and start_time(pid) == started):
+                self.exited.append(pid)
 
     def live_ranks(self) -> list[int]:
         return [pid for pid, started in self.ranks.items()
@@ -120,9 +134,10 @@ class LocalPlatform(Platform):
 
     async def observe(self) -> dict[str, NodeStatus]:
         result = {}
+        tree = process_tree() if any(not n.gone for n in self.nodes.values()) else {}
         for name, node in self.nodes.items():
             if not node.gone:
-                node.track_ranks()
+                node.track_ranks(tree)
             if not node.gone:
                 if node.popen is not None:
                     code = node.popen.poll()
@@ -134,9 +149,10 @@ class LocalPlatform(Platform):
                 state = NodeState.EXITED if node.exit_code is not None else NodeState.LOST
             else:
                 state = NodeState.RUNNING
+                node.track_exits()
             result[name] = NodeStatus(
                 name=name, attempt=node.attempt, state=state, exit_code=node.exit_code,
-                killed_by_us=node.killed_by_us, pid=node.pid,
+                killed_by_us=node.killed_by_us, pid=node.pid, exited_pids=tuple(node.exited),
                 stopped=not node.gone and proc_state(node.pid) == "T",
                 **failure_fields(self.log_dir / f"attempt-{node.attempt}" / f"{name}.log",
                                  node.exit_code if node.gone else None, node.report),
