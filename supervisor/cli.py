@@ -265,7 +265,7 @@ def _launch_config(args: argparse.Namespace):
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
         "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
-                    "allow_fresh_start": args.allow_fresh_start},
+                    "allow_fresh_start": args.allow_fresh_start, "in_place_restarts": args.in_place_restarts},
         "health": {"phase_floor_s": args.hang_timeout_floor},
         "http": {"port": args.port},
         "metrics_linger_s": args.metrics_linger,
@@ -291,6 +291,7 @@ _FLAGS = (
     ("restart.budget_s", "--restart-budget", "restart_budget"), ("restart.max_restarts", "--max-restarts", "max_restarts"),
     ("health.phase_floor_s", "--hang-timeout-floor", "hang_timeout_floor"), ("http.port", "--port", "port"),
     ("metrics_linger_s", "--metrics-linger", "metrics_linger"), ("port", "--port", "port"),
+    ("restart.in_place_restarts", "--in-place-restarts", "in_place_restarts"),
 )
 
 
@@ -575,6 +576,10 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", "--max_restarts", type=int, default=20,
                    help="restarts before the job stops in stopped_max_restarts (exit 4); unlike torchrun's, each "
                    "restart is the supervisor's: detect, keep evidence, tear down, relaunch from a verified checkpoint")
+    p.add_argument("--in-place-restarts", type=int, default=0, metavar="N",
+                   help="let each node's torchrun agent restart a crashed or aborted rank in place, up to N times per "
+                   "launch, instead of tearing the gang down (the supervisor still picks the checkpoint and tears "
+                   "down when the cheap path fails); 0: every restart is a full relaunch")
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (0: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
                    help="after the job ends keep serving /metrics this long for a last scrape, only if a scraper "

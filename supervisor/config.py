@@ -303,9 +303,22 @@ class RestartConfig:
     """Whether the job may train from scratch after having had a checkpoint, when none is left
     that verifies and is not suspect. Off by default: the job stops in STOPPED_NO_CHECKPOINT
     (exit 6) instead of silently throwing its progress away (``--allow-fresh-start``)."""
+    in_place_restarts: int = 0
+    """Restarts in place per launch (``--in-place-restarts``): a rank that crashed or was aborted
+    on a node whose agent is healthy is restarted by that torchrun agent (``--max-restarts``),
+    with the rest of the gang re-rendezvousing around it, instead of the whole gang being torn
+    down and launched again. The controller still decides: the checkpoint it resumes from (the
+    ranks ask for it), whether the cheap path applies at all (same nodes, no node excluded, no
+    batch to skip), and when it has failed (``in_place_timeout_s``: then the gang is torn down).
+    0 (the default): every restart is a full relaunch."""
+    in_place_timeout_s: float = 60.0
+    """How long the restarted ranks get to report in before an in-place restart counts as failed
+    and the gang is torn down and launched again."""
 
     def __post_init__(self) -> None:
-        for name in ("budget_s", "abort_grace_s", "kill_grace_s", "teardown_grace_s"):
+        if self.in_place_restarts < 0:
+            raise ConfigError("restart.in_place_restarts: must be >= 0")
+        for name in ("budget_s", "abort_grace_s", "kill_grace_s", "teardown_grace_s", "in_place_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"restart.{name}: must be > 0")
         if self.max_restarts < 0:

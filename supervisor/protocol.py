@@ -434,3 +434,7 @@ class Env:
     WATCHDOG = "SUPERVISOR_WATCHDOG"
     SKIP_STEPS = "SUPERVISOR_SKIP_STEPS"
     FAULT = "SUPERVISOR_FAULT"
+    IN_PLACE = "SUPERVISOR_IN_PLACE"
+    """Set (to the launch's in-place restart allowance) when the node agents restart ranks in
+    place: a rank then counts its own restarts under its agent (its attempt is the launch's
+    plus that count, the same on every rank, since an agent restarts its whole gang)."""

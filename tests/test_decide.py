@@ -8,6 +8,7 @@ from supervisor.controller.decide import (
     EXIT_CODES,
     FAULT_KINDS,
     RUNG_ABORT,
+    RUNG_IN_PLACE,
     RUNG_KILL_NODE,
     RUNG_TEARDOWN,
     Fault,
@@ -20,9 +21,11 @@ from supervisor.controller.decide import (
     classify,
     completed,
     gang_size,
+    in_place_ok,
     name_rank_failure,
     parse_skipped,
     plan_next,
+    restarted_in_place,
     restore_report,
     root_verdict,
 )
@@ -455,3 +458,74 @@ def test_the_restart_timer_has_one_mark_per_restart_phase_in_order():
     assert t.done and t.total(1e9) == marks[-1] - marks[0]
     # a restart still under way reports the phases it finished, a prefix of the same names
     assert tuple(RestartTimer(0, "crash", *marks[:4]).durations()) == RESTART_PHASES[:3]
+
+
+# ------------------------------------------------------------------ restarts in place
+
+def agent(name, exited=(), state=NodeState.RUNNING, stopped=False):
+    return NodeStatus(name=name, attempt=0, state=state, stopped=stopped, exited_pids=tuple(exited))
+
+
+PIDS = {0: 100, 1: 101}
+IP = dict(now=50.0, rank_pids=PIDS, rank_nodes=RN)
+
+
+@pytest.mark.parametrize("nodes, extra, kind, ranks", [
+    # nothing ended, nobody ahead: no fault
+    ({"a": agent("a"), "b": agent("b")}, {}, None, None),
+    # an old attempt's pid (not a rank of this attempt) says nothing
+    ({"a": agent("a"), "b": agent("b", exited=[77])}, {}, None, None),
+    # rank 1's process ended under its running agent
+    ({"a": agent("a"), "b": agent("b", exited=[101])}, {}, "rank_exit", (1,)),
+    # both ended: the one that only lost a peer is not the culprit
+    ({"a": agent("a", exited=[100]), "b": agent("b", exited=[101])}, {"failed_ranks": {0: True}}, "rank_exit", (1,)),
+    # the culprit said why
+    ({"a": agent("a"), "b": agent("b", exited=[101])},
+     {"failed_ranks": {1: False}, "failed_errors": {1: "ValueError: bad batch"}}, "rank_error", (1,)),
+    # a non-finite loss: every rank stops; the rank whose loss it was is named
+    ({"a": agent("a", exited=[100]), "b": agent("b", exited=[101])}, {"nonfinite_ranks": [0]}, "nonfinite", (0,)),
+    # a rank that said it was done and exited has finished
+    ({"a": agent("a"), "b": agent("b", exited=[101])}, {"done_ranks": {1}}, None, None),
+    # an exited agent is the classic path's (classify), not this one's
+    ({"a": agent("a"), "b": agent("b", exited=[101], state=NodeState.EXITED)}, {}, None, None),
+    # no process view (Kubernetes): ranks of the next attempt already report in
+    ({"a": agent("a"), "b": agent("b")}, {"ahead_attempt": 1, "failed_ranks": {0: True, 1: False}}, "rank_exit", (1,)),
+])
+def test_a_restart_in_place_is_seen_from_the_ranks_that_ended_or_the_ranks_ahead(nodes, extra, kind, ranks):
+    fault = restarted_in_place(nodes, **IP, **extra)
+    if kind is None:
+        assert fault is None
+    else:
+        assert (fault.kind, fault.ranks, fault.rung, fault.node_failure) == (kind, ranks, RUNG_IN_PLACE, False), fault
+        assert "in place" in fault.detail
+
+
+SAME = Relaunch(("a", "b"), "step-0000000010", ())
+RUNNING = {"a": agent("a"), "b": agent("b")}
+
+
+def ip_fault(kind="rank_exit", rung=RUNG_IN_PLACE, node_failure=False):
+    return Fault(kind, (1,), ("b",), "x", rung, node_failure, 1.0)
+
+
+@pytest.mark.parametrize("change, why", [
+    ({}, ""),
+    ({"fault": ip_fault("hang", RUNG_ABORT)}, ""),  # a live culprit obeys the abort, then its agent restarts it
+    ({"allowed": 0}, "off"),
+    ({"used": 2}, "spent"),
+    ({"last_failed": True}, "did not come back"),
+    ({"fault": ip_fault("dead", RUNG_KILL_NODE)}, "silent rank"),
+    ({"fault": ip_fault("node_lost", RUNG_TEARDOWN, True)}, "needs a new gang"),
+    ({"fault": ip_fault("preempted", RUNG_TEARDOWN)}, "needs a new gang"),
+    ({"decision": Stop(JobPhase.STOPPED_NO_PROGRESS, "no progress")}, "the job stops"),
+    ({"nodes": {"a": agent("a"), "b": agent("b", state=NodeState.EXITED)}}, "not running: b"),
+    ({"nodes": {"a": agent("a"), "b": agent("b", stopped=True)}}, "not running: b"),
+    ({"decision": Relaunch(("a", "c"), "step-0000000010", ())}, "differs"),
+    ({"decision": Relaunch(("a", "b"), "step-0000000010", (), newly_excluded=("x",))}, "excluded"),
+    ({"decision": Relaunch(("a", "b"), "step-0000000010", (), skip_steps=(12,))}, "skipped"),
+])
+def test_the_cheap_rung_is_taken_only_when_the_same_gang_may_go_on(change, why):
+    args = dict(fault=ip_fault(), decision=SAME, nodes=RUNNING, previous_nodes=["a", "b"], allowed=2, used=0,
+                skip_steps=[]) | change
+    got = in_place_ok(**args)
+    assert (got == "") if not why else (why in got), got

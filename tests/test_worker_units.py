@@ -79,6 +79,32 @@ def test_session_errors_name_the_variable(env, match):
 
 # ----------------------------------------------------------------- fault spec
 
+# an "agent" that starts the same rank twice (a restart in place), as torchrun's does
+AGENT = ("import os, subprocess, sys\n"
+         "child = 'from supervisor.worker.session import Session; s = Session.from_env(); "
+         "assert Session.from_env().attempt == s.attempt; print(s.attempt)'\n"
+         "for _ in range(2):\n"
+         "    print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True, check=True)"
+         ".stdout.strip(), flush=True)\n")
+
+
+def test_a_rank_restarted_in_place_by_its_agent_counts_the_restart_in_its_attempt(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, SUPERVISOR_ATTEMPT="3", SUPERVISOR_IN_PLACE="2", TMPDIR=str(tmp_path),
+               TORCHELASTIC_RUN_ID="job-3", LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT="0")
+    first = subprocess.run([sys.executable, "-c", AGENT], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["3", "4"]  # the launch's attempt, then one restart in place
+    # another agent (a new launch of the same attempt number): it starts from the launch's again
+    again = subprocess.run([sys.executable, "-c", AGENT], env=env, capture_output=True, text=True, check=True)
+    assert again.stdout.split() == ["3", "4"]
+    # without SUPERVISOR_IN_PLACE nothing is counted: every start is the launch's attempt
+    env.pop("SUPERVISOR_IN_PLACE")
+    plain = subprocess.run([sys.executable, "-c", AGENT], env=env, capture_output=True, text=True, check=True)
+    assert plain.stdout.split() == ["3", "3"]
+
+
 def test_fault_spec_parses_several_faults():
     faults = parse_faults("kind=hang,rank=1,step=30; kind=slow,ms=50,step=2 ;kind=crash,attempt=0")
     assert faults == [Fault("hang", rank=1, step=30), Fault("slow", step=2, ms=50), Fault("crash", attempt=0)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import dataclasses
 import json
 import logging
@@ -27,7 +28,7 @@ import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
 from supervisor.checkpoint.discovery import parse_name
@@ -40,6 +41,7 @@ from supervisor.controller.decide import (
     EXIT_CODES,
     RUNG_ABORT,
     RUNG_KILL_NODE,
+    RUNG_TEARDOWN,
     TERMINAL,
     Fault,
     History,
@@ -50,9 +52,11 @@ from supervisor.controller.decide import (
     classify,
     completed,
     gang_size,
+    in_place_ok,
     note_refusals,
     pick_checkpoint,
     plan_next,
+    restarted_in_place,
     restore_report,
     root_verdict,
 )
@@ -105,6 +109,11 @@ class Intake(asyncio.DatagramProtocol):
             c.rejected[exc.reason] = c.rejected.get(exc.reason, 0) + 1
             return
         if hb.attempt != c.attempt or hb.job != c.cfg.job:
+            if hb.job == c.cfg.job and c.attempt < hb.attempt <= c.launch_attempt + c.in_place_allowed:
+                # ranks restarted in place by their agents, ahead of the controller: the
+                # controller catches up (restarted_in_place), then takes their heartbeats
+                c.ahead_attempt = max(c.ahead_attempt or 0, hb.attempt)
+                return
             c.rejected[REJECT_STALE_ATTEMPT] = c.rejected.get(REJECT_STALE_ATTEMPT, 0) + 1
             return
         if hb.world_size != c.registry.world_size and c.registry.world_size:
@@ -155,6 +164,13 @@ class Controller:
         self.registry = Registry()
         self.phase = JobPhase.STARTING
         self.attempt = 0
+        self.launch_attempt = 0
+        """The attempt the running agents were launched with (restarts in place raise ``attempt``)."""
+        self.in_place_allowed = 0  # restarts in place the running agents allow (their --max-restarts)
+        self.in_place_used = 0
+        self.in_place_deadline: float | None = None  # the restarted ranks report in by then, or the gang goes
+        self.in_place_failed = False
+        self.ahead_attempt: int | None = None  # ranks of a later attempt heard (restarted in place)
         self.history = History()
         self.nodes: list[str] = []
         self.node_status: dict[str, NodeStatus] = {}
@@ -231,13 +247,13 @@ class Controller:
             log.warning("event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
         if self._old_gang is not None:
             old = self._old_gang
-            if await self.platform.adopt(old.get("platform", {}), int(old["attempt"])):
+            if await self.platform.adopt(old.get("platform", {}), _launched_as(old)):
                 self.event("old_gang_stopped", attempt=old["attempt"], detail="--fresh: what was left of the previous "
                            "run's gang, through the platform")
                 await self.platform.teardown(self.cfg.restart.kill_grace_s)
         adopt_gang = False
         if saved and JobPhase(saved["phase"]) not in TERMINAL:
-            adopt_gang = await self.platform.adopt(saved.get("platform", {}), int(saved["attempt"]))
+            adopt_gang = await self.platform.adopt(saved.get("platform", {}), _launched_as(saved))
         self._init_token(saved)
         loop = asyncio.get_running_loop()
         transport, self.intake = await self._bind_intake(loop, saved, adopt_gang)
@@ -483,6 +499,9 @@ class Controller:
     def _adopt(self, saved: dict) -> None:
         attempt = int(saved["attempt"])
         self.attempt = attempt
+        self.launch_attempt = _launched_as(saved)
+        self.in_place_allowed = int(saved.get("in_place_allowed", 0))
+        self.in_place_used = int(saved.get("in_place_used", 0))
         self.history = saved["history"]
         self.skip_steps = list(self.history.skip_steps)
         self.nodes = list(saved.get("nodes", []))
@@ -600,6 +619,9 @@ class Controller:
                                       startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
                                       factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s)
             self.stragglers = straggler_scores(reg)
+        if self.in_place_allowed and (fault := self._in_place_signal(now)) is not None:
+            await self._recover(fault)
+            return
         self.findings = detect(reg, now, self.timeouts, launched_at=self.launched_at)
         if not self.findings and all(n.state == NodeState.RUNNING for n in self.node_status.values()):
             return
@@ -627,6 +649,30 @@ class Controller:
         if fault is not None:
             await self._recover(fault)
 
+    def _in_place_signal(self, now: float) -> Fault | None:
+        """The agents have begun restarting this attempt's ranks in place, or the last restart in
+        place did not come back in time (then the gang is torn down)."""
+        reg = self.registry
+        ahead = self.ahead_attempt if (self.ahead_attempt or 0) > self.attempt else None
+        if self.in_place_deadline is not None and ahead is None:
+            if now <= self.in_place_deadline:
+                return None  # the restarted ranks are on their way: exits seen now are the old ones'
+            self.in_place_deadline = None
+            self.in_place_failed = True
+            missing = sorted(set(range(reg.world_size)) - set(reg.ranks))
+            return Fault("startup_stall", tuple(missing), tuple(self.nodes),
+                         f"the restart in place did not report in within {self.cfg.restart.in_place_timeout_s:g} s "
+                         f"(ranks {missing} silent): tearing the gang down", RUNG_TEARDOWN, False, now)
+        return restarted_in_place(
+            self.node_status, now=now, rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()},
+            rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
+            ahead_attempt=ahead,
+            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_DONE},
+            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
+            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
+            nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
+            rank_steps=self._rank_steps())
+
     def _rank_steps(self) -> dict[int, int]:
         """Each rank's step: its last heartbeat's, or, for a rank of a failed node, the one after
         the last step its own log recorded in this attempt (heartbeats are sampled; a rank
@@ -644,6 +690,7 @@ class Controller:
         world = reg.world_size
         all_heard = world > 0 and len(reg.ranks) == world
         if all_heard and self.phase == JobPhase.STARTING:
+            self.in_place_deadline = None  # a restart in place came back
             self.phase = JobPhase.RUNNING
             self._save_state()  # before the event: whoever reads "running" finds it in the state file too
             self.event("running", attempt=self.attempt, world_size=world)
@@ -771,6 +818,8 @@ class Controller:
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
                    detection_s=round(now - fault.fault_at, 3))
         await self._save_evidence(fault)
+        if self.in_place_allowed and await self._restart_in_place(fault, timer):
+            return
         rung = fault.rung
         if rung == RUNG_ABORT:
             for rank in fault.ranks:
@@ -796,31 +845,9 @@ class Controller:
             if stopped:
                 fault = dataclasses.replace(fault, nodes=stopped, node_failure=True)
                 self.event("nodes_unresponsive", attempt=self.attempt, nodes=list(stopped), reason=fault.kind)
-        self._poll_checkpoints(force=True)
-        made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
-        straggler_nodes = []
-        if self.cfg.health.exclude_stragglers:
-            straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.stragglers.items()
-                                      if s > self.cfg.health.straggler_threshold and r in self.registry.ranks})
-        # what the ranks said about their restore, up to their last word (a rank that died
-        # before all had reported still counts: its heartbeat is in the registry)
-        report = restore_report(rec.hb for rec in self.registry.ranks.values())
         suspects_before = set(self.history.suspects)
-        decision = plan_next(
-            history=self.history, fault=fault, made_progress=made_progress, report=report,
-            slots=self.platform.slots(), previous_nodes=self.nodes,
-            hosts={n: st.host for n, st in self.node_status.items() if st.host},
-            nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
-            guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
-            checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
-            nonfinite_window=self.cfg.nonfinite.window_steps, skip_batches=self.cfg.nonfinite.skip_batches,
-            nproc_per_node=self.cfg.nproc_per_node, world_sizes=self.cfg.nodes.world_sizes,
-            world_size_multiple_of=self.cfg.nodes.world_size_multiple_of,
-            straggler_nodes=straggler_nodes,
-        )
-        for name in self.history.suspects:
-            if name not in suspects_before:
-                self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
+        decision = self._plan(fault, self.history)
+        self._tell_suspects(suspects_before)
         self.active_hang = None
         if isinstance(decision, Stop):
             self._finish(decision.phase, decision.reason)
@@ -834,7 +861,9 @@ class Controller:
             self.event("batches_skipped", steps=list(decision.skip_steps),
                        detail="a non-finite loss recurred at these steps: the ranks skip their batches")
         self.skip_steps = list(decision.skip_steps)
-        self.attempt += 1  # every message and process of the next gang carries the new number
+        # every message and process of the next gang carries the new number, above any the old
+        # agents could still give a rank they restart in place
+        self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
                 await self._launch_unless_handed_off(list(decision.nodes), decision.restore_from, timer)
@@ -851,6 +880,69 @@ class Controller:
                 except asyncio.TimeoutError:
                     pass
         self._finish(JobPhase.FAILED, f"the platform could not launch attempt {self.attempt} ({LAUNCH_TRIES} tries)")
+
+    async def _restart_in_place(self, fault: Fault, timer: RestartTimer) -> bool:
+        """Rung 0: let the node agents restart the ranks in place, when :func:`in_place_ok` says
+        the same gang may go on. The checkpoint is chosen exactly as for a full restart (on a
+        copy of the history, kept only if this path is taken); the ranks still running are
+        aborted, and their agents restart them with the rest; the new ranks carry the next
+        attempt number and ask for the restore point. Returns False (nothing done) otherwise."""
+        self.node_status = await self.platform.observe()
+        preview = copy.deepcopy(self.history)
+        decision = self._plan(fault, preview)
+        why_not = in_place_ok(fault=fault, decision=decision, nodes=self.node_status, previous_nodes=self.nodes,
+                              allowed=self.in_place_allowed, used=self.in_place_used, skip_steps=self.skip_steps,
+                              last_failed=self.in_place_failed)
+        if why_not:
+            log.info("event=in_place_declined attempt=%d kind=%s reason=%s", self.attempt, fault.kind, why_not)
+            self.event("in_place_declined", attempt=self.attempt, kind=fault.kind, reason=why_not)
+            return False
+        assert isinstance(decision, Relaunch)
+        suspects_before = set(self.history.suspects)
+        self.history = preview
+        self._tell_suspects(suspects_before)
+        self.active_hang = None
+        self.require_checkpoint = decision.require_checkpoint
+        for rank, addr in self.addr_by_rank.items():  # whoever still runs goes, to be restarted with the rest
+            self.intake.send(control_message("abort", attempt=self.attempt, rank=rank, seq=self.control_seq.next(),
+                                             reason=f"restart in place: {fault.kind}"), addr)
+        self.in_place_used += 1
+        self.event("action", attempt=self.attempt, action="restart_in_place", reason=fault.kind,
+                   restore_from=decision.restore_from, left=self.in_place_allowed - self.in_place_used)
+        timer.torn_down_at = self.clock()
+        self.attempt = max(self.attempt + 1, self.ahead_attempt or 0)
+        await self._arm(list(decision.nodes), decision.restore_from, timer, None)
+        self.in_place_deadline = self.clock() + self.cfg.restart.in_place_timeout_s
+        return True
+
+    def _tell_suspects(self, before: set[str]) -> None:
+        for name in self.history.suspects:
+            if name not in before:
+                self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
+
+    def _plan(self, fault: Fault, history: History) -> Relaunch | Stop:
+        """What comes after ``fault`` (:func:`plan_next`, which updates ``history``)."""
+        self._poll_checkpoints(force=True)
+        made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
+        straggler_nodes = []
+        if self.cfg.health.exclude_stragglers:
+            straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.stragglers.items()
+                                      if s > self.cfg.health.straggler_threshold and r in self.registry.ranks})
+        # what the ranks said about their restore, up to their last word (a rank that died
+        # before all had reported still counts: its heartbeat is in the registry)
+        report = restore_report(rec.hb for rec in self.registry.ranks.values())
+        return plan_next(
+            history=history, fault=fault, made_progress=made_progress, report=report,
+            slots=self.platform.slots(), previous_nodes=self.nodes,
+            hosts={n: st.host for n, st in self.node_status.items() if st.host},
+            nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
+            guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
+            checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
+            nonfinite_window=self.cfg.nonfinite.window_steps, skip_batches=self.cfg.nonfinite.skip_batches,
+            nproc_per_node=self.cfg.nproc_per_node, world_sizes=self.cfg.nodes.world_sizes,
+            world_size_multiple_of=self.cfg.nodes.world_size_multiple_of,
+            straggler_nodes=straggler_nodes,
+        )
 
     async def _launch_unless_handed_off(self, nodes: list[str], restore_from: str | None,
                                         timer: RestartTimer | None) -> None:
@@ -910,6 +1002,13 @@ class Controller:
         self.event("evidence_saved", attempt=self.attempt, path=str(path))
 
     async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
+        await self._arm(nodes, restore_from, timer, self.platform.launch)
+
+    async def _arm(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None,
+                   launch: Callable[[LaunchSpec], Awaitable[None]] | None) -> None:
+        """Make ``self.attempt`` the running attempt on ``nodes``, resuming from ``restore_from``:
+        launched through ``launch`` (the platform's), or restarted in place by the running
+        agents (None: nothing to launch; the ranks already carry this attempt number)."""
         self._check_lease()
         self.nodes = nodes
         self.restore_from = restore_from
@@ -921,7 +1020,27 @@ class Controller:
         self.addr_by_rank = {}
         self._step_marks = []  # the step rate of this attempt only (a resume goes back in steps)
         self.report, self.restored = None, None
+        self.ahead_attempt = None
+        if launch is not None:
+            await launch(self._launch_spec(nodes))
+            self.launch_attempt = self.attempt
+            self.in_place_allowed = self.cfg.restart.in_place_restarts
+            self.in_place_used, self.in_place_failed, self.in_place_deadline = 0, False, None
+        now = self.clock()
+        self.launched_at = now
+        if timer is not None:
+            timer.scheduled_at = now
+        self.phase = JobPhase.STARTING
+        self.event("launched", attempt=self.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
+                   require_checkpoint=self.require_checkpoint, excluded=self.history.excluded,
+                   **({} if launch is not None else {"in_place": True}))
+        log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", self.attempt, nodes, world,
+                 restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
+        self._save_state()
+
+    def _launch_spec(self, nodes: list[str]) -> LaunchSpec:
         rank_log_dir = self.log_dir / "ranks"
+        in_place = self.cfg.restart.in_place_restarts
         env = dict(self.cfg.env) | {
             Env.JOB: self.cfg.job,
             Env.ATTEMPT: str(self.attempt),
@@ -932,24 +1051,16 @@ class Controller:
             Env.CHECKPOINT_DIR: str(self.ckpt_root),
             Env.HEARTBEAT_INTERVAL: str(self.cfg.heartbeat.interval_s),
             Env.WATCHDOG: self.timeouts.watchdog_env(),
-        } | ({Env.SKIP_STEPS: ",".join(map(str, self.skip_steps))} if self.skip_steps else {})
-        spec = LaunchSpec(
-            attempt=self.attempt, nodes=nodes, nnodes_min=min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
+        } | ({Env.SKIP_STEPS: ",".join(map(str, self.skip_steps))} if self.skip_steps else {}) \
+          | ({Env.IN_PLACE: str(in_place)} if in_place else {})
+        return LaunchSpec(
+            attempt=self.attempt, nodes=nodes,
+            # restarting in place, a lost agent must not leave the others training smaller on their own
+            nnodes_min=len(nodes) if in_place else min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
             nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,
             rdzv_endpoint=self.platform.rendezvous_endpoint(self.attempt, self.cfg.platform.host),
-            rdzv_id=f"{self.cfg.job}-{self.attempt}",
+            rdzv_id=f"{self.cfg.job}-{self.attempt}", max_restarts=in_place,
         )
-        await self.platform.launch(spec)
-        now = self.clock()
-        self.launched_at = now
-        if timer is not None:
-            timer.scheduled_at = now
-        self.phase = JobPhase.STARTING
-        self.event("launched", attempt=self.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
-                   require_checkpoint=self.require_checkpoint, excluded=self.history.excluded)
-        log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s", self.attempt, nodes, world,
-                 restore_from)
-        self._save_state()
 
     def _finish(self, phase: JobPhase, reason: str) -> None:
         self.phase = phase
@@ -1033,7 +1144,14 @@ class Controller:
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
             "stop_reason": self.stop_reason, "ckpt_root": str(self.ckpt_root), "last_checkpoint": self.latest_ckpt,
             "run": self.run_no, "run_started": self.run_started,
+            "launch_attempt": self.launch_attempt, "in_place_allowed": self.in_place_allowed,
+            "in_place_used": self.in_place_used,
         } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
+
+
+def _launched_as(saved: dict) -> int:
+    """The attempt a saved gang's agents were launched with (later ones were restarts in place)."""
+    return int(saved.get("launch_attempt", saved["attempt"]))
 
 
 def _last_logged_step(path: Path, attempt: int) -> int | None:

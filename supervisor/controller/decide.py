@@ -25,6 +25,12 @@ aborts the stuck ranks in place (they obey the SDK's abort order), rung 2 kills 
 rung 3 tears the gang down. A silent rank cannot obey an order, so it starts at rung 2; a
 node that already failed leaves a broken gang, so it starts at rung 3.
 
+With restarts in place allowed (``restart.in_place_restarts``), a cheaper rung 0 comes first
+when :func:`in_place_ok` says it may: the node agents restart the ranks in place (the ranks
+that still run are aborted), the same gang re-rendezvouses and resumes from the checkpoint the
+controller chose, and nothing is launched. When the restarted ranks do not report in within
+``in_place_timeout_s``, or an agent exits, the ladder goes on with a full teardown.
+
 Nothing here performs I/O or reads a clock: every function takes what it needs.
 """
 
@@ -83,7 +89,7 @@ EXIT_CODES = {
     JobPhase.REQUEUED: 9,
     JobPhase.CANCELLED: 10,
 }
-RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 1, 2, 3
+RUNG_IN_PLACE, RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 0, 1, 2, 3
 
 # Rank exit codes the SDK and the example use, and the fault kind of each (supervisor.protocol).
 _EXIT_KINDS = RANK_EXITS
@@ -94,6 +100,11 @@ FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", *RANK_EXIT
 _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
 # Failures after a restore and before a step that may be the restored state's doing.
 _LOAD_IMPLICATING = _STARTUP_KINDS | {"startup_stall", "hang", "collective_hang"}
+# Faults whose ranks an agent can restart in place: a rank ended (or obeys an abort) on a node
+# that is fine. Not a silent rank (it cannot obey; its node may be frozen), not a preemption
+# (the node is going away), not a node failure.
+IN_PLACE_KINDS = frozenset({"rank_killed", "rank_error", "rank_exit", "crash", "nonfinite", "hang",
+                            "collective_hang", "data_stall", "checkpoint_stall", "stopped_early"})
 
 
 @dataclass(frozen=True)
@@ -295,6 +306,99 @@ def classify(
         detail=f.detail, rung=RUNG_KILL_NODE if silent else RUNG_ABORT,
         node_failure=bool(stopped_nodes) and stopped_nodes == set(f.nodes), fault_at=fault_at,
     )
+
+
+def restarted_in_place(
+    nodes: Mapping[str, NodeStatus],
+    *,
+    now: float,
+    rank_pids: Mapping[int, int],
+    rank_nodes: Mapping[int, str],
+    ahead_attempt: int | None = None,
+    done_ranks: frozenset[int] | set[int] = frozenset(),
+    failed_ranks: Mapping[int, bool] | None = None,
+    failed_errors: Mapping[int, str] | None = None,
+    nonfinite_ranks: Iterable[int] = (),
+    rank_steps: Mapping[int, int] | None = None,
+) -> Fault | None:
+    """The fault when node agents have begun to restart this attempt's ranks in place: a rank
+    process of a running agent ended (``NodeStatus.exited_pids``, matched to ranks by the pid
+    their heartbeats carry), or ranks of a later attempt already report in (``ahead_attempt``;
+    a platform that cannot see processes). None when neither.
+
+    The culprit is a rank that ended on its own (not one that only lost a peer); it is named
+    from what it said (its error, a non-finite loss), else as a rank that exited. A rank that
+    said it was done (``done_ranks``) and then exited has simply finished."""
+    failed = failed_ranks or {}
+    errors = failed_errors or {}
+    steps = rank_steps or {}
+    by_pid = {pid: r for r, pid in rank_pids.items() if pid}
+    exited = sorted({by_pid[pid] for n in nodes.values() if n.state == NodeState.RUNNING
+                     for pid in n.exited_pids if pid in by_pid} - set(done_ranks))
+    if not exited and ahead_attempt is None:
+        return None
+    own = [r for r in exited if not failed.get(r, False)] or exited or \
+        sorted(r for r, peer in failed.items() if not peer)
+    culprits = tuple(own)
+    where = tuple(sorted({rank_nodes[r] for r in culprits if r in rank_nodes}))
+    how = "its node's agent restarts the gang in place" if exited else \
+        f"the agents restarted the gang in place (ranks of attempt {ahead_attempt} report in)"
+    bad = sorted(set(nonfinite_ranks))
+    step = next((steps[r] for r in culprits if r in steps), None)
+    at = f" at step {step}" if step is not None else ""
+    if bad:
+        r = bad[0]
+        return Fault("nonfinite", (r,), (rank_nodes.get(r, ""),), f"rank {r}: non-finite loss{at}; {how}",
+                     RUNG_IN_PLACE, False, now, step=steps.get(r))
+    said = [r for r in culprits if errors.get(r) and not failed.get(r, False)]
+    if said:
+        r = said[0]
+        return Fault("rank_error", culprits, where, f"rank {r} crashed{at}: {errors[r]}; {how}"[:600],
+                     RUNG_IN_PLACE, False, now, step=step)
+    who = f"rank {', '.join(map(str, culprits))}" if culprits else "a rank"
+    return Fault("rank_exit", culprits, where, f"{who} exited{at}; {how}", RUNG_IN_PLACE, False, now, step=step)
+
+
+def in_place_ok(
+    *,
+    fault: Fault,
+    decision: "Relaunch | Stop",
+    nodes: Mapping[str, NodeStatus],
+    previous_nodes: Iterable[str],
+    allowed: int,
+    used: int,
+    skip_steps: Iterable[int],
+    last_failed: bool = False,
+) -> str:
+    """Why the ranks may *not* be restarted in place for ``fault`` ("" when they may).
+
+    ``decision`` is what a full restart would do (:func:`plan_next` on a copy of the history):
+    in place means the same nodes, so it is only taken when that decision keeps every node, excludes
+    none and skips no new batch. ``allowed``: restarts in place the agents allow per launch
+    (their ``--max-restarts``); ``used``: taken since this launch; ``last_failed``: the last one
+    did not come back in time (the gang is torn down this time)."""
+    if allowed <= 0:
+        return "restarts in place are off (restart.in_place_restarts: 0)"
+    if used >= allowed:
+        return f"the agents' {allowed} restarts in place of this launch are spent"
+    if last_failed:
+        return "the last restart in place did not come back in time"
+    if fault.rung == RUNG_KILL_NODE:
+        return "a silent rank cannot be restarted in place (it may be frozen, with its node)"
+    if fault.node_failure or fault.kind not in IN_PLACE_KINDS:
+        return f"a {fault.kind} fault{' (a node failure)' if fault.node_failure else ''} needs a new gang"
+    if not isinstance(decision, Relaunch):
+        return f"the job stops: {decision.reason}"
+    bad = sorted(n for n, st in nodes.items() if st.state != NodeState.RUNNING or st.stopped)
+    if bad or not nodes:
+        return f"node agents not running: {', '.join(bad) or 'none known'}"
+    if tuple(decision.nodes) != tuple(previous_nodes):
+        return f"the next gang differs ({', '.join(decision.nodes)})"
+    if decision.newly_excluded:
+        return f"nodes excluded: {', '.join(decision.newly_excluded)}"
+    if tuple(decision.skip_steps) != tuple(skip_steps):
+        return "a batch is to be skipped (the ranks learn it only at a new launch)"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,16 @@
 * ``GET /healthz``: the process is up. ``GET /readyz``: the gang is launched or adopted.
 * ``GET /status``: the state as JSON (what ``supervisor status`` renders).
 * ``GET /v1/restore-point?attempt=K``: which checkpoint attempt K resumes from. Requires
-  ``Authorization: Bearer <job token>``; an attempt other than the current one gets 409.
+  ``Authorization: Bearer <job token>``; an attempt other than the current one gets 409. A
+  rank restarted in place may ask for the next attempt before the controller has caught up
+  with its agent: that request waits up to ``IN_PLACE_WAIT_S`` for the controller's choice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -22,6 +26,8 @@ from supervisor.metrics import Exporter, accepts_gzip
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
 
+IN_PLACE_WAIT_S = 4.0
+"""Below the ranks' own 5 s request timeout: a rank asks again (3 tries) if it is not enough."""
 EXPORTER = web.AppKey("exporter", Exporter)
 """The app's /metrics exporter (its ``last`` rendering: render time, bytes)."""
 
@@ -64,6 +70,12 @@ def build_app(controller: "Controller") -> web.Application:
             attempt = int(request.query.get("attempt", ""))
         except ValueError:
             return web.json_response({"error": "attempt must be an integer"}, status=400)
+        if controller.attempt < attempt <= controller.launch_attempt + controller.in_place_allowed:
+            # a rank restarted in place asks before the controller has caught up with its agent:
+            # the answer is the checkpoint the controller then chooses (briefly waited for)
+            deadline = time.monotonic() + IN_PLACE_WAIT_S
+            while controller.attempt < attempt and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         if attempt != controller.attempt:
             return web.json_response({"error": f"attempt {attempt} is not the current attempt {controller.attempt}"},
                                      status=409)

@@ -77,6 +77,9 @@ _SCHEMA: dict[str, tuple[str, bool]] = {
     "last_checkpoint": (_DICT, False),
     "run": (_INT, False),
     "run_started": (_NUM, False),
+    "launch_attempt": (_INT, False),
+    "in_place_allowed": (_INT, False),
+    "in_place_used": (_INT, False),
     "version": (_INT, False),
 }
 

@@ -2,7 +2,8 @@
 environment it runs in, and how a failed agent's own account of its ranks is read back.
 
 A node is one real ``torchrun`` agent (c10d rendezvous, ``--nnodes MIN:MAX``,
-``--max-restarts 0``: recovery is the supervisor's job) running the user's command with
+``--max-restarts 0``: recovery is the supervisor's job, unless it allows restarts in place:
+``LaunchSpec.max_restarts``) running the user's command with
 ``--no-python``. Every rank's output goes to the node log too (``--tee``), each line
 prefixed ``[rankN]:``, which is also how a failure is named (:mod:`agent_output`).
 """
@@ -33,7 +34,7 @@ def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None,
         f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint or spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
         f"--rdzv-conf={conf}",
-        "--max-restarts=0", "--monitor-interval=0.2",
+        f"--max-restarts={spec.max_restarts}", "--monitor-interval=0.2",
         "--tee=3",  # every rank's output in the node log too, each line prefixed [rankN]:
         "--no-python",  # the command is argv as given (python script.py ..., or any binary)
         *spec.command,

@@ -53,6 +53,9 @@ class NodeStatus:
     fault counts against and exclusion excludes. Empty: the slot is its own machine."""
     detail: str = ""
     """What the platform saw, for the event (e.g. "evicted: DisruptionTarget EvictionByEvictionAPI")."""
+    exited_pids: tuple[int, ...] = ()
+    """Rank processes of this node that ended while its agent runs on (an agent allowed to
+    restart in place restarts them), where the platform can see them; oldest first."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ class LaunchSpec:
     rdzv_endpoint: str
     """``host:port`` of the c10d store, from :meth:`Platform.rendezvous_endpoint`."""
     rdzv_id: str
+    max_restarts: int = 0
+    """How often each node's agent may restart its ranks in place (torchrun's ``--max-restarts``);
+    0: a failed rank ends its agent, and recovery is the controller's alone."""
 
 
 class Supervised(Protocol):

@@ -15,16 +15,27 @@ one process): heartbeats are written to the rank's log directory instead of bein
 ``SUPERVISOR_HEARTBEAT_INTERVAL``         seconds between heartbeats (default 1)
 ``SUPERVISOR_WATCHDOG``                   phase timeouts, e.g. ``compute=120,collective=60``
 ``SUPERVISOR_SKIP_STEPS``                 steps whose batch to skip (non-finite twice), ``9,12``
+``SUPERVISOR_IN_PLACE``                   set when the agents restart ranks in place (below)
 ========================================  ===================================================
+
+With ``SUPERVISOR_IN_PLACE`` the torchrun agent may restart the rank in place, without a new
+launch, so the environment stays the launch's. The rank's attempt is then the launch's plus
+how many times its agent started it before (:func:`restarts_in_place`): every restart in place
+restarts every rank of the gang once (an agent restarts its whole worker group, and the others
+re-rendezvous with it), so the count is the same on every rank. ``TORCHELASTIC_RESTART_COUNT``
+is not: an agent restarted by another's failure does not count it.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from supervisor.procfs import start_time
 
 from supervisor.protocol import (
     Env,
@@ -83,6 +94,8 @@ class Session:
         if rank >= world:
             raise SessionError(f"RANK={rank} is not below WORLD_SIZE={world}")
         attempt = _int(env, Env.ATTEMPT, _int(env, "TORCHELASTIC_RESTART_COUNT", 0, minimum=0), minimum=0)
+        if env.get(Env.IN_PLACE) and env.get(Env.ATTEMPT):
+            attempt += restarts_in_place(env)
         addr = None
         if env.get(Env.HEARTBEAT_ADDR):
             host, sep, port = env[Env.HEARTBEAT_ADDR].rpartition(":")
@@ -129,6 +142,32 @@ class Session:
             api=env.get(Env.API) or None, token=token, log_dir=Path(ld) if ld else None,
             heartbeat_interval=interval, timeouts=timeouts, skip_steps=skip,
         )
+
+
+_STARTS: dict[str, int] = {}
+
+
+def restarts_in_place(env: Mapping[str, str]) -> int:
+    """How many times this rank's agent started it before this process (0 the first time).
+
+    Counted in a file of the agent's own temporary directory, one byte per start, keyed by the
+    agent's pid and start time (a reused pid is another agent), the rendezvous run and the local
+    rank. Counted once per process: asking again returns the same number."""
+    agent = os.getppid()
+    key = f"{agent}-{start_time(agent)}-{env.get('TORCHELASTIC_RUN_ID', '')}-{env.get('LOCAL_RANK', '0')}"
+    if key not in _STARTS:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in key)[:200]
+        path = Path(env.get("TMPDIR") or tempfile.gettempdir()) / f"supervisor-starts-{safe}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, b".")
+                _STARTS[key] = os.fstat(fd).st_size - 1
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SessionError(f"{Env.IN_PLACE}: cannot count this rank's restarts in {path}: {exc}") from None
+    return _STARTS[key]
 
 
 def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:

@@ -1,0 +1,96 @@
+"""Restarts in place (``--in-place-restarts``) on the local platform, with real torchrun agents.
+
+The cheap rung: a rank that ends on a healthy node is restarted by its own torchrun agent, the
+gang re-rendezvouses with no new launch, and resumes from the checkpoint the controller chose.
+Each test injects a real fault and checks the path taken (events.jsonl, the agents' pids) and
+that the loss path is bit-identical to an uninterrupted control; and that the ladder still ends
+in a full teardown when the cheap path cannot be taken or does not work.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import read_log, run_job
+from test_supervisor_local import JOB, assert_same_path
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("control")
+    run_job(tmp, 2, [*JOB, "--log-dir", str(tmp / "log")])
+    return {r["step"]: r for r in read_log(tmp / "log", 0)}
+
+
+def agents(run) -> list[str]:
+    """The node agents this run launched (one line per agent process the platform started)."""
+    return [line for line in run.output().splitlines() if "event=node_launched" in line]
+
+
+def test_a_killed_rank_is_restarted_in_place_from_the_controllers_checkpoint(supervisor_run, control):
+    run = supervisor_run(JOB, fault="kind=kill,rank=1,step=13,attempt=0", extra=["--in-place-restarts", "2"])
+    assert run.wait() == 0, run.output()[-3000:]
+    fault = run.wait_event("fault_detected")
+    assert fault["attempt"] == 0 and fault["ranks"] == [1] and fault["rung"] == 0, fault
+    assert "restarts the gang in place" in fault["detail"]
+    act = run.wait_event("action", action="restart_in_place")
+    assert act["restore_from"] == "step-0000000010" and act["left"] == 1
+    again = run.wait_event("launched", attempt=1)
+    assert again["in_place"] is True and again["restore_from"] == "step-0000000010"
+    assert not run.events("action") or all(a["action"] != "tear_down" for a in run.events("action"))
+    assert len(agents(run)) == 2  # the two agents of attempt 0 and no others
+    # every rank of attempt 1 restored the controller's pick, and said so with attempt 1
+    for rank in (0, 1):
+        restarted = [r for r in read_log(run.log_dir / "ranks", rank) if r.get("attempt") == 1]
+        assert restarted and restarted[0]["step"] == 11, restarted[:1]
+    done = run.wait_event("restart_complete")
+    assert done["attempt"] == 1 and done["within_budget"]
+    assert run.events("job_finished")[-1]["phase"] == "completed"
+    assert_same_path(run, control)
+
+
+def test_a_crash_loop_spends_the_restarts_in_place_then_the_gang_is_torn_down(supervisor_run, control):
+    # rank 1 crashes at step 13 in attempts 0 and 1: one restart in place allowed, so the second
+    # crash ends its agent (torchrun's --max-restarts 1) and the controller relaunches the gang
+    run = supervisor_run(JOB, fault="kind=kill,rank=1,step=13,attempt=0;kind=kill,rank=1,step=13,attempt=1",
+                         extra=["--in-place-restarts", "1"])
+    assert run.wait() == 0, run.output()[-3000:]
+    first, second = run.events("fault_detected")[:2]
+    assert first["attempt"] == 0 and second["attempt"] == 1 and second["ranks"] == [1], (first, second)
+    assert [a["attempt"] for a in run.events("action") if a["action"] == "restart_in_place"] == [0]
+    declined = run.wait_event("in_place_declined", attempt=1)
+    # the controller saw the second crash first (spent), or the agent, out of restarts, first
+    assert "spent" in declined["reason"] or "not running" in declined["reason"], declined
+    assert run.wait_event("action", action="tear_down")["attempt"] == 1
+    relaunch = run.wait_event("launched", attempt=2)
+    assert "in_place" not in relaunch and relaunch["restore_from"] == "step-0000000010"
+    assert len(agents(run)) == 4  # attempt 0's two agents, then a new gang of two
+    assert run.events("job_finished")[-1]["phase"] == "completed"
+    assert_same_path(run, control)
+
+
+def test_a_silent_rank_is_not_restarted_in_place_but_killed_with_its_node(supervisor_run, control):
+    run = supervisor_run(JOB, fault="kind=stop,rank=1,step=13,attempt=0", extra=["--in-place-restarts", "2"])
+    assert run.wait() == 0, run.output()[-3000:]
+    fault = run.wait_event("fault_detected")
+    assert fault["kind"] == "dead" and fault["ranks"] == [1], fault
+    declined = run.wait_event("in_place_declined", attempt=0)
+    assert "silent rank" in declined["reason"]
+    assert run.wait_event("action", action="kill_node")["node"] == "node1"
+    assert "in_place" not in run.wait_event("launched", attempt=3)  # above any in-place number of attempt 0
+    assert_same_path(run, control)
+
+
+def test_a_hung_rank_is_aborted_and_the_gang_restarted_in_place(supervisor_run, control):
+    run = supervisor_run(JOB, fault="kind=hang,rank=0,step=13,attempt=0", extra=["--in-place-restarts", "2"])
+    assert run.wait() == 0, run.output()[-3000:]
+    fault = run.wait_event("fault_detected")
+    assert fault["kind"] == "hang" and fault["ranks"] == [0], fault
+    assert run.wait_event("action", action="restart_in_place")["reason"] == "hang"
+    assert run.wait_event("launched", attempt=1)["in_place"] is True
+    assert len(agents(run)) == 2
+    stacks = (run.log_dir / "ranks" / "stacks-rank-0.txt").read_text()
+    assert "stack dump requested by the supervisor" in stacks  # evidence kept before the abort
+    assert_same_path(run, control)
