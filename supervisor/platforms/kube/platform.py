@@ -43,7 +43,6 @@ import base64
 import copy
 import dataclasses
 import datetime
-import json
 import logging
 import os
 import re
