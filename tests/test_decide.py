@@ -515,6 +515,11 @@ def ip_fault(kind="rank_exit", rung=RUNG_IN_PLACE, node_failure=False):
     ({"used": 2}, "spent"),
     ({"last_failed": True}, "did not come back"),
     ({"fault": ip_fault("dead", RUNG_KILL_NODE)}, "silent rank"),
+    # a platform that can kill the silent rank's process (its agent healthy) restarts it in place
+    ({"fault": ip_fault("dead", RUNG_KILL_NODE), "kills_ranks": True}, ""),
+    # not when its node is frozen with it
+    ({"fault": ip_fault("dead", RUNG_KILL_NODE), "kills_ranks": True,
+      "nodes": {"a": agent("a"), "b": agent("b", stopped=True)}}, "not running: b"),
     ({"fault": ip_fault("node_lost", RUNG_TEARDOWN, True)}, "needs a new gang"),
     ({"fault": ip_fault("preempted", RUNG_TEARDOWN)}, "needs a new gang"),
     ({"decision": Stop(JobPhase.STOPPED_NO_PROGRESS, "no progress")}, "the job stops"),

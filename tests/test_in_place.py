@@ -71,15 +71,31 @@ def test_a_crash_loop_spends_the_restarts_in_place_then_the_gang_is_torn_down(su
     assert_same_path(run, control)
 
 
-def test_a_silent_rank_is_not_restarted_in_place_but_killed_with_its_node(supervisor_run, control):
+def test_a_sigstopped_rank_is_killed_alone_and_restarted_in_place_by_its_healthy_agent(supervisor_run, control):
     run = supervisor_run(JOB, fault="kind=stop,rank=1,step=13,attempt=0", extra=["--in-place-restarts", "2"])
     assert run.wait() == 0, run.output()[-3000:]
     fault = run.wait_event("fault_detected")
-    assert fault["kind"] == "dead" and fault["ranks"] == [1], fault
+    assert fault["kind"] == "dead" and fault["ranks"] == [1] and fault["node_failure"] is False, fault
+    killed = run.wait_event("action", action="kill_ranks")
+    assert killed["node"] == "node1" and killed["ranks"] == [1]
+    assert run.wait_event("action", action="restart_in_place")["reason"] == "dead"
+    assert run.wait_event("launched", attempt=1)["in_place"] is True
+    assert not [a for a in run.events("action") if a["action"] in ("kill_node", "tear_down")]
+    assert len(agents(run)) == 2
+    assert_same_path(run, control)
+
+
+def test_a_frozen_node_is_not_restarted_in_place_but_killed_and_replaced_by_a_spare(supervisor_run, control):
+    run = supervisor_run(JOB, fault="kind=node-stop,rank=1,step=13,attempt=0", slots=3,
+                         extra=["--in-place-restarts", "2"])
+    assert run.wait() == 0, run.output()[-3000:]
+    fault = run.wait_event("fault_detected")
+    assert fault["kind"] == "dead" and fault["node_failure"] is True, fault
     declined = run.wait_event("in_place_declined", attempt=0)
-    assert "silent rank" in declined["reason"]
+    assert "needs a new gang" in declined["reason"] or "not running" in declined["reason"], declined
     assert run.wait_event("action", action="kill_node")["node"] == "node1"
-    assert "in_place" not in run.wait_event("launched", attempt=3)  # above any in-place number of attempt 0
+    relaunch = run.wait_event("launched", attempt=3)  # above any in-place number of attempt 0
+    assert "in_place" not in relaunch and "node1" not in relaunch["nodes"] and relaunch["world_size"] == 2
     assert_same_path(run, control)
 
 

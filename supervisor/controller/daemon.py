@@ -892,7 +892,24 @@ class Controller:
         decision = self._plan(fault, preview)
         why_not = in_place_ok(fault=fault, decision=decision, nodes=self.node_status, previous_nodes=self.nodes,
                               allowed=self.in_place_allowed, used=self.in_place_used, skip_steps=self.skip_steps,
-                              last_failed=self.in_place_failed)
+                              last_failed=self.in_place_failed, kills_ranks=self.platform.kills_ranks)
+        if not why_not and fault.rung == RUNG_KILL_NODE:
+            # a silent rank cannot obey an abort: its process is killed, and its agent restarts it
+            by_node: dict[str, list[int]] = {}
+            for r in fault.ranks:
+                rec = self.registry.ranks.get(r)
+                if rec is not None and rec.hb.pid:
+                    by_node.setdefault(rec.hb.node, []).append(rec.hb.pid)
+            for node, pids in sorted(by_node.items()):
+                self.event("action", attempt=self.attempt, action="kill_ranks", node=node, pids=pids,
+                           ranks=[r for r in fault.ranks if r in self.registry.ranks
+                                  and self.registry.ranks[r].hb.node == node], reason=fault.kind)
+                if not await self.platform.kill_ranks(node, pids):
+                    why_not = f"the platform could not kill the silent ranks' processes on {node}"
+                    break
+            else:
+                if not by_node:
+                    why_not = "the silent ranks' processes are not known"
         if why_not:
             log.info("event=in_place_declined attempt=%d kind=%s reason=%s", self.attempt, fault.kind, why_not)
             self.event("in_place_declined", attempt=self.attempt, kind=fault.kind, reason=why_not)

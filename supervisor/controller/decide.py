@@ -101,10 +101,10 @@ _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
 # Failures after a restore and before a step that may be the restored state's doing.
 _LOAD_IMPLICATING = _STARTUP_KINDS | {"startup_stall", "hang", "collective_hang"}
 # Faults whose ranks an agent can restart in place: a rank ended (or obeys an abort) on a node
-# that is fine. Not a silent rank (it cannot obey; its node may be frozen), not a preemption
-# (the node is going away), not a node failure.
+# that is fine, or a silent rank whose process the platform can kill while its agent runs on
+# (in_place_ok checks that). Not a preemption (the node is going away), not a node failure.
 IN_PLACE_KINDS = frozenset({"rank_killed", "rank_error", "rank_exit", "crash", "nonfinite", "hang",
-                            "collective_hang", "data_stall", "checkpoint_stall", "stopped_early"})
+                            "collective_hang", "data_stall", "checkpoint_stall", "stopped_early", "dead"})
 
 
 @dataclass(frozen=True)
@@ -369,6 +369,7 @@ def in_place_ok(
     used: int,
     skip_steps: Iterable[int],
     last_failed: bool = False,
+    kills_ranks: bool = False,
 ) -> str:
     """Why the ranks may *not* be restarted in place for ``fault`` ("" when they may).
 
@@ -376,15 +377,17 @@ def in_place_ok(
     in place means the same nodes, so it is only taken when that decision keeps every node, excludes
     none and skips no new batch. ``allowed``: restarts in place the agents allow per launch
     (their ``--max-restarts``); ``used``: taken since this launch; ``last_failed``: the last one
-    did not come back in time (the gang is torn down this time)."""
+    did not come back in time (the gang is torn down this time); ``kills_ranks``: the platform
+    can kill one rank process and leave its agent running, so a silent rank (a stopped or wedged
+    process, its node's agent healthy) can be killed and restarted in place too."""
     if allowed <= 0:
         return "restarts in place are off (restart.in_place_restarts: 0)"
     if used >= allowed:
         return f"the agents' {allowed} restarts in place of this launch are spent"
     if last_failed:
         return "the last restart in place did not come back in time"
-    if fault.rung == RUNG_KILL_NODE:
-        return "a silent rank cannot be restarted in place (it may be frozen, with its node)"
+    if fault.rung == RUNG_KILL_NODE and not kills_ranks:
+        return "a silent rank cannot be restarted in place here (the platform cannot kill one rank process)"
     if fault.node_failure or fault.kind not in IN_PLACE_KINDS:
         return f"a {fault.kind} fault{' (a node failure)' if fault.node_failure else ''} needs a new gang"
     if not isinstance(decision, Relaunch):

@@ -107,6 +107,9 @@ class Platform(abc.ABC):
     reruns_finished: bool = True
     """A controller started on a finished run starts a new one (a command run again). False: it
     reports the verdict and does nothing (a Deployment restarting what exited)."""
+    kills_ranks: bool = False
+    """The platform can SIGKILL one rank process and leave its node's agent running
+    (:meth:`kill_ranks`): a silent rank on a healthy node can then be restarted in place."""
 
     @abc.abstractmethod
     async def launch(self, spec: LaunchSpec) -> None:
@@ -119,6 +122,12 @@ class Platform(abc.ABC):
     @abc.abstractmethod
     async def kill_node(self, name: str) -> None:
         """Kill one node of the current gang at once (all its processes)."""
+
+    async def kill_ranks(self, name: str, pids: Sequence[int]) -> bool:
+        """SIGKILL these rank processes of node ``name`` (pids their heartbeats gave), leaving its
+        agent running; False when the platform cannot (:attr:`kills_ranks`) or a pid is not
+        one of that node's ranks (never signal a stranger)."""
+        return False
 
     @abc.abstractmethod
     async def teardown(self, grace_s: float) -> None:

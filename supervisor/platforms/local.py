@@ -84,6 +84,7 @@ class _Node:
 
 class LocalPlatform(Platform):
     kind = "local"
+    kills_ranks = True
 
     def __init__(self, slots: int, log_dir: Path, python: str = sys.executable) -> None:
         if slots < 1:
@@ -188,6 +189,25 @@ class LocalPlatform(Platform):
         self._signal_group(node, signal.SIGKILL)
         self._signal_group(node, signal.SIGCONT)  # a stopped process only dies once continued
         await self._wait_gone([node], timeout=10)
+
+    async def kill_ranks(self, name: str, pids) -> bool:
+        node = self.nodes.get(name)
+        if node is None or node.gone or not pids:
+            return False
+        node.track_ranks()
+        mine = set(node.live_ranks())
+        if not set(pids) <= mine:
+            log.warning("event=kill_ranks_refused node=%s pids=%s (not this node's live ranks: %s)", name,
+                        list(pids), sorted(mine))
+            return False
+        for pid in pids:
+            for sig in (signal.SIGKILL, signal.SIGCONT):  # a stopped process only dies once continued
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        log.info("event=ranks_killed node=%s pids=%s (its agent runs on)", name, list(pids))
+        return True
 
     async def teardown(self, grace_s: float) -> None:
         live = [n for n in self.nodes.values() if not n.gone]
