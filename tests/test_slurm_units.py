@@ -425,3 +425,20 @@ def test_an_adopted_srun_client_with_the_right_start_time_is_ended(tmp_path, str
     bin_dir, cancels = _fake_slurm(tmp_path, "42.3")
     assert _adopt_then_teardown(tmp_path, bin_dir, _saved(stranger.pid, start_time(stranger.pid))) is True
     assert stranger.wait(timeout=10) == -9
+
+
+
+@pytest.mark.parametrize("path", ["slurm/job.yaml", "slurm/supervisor.sbatch"])
+def test_the_shipped_config_runs_on_every_allocation_slurm_may_give_it(path):
+    """Slurm starts a --nodes=MIN-MAX job on any count in the range: on each, the gang the controller
+    picks must have a world size the example's global batch (16, its default) divides (3 ranks
+    failed three times and stopped before world_sizes was in the config)."""
+    from supervisor.config import load
+    from supervisor.controller.decide import gang_size
+
+    cfg = from_dict(_heredoc_config((REPO / path).read_text())) if path.endswith(".sbatch") else load(REPO / path)
+    assert "--global-batch" not in cfg.command  # the example's default, 16
+    n = cfg.nodes
+    for allocated in range(n.min, n.max + 1):
+        size = gang_size(allocated, n.min, n.max, cfg.nproc_per_node, n.world_sizes, n.world_size_multiple_of)
+        assert size is not None and 16 % (size * cfg.nproc_per_node) == 0, (allocated, size)
