@@ -427,6 +427,49 @@ def test_an_adopted_srun_client_with_the_right_start_time_is_ended(tmp_path, str
     assert stranger.wait(timeout=10) == -9
 
 
+# ----------------------------------------------------------------- the controller-lost marker, the batch host's address
+
+def _fake_allocation(tmp_path: Path) -> Path:
+    """scontrol answering for job 42, RUNNING on n[1-2] with n1 (NodeAddr 10.9.8.7) its batch host."""
+    return _fake_bin(tmp_path, "scontrol", """case "$*" in
+  "show job -o 42") echo "JobId=42 JobState=RUNNING NodeList=n[1-2] BatchHost=n1 Restarts=0";;
+  "show node -o "*) echo "NodeName=n1 NodeAddr=10.9.8.7 State=ALLOCATED"; echo "NodeName=n2 NodeAddr=10.9.8.8 State=ALLOCATED";;
+  *) exit 1;;
+esac""")
+
+
+def test_a_submission_refused_by_the_job_lock_leaves_the_controller_lost_marker_to_the_job_holding_it(tmp_path):
+    """The marker a node guard left is the job's that holds the lock: a second controller on the same
+    log directory, refused by the lock, must not set it aside (the platform starts before the lock
+    is taken; the marker is read at the first notices(), which only a lock holder asks for)."""
+    from supervisor.controller.daemon import Controller
+    from supervisor.controller.state import JobLock, StateError
+    from supervisor.platforms.slurm_guard import MARKER
+
+    bin_dir = _fake_allocation(tmp_path)
+    log_dir = tmp_path / "logs"
+    marker = log_dir / "slurm" / MARKER
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"node": "n2", "action": "requeued"}))
+    cfg = from_dict({"command": ["x"], "log_dir": str(log_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
+                     "platform": {"kind": "slurm", "slurm": {"job_id": "42"}}})
+    holder = JobLock(log_dir.resolve(), env={})
+    holder.acquire()  # the running job's controller
+    try:
+        second = SlurmPlatform("42", log_dir / "slurm", bin_dir=str(bin_dir), base_env={}).start()
+        with pytest.raises(StateError, match="another supervisor"):
+            asyncio.run(Controller(cfg, second).run())
+        assert json.loads(marker.read_text()) == {"node": "n2", "action": "requeued"}  # still there, untouched
+    finally:
+        holder.release()
+    # the controller that holds the lock picks it up, once
+    first = SlurmPlatform("42", log_dir / "slurm", bin_dir=str(bin_dir), base_env={}).start()
+    assert marker.exists()
+    [(name, fields)] = first.notices()
+    assert name == "controller_loss_recovered" and fields["lost"] == {"node": "n2", "action": "requeued"}
+    assert not marker.exists() and Path(fields["marker"]).exists()
+    assert first.notices() == []
+
 
 @pytest.mark.parametrize("path", ["slurm/job.yaml", "slurm/supervisor.sbatch"])
 def test_the_shipped_config_runs_on_every_allocation_slurm_may_give_it(path):

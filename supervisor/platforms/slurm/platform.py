@@ -98,6 +98,7 @@ class SlurmPlatform(Platform):
         self._poll_lock = asyncio.Lock()
         self._launched_attempts: set[int] = set()
         self._notices: list[tuple[str, dict]] = []
+        self._loss_picked_up = False  # the controller-lost marker is read at the first notices()
         # the node guard in front of every agent (0: none): ends the job when the controller is lost
         self.controller_timeout = controller_timeout_s
         self.controller_probe = controller_probe_s
@@ -115,7 +116,9 @@ class SlurmPlatform(Platform):
         if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
             raise PlatformError(f"Slurm job {self.job_id} is {state or 'unknown'}, not running")
         self.batch_host = fields.get("BatchHost", "")
-        self._pick_up_controller_loss()
+        # the controller-lost marker is not read here but at the first notices(): the controller
+        # asks for them only once it holds the job's lock, so a second submission refused by that
+        # lock never sets aside the running job's marker
         self.restart_count = fields.get("Restarts", self.restart_count)
         nodes = expand_hostlist(fields.get("NodeList", ""))
         self.view = _View(at=time.monotonic(), job_state=state, alloc_nodes=nodes)
@@ -448,7 +451,10 @@ class SlurmPlatform(Platform):
 
     def _pick_up_controller_loss(self) -> None:
         """A node guard that ended this job because its controller was lost left a marker: report it
-        once and set it aside, so that the guards of this run can claim the next loss."""
+        once and set it aside, so that the guards of this run can claim the next loss. Called by the
+        first :meth:`notices`, which the controller makes after it took the job's lock (a controller
+        refused by the lock must leave the marker to the one that holds it)."""
+        self._loss_picked_up = True
         marker = self.log_dir / MARKER
         try:
             record = json.loads(marker.read_text())
@@ -463,6 +469,8 @@ class SlurmPlatform(Platform):
                       "guard ended the job; this run continues from the newest verified checkpoint"}))
 
     def notices(self) -> list[tuple[str, dict]]:
+        if not self._loss_picked_up:
+            self._pick_up_controller_loss()
         out, self._notices = self._notices, []
         return out
 
