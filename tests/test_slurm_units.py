@@ -471,6 +471,31 @@ def test_a_submission_refused_by_the_job_lock_leaves_the_controller_lost_marker_
     assert first.notices() == []
 
 
+def _status_url(saved: dict) -> str | None:
+    import argparse
+
+    from supervisor.cli import _status_url as url
+
+    return url(argparse.Namespace(url=None), saved)
+
+
+def test_status_from_a_login_node_reaches_the_controller_on_the_batch_host(tmp_path):
+    """`supervisor status --log-dir` reads the address from the state file: the HTTP host when it is
+    an address; for a wildcard listener (0.0.0.0, ::), the batch host's address that the Slurm
+    platform records, never 127.0.0.1 (the login node itself)."""
+    p = SlurmPlatform("42", tmp_path, bin_dir=str(_fake_allocation(tmp_path)), base_env={}).start()
+    described = json.loads(json.dumps(p.describe()))  # as the state file holds it
+    assert described["batch_host"] == "n1" and described["batch_addr"] == "10.9.8.7"
+    assert _status_url({"http_host": "10.9.8.7", "http_port": 8080, "platform": described}) == "http://10.9.8.7:8080"
+    assert _status_url({"http_host": "10.1.2.3", "http_port": 8080, "platform": described}) == "http://10.1.2.3:8080"
+    for wildcard in ("0.0.0.0", "::", ""):
+        assert _status_url({"http_host": wildcard, "http_port": 8080, "platform": described}) == "http://10.9.8.7:8080"
+    # no platform address recorded (the local platform): the supervisor runs here
+    assert _status_url({"http_host": "0.0.0.0", "http_port": 8080, "platform": {}}) == "http://127.0.0.1:8080"
+    assert _status_url({"http_host": "fd00::5", "http_port": 8080}) == "http://[fd00::5]:8080"
+    assert _status_url({"http_host": "0.0.0.0"}) is None
+
+
 @pytest.mark.parametrize("path", ["slurm/job.yaml", "slurm/supervisor.sbatch"])
 def test_the_shipped_config_runs_on_every_allocation_slurm_may_give_it(path):
     """Slurm starts a --nodes=MIN-MAX job on any count in the range: on each, the gang the controller

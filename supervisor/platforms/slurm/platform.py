@@ -517,6 +517,9 @@ class SlurmPlatform(Platform):
     def describe(self) -> dict:
         return {
             "job_id": self.job_id, "restart_count": str(self.restart_count), "unresponsive": sorted(self.unresponsive),
+            # where the controller runs: `supervisor status` from a login node reaches it there when
+            # http.host is a wildcard (0.0.0.0 / ::)
+            "batch_host": self.batch_host, "batch_addr": self.node_addr(self.batch_host) if self.batch_host else "",
             "nodes": {n.name: {"attempt": n.attempt, "step_name": n.step_name, "step_id": n.step_id,
                                "srun_pid": n.srun_pid, "srun_start": n.srun_start, "log": str(n.log_path)}
                       for n in self.nodes.values()},
