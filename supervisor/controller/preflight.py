@@ -7,6 +7,13 @@ seconds, instead of three failed attempts and a cause buried in a node log.
   use it);
 * the checkpoint root exists or can be created, and is writable.
 
+The rendezvous port is not checked. The local and Slurm platforms choose one per attempt
+(``Platform.rendezvous_endpoint``: a port the kernel reports free on the controller's host at
+that moment), so there is none to check before the launch, and a clash fails only that
+attempt, whose relaunch picks another. Kubernetes uses a fixed port
+(``platform.kubernetes.rdzv_port``, 29400) served by the first pod, in that pod's own network
+namespace; it cannot be probed from the controller before the pod exists.
+
 Each check costs milliseconds (``find_spec``, not an import), so a cold start barely notices.
 """
 
