@@ -522,6 +522,12 @@ def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path
 
     emergency = latest_complete(job.ckpt).checkpoint
     assert emergency is not None and emergency.step % 50 != 0  # written on the signal, not by the schedule
+    # the first run ends as a planned requeue (its own phase and exit code: no page), and names the
+    # emergency checkpoint its ranks wrote on the way out
+    first_end = job.events("job_finished")[0]
+    assert (first_end["phase"], first_end["exit_code"]) == ("requeued", 9), first_end
+    saved = job.events("emergency_checkpoint")
+    assert saved and saved[0]["name"] == emergency.name and saved[0]["step"] == emergency.step, saved
     info = job.finish(timeout=240)
     assert int(info.get("Restarts", "0")) >= 1
     second = [e for e in job.events("launched") if e["restore_from"]]

@@ -510,3 +510,45 @@ def test_the_shipped_config_runs_on_every_allocation_slurm_may_give_it(path):
     for allocated in range(n.min, n.max + 1):
         size = gang_size(allocated, n.min, n.max, cfg.nproc_per_node, n.world_sizes, n.world_size_multiple_of)
         assert size is not None and 16 % (size * cfg.nproc_per_node) == 0, (allocated, size)
+
+
+class _WarnedJob:
+    """A controller whose run is cut by Slurm's time-limit warning: it ends as the real one does,
+    in `requeued` with exit code 9, after the platform's warning handler ran."""
+
+    def __init__(self) -> None:
+        self.requeue_planned = False
+        self.events: list[tuple[str, dict]] = []
+        self.stops: list = []
+
+    def event(self, name: str, **fields) -> None:
+        self.events.append((name, fields))
+
+    def request_stop(self, sig) -> None:
+        self.stops.append(sig)
+
+    async def run(self) -> int:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGUSR1)
+        while not self.stops:
+            await asyncio.sleep(0.01)
+        return 9 if self.requeue_planned else 10
+
+
+@pytest.mark.parametrize("requeue_works", [True, False])
+def test_a_requeue_at_the_time_limit_warning_exits_with_the_requeued_code(tmp_path, requeue_works):
+    """README's table: 9 (`requeued`) for a planned requeue, the code job_finished gave; a requeue
+    that Slurm refused is a failure (1: the job is not coming back by itself)."""
+    calls = tmp_path / "scontrol.log"
+    bin_dir = _fake_bin(tmp_path, "scontrol", f'echo "$*" >> {shlex.quote(str(calls))}; '
+                                              + ("exit 0" if requeue_works else "echo 'Requested operation is disabled' >&2; exit 1"))
+    p = SlurmPlatform("42", tmp_path, command_timeout_s=5, bin_dir=str(bin_dir), base_env={}, requeue_on_loss=True)
+    job = _WarnedJob()
+    code = asyncio.run(p.supervise(job))
+    assert calls.read_text().split() == ["requeue", "42"]
+    names = [name for name, _ in job.events]
+    if requeue_works:
+        assert code == 9 and names == ["slurm_warning_signal", "slurm_requeued"]
+    else:
+        assert code == 1 and names == ["slurm_warning_signal", "slurm_requeue_failed"]

@@ -511,7 +511,10 @@ class SlurmPlatform(Platform):
             return 1
         job.event("slurm_requeued", job_id=self.job_id, detail="the requeued job resumes from the newest verified "
                   "checkpoint")
-        return 0
+        # the controller's own code for a planned requeue (9, `requeued`), as job_finished said: Slurm
+        # has queued the job again already (scontrol requeue answered), so the batch script's exit
+        # code changes nothing about the requeue; it is what this run's record (sacct) shows
+        return code
 
     # ------------------------------------------------------------------ adoption
     def describe(self) -> dict:
