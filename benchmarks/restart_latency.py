@@ -66,11 +66,22 @@ HB_INTERVAL, HB_TIMEOUT, HANG_FLOOR, PHASE_FACTOR = 0.5, 3.0, 3.0, 5.0
 SV_FLAGS = ["--heartbeat-interval", str(HB_INTERVAL), "--heartbeat-timeout", str(HB_TIMEOUT),
             "--hang-timeout-floor", str(HANG_FLOOR)]
 PG_TIMEOUT_S = 30
-FAULTS = ("kill", "stop", "hang", "skip-collective", "node")
+IN_PLACE = "-in-place"
+"""A fault's name with this suffix: the same fault under ``--in-place-restarts 2`` (rung 0: the
+agents restart the ranks in place; nothing is launched)."""
+FAULTS = ("kill", "stop", "hang", "skip-collective", "node", "kill" + IN_PLACE, "hang" + IN_PLACE,
+          "skip-collective" + IN_PLACE)
 DETECTOR = {
     "kill": "agent exit (process)", "node": "node agent gone (process)", "stop": "heartbeat timeout",
     "hang": "phase timeout (compute)", "skip-collective": "collective wait timeout",
+    "kill" + IN_PLACE: "rank process gone under its agent", "hang" + IN_PLACE: "phase timeout (compute)",
+    "skip-collective" + IN_PLACE: "collective wait timeout",
 }
+
+
+def base_kind(kind: str) -> str:
+    """The injected fault of a benchmark fault name (``kill-in-place`` -> ``kill``)."""
+    return kind.removesuffix(IN_PLACE)
 PHASES = RESTART_PHASES  # the controller's restart phases (its restart_complete event), measured here
 OVERHEAD_TARGET_S = 3.0
 
@@ -364,12 +375,13 @@ def launch_extra() -> list[str]:
     return _EXTRA
 
 
-def sv_launch(work: Path, name: str, *, fault: str | None = None, slots: int = 2, ckpt: Path | None = None):
+def sv_launch(work: Path, name: str, *, fault: str | None = None, slots: int = 2, ckpt: Path | None = None,
+              extra: tuple[str, ...] = ()):
     d = work / name
     d.mkdir(parents=True)
     logs, ckpt = d / "logs", ckpt or d / "ckpt"
     cmd = [PY, "-m", "supervisor", "launch", "--nnodes", "2", "--slots", str(slots), "--checkpoint-dir", str(ckpt),
-           "--log-dir", str(logs), *SV_FLAGS, *launch_extra(), "--", PY, str(TRAIN), *JOB]
+           "--log-dir", str(logs), *SV_FLAGS, *launch_extra(), *extra, "--", PY, str(TRAIN), *JOB]
     _LOG_DIRS.append(logs)
     p = start(cmd, env=job_env(d, fault), out=d / "supervisor-output.txt", cwd=d)
     return p, logs, ckpt
@@ -482,8 +494,11 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
         run.ctrl["total_s"] = rc_ev["total_s"]
         run.ctrl["time"] = iso_epoch(rc_ev["time"])
     t_det = et(det)
-    restored = log_times(sorted((agents / "attempt-1").glob("*.log")), "event=checkpoint_restored")
-    hint = log_times(sorted((agents / "attempt-1").glob("*.log")), "event=restore_point_from_supervisor")
+    # restarted in place, attempt 1's ranks write to attempt 0's agent logs: only what follows the fault
+    ranks_out = sorted((agents / ("attempt-0" if kind.endswith(IN_PLACE) else "attempt-1")).glob("*.log"))
+    after = run.t_fault or 0.0
+    restored = [t for t in log_times(ranks_out, "event=checkpoint_restored") if t > after]
+    hint = [t for t in log_times(ranks_out, "event=restore_point_from_supervisor") if t > after]
     if restored and hint:
         run.restore_load = restored[0] - hint[0]
     t_restored = restored[0] if restored else None
@@ -501,7 +516,7 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
         "first_step": sub(t_first, t_restored),
     }
     t_evidence = et(event(events, "evidence_saved"))
-    t_down = et(event(events, "action", action="tear_down"))
+    t_down = et(event(events, "action", action="tear_down") or event(events, "action", action="restart_in_place"))
     if t_det is not None and t_evidence is not None and t_down is not None and launched1 is not None:
         run.teardown_parts = {"evidence": t_evidence - t_det, "culprit": t_down - t_evidence,
                               "rest": et(launched1) - t_down - schedule}
@@ -525,8 +540,9 @@ def sv_fault_run(work: Path, name: str, kind: str) -> SvRun:
         run = analyse_fault(name, kind, logs, t_fault, rc, load0 + os.getloadavg())
         run.leaked = leaked
         return run
-    spec = f"kind={kind},rank=1,step={FAULT_STEP},attempt=0"
-    p, logs, _ = sv_launch(work, name, fault=spec)
+    spec = f"kind={base_kind(kind)},rank=1,step={FAULT_STEP},attempt=0"
+    p, logs, _ = sv_launch(work, name, fault=spec,
+                           extra=("--in-place-restarts", "2") if kind.endswith(IN_PLACE) else ())
     rc, leaked = finish(p, logs, 240)
     run = analyse_fault(name, kind, logs, None, rc, load0 + os.getloadavg())
     run.leaked = leaked
@@ -1012,9 +1028,10 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
         if not runs:
             continue
         det = med(r.detect for r in runs)
-        if kind in ("kill", "node"):
+        bk = base_kind(kind)
+        if bk in ("kill", "node"):
             target, tgt_txt = None, "none: process exit"
-        elif kind == "stop":
+        elif bk == "stop":
             target = HB_TIMEOUT + 1
             tgt_txt = f"<= {target:.1f}: heartbeat timeout + 1"
         else:
@@ -1026,7 +1043,7 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
                      for r in runs]
         ovh = med(overheads)
         paired = med(r.paired_overhead for r in runs)
-        tr_kind = "kill" if kind == "node" else kind
+        tr_kind = "kill" if bk == "node" else bk
         trk = tr.get((tr_kind, "kill" if tr_kind == "kill" else f"pg{PG_TIMEOUT_S}"), [])
         tr_total = med(t.total for t in trk)
         if kind == "node":
@@ -1034,7 +1051,7 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
                       f"kill -9 of one rank restarts in {f2(tr_total)} s")
             ratio = "—"
         elif trk:
-            what = "restart after kill -9" if kind == "kill" else f"{PG_TIMEOUT_S} s pg timeout"
+            what = "restart after kill -9" if bk == "kill" else f"{PG_TIMEOUT_S} s pg timeout"
             n_ok = sum(1 for t in trk if t.total is not None)
             tr_txt = (f"{f2(tr_total)} s ({what}; detect {f2(med(t.detect for t in trk))} s; n={len(trk)})"
                       if n_ok else f"not recovered within {max(t.waited for t in trk):.0f} s ({what})")
@@ -1306,7 +1323,7 @@ def main() -> int:
             say(f"  torchrun kill: cold {f2(t.cold_start)} s, detect {f2(t.detect)} s, total {f2(t.total)} s")
             if rnd <= args.torchrun_slow_rounds:
                 for kind in ("stop", "hang", "skip-collective"):
-                    if kind not in args.faults:
+                    if not {kind, kind + IN_PLACE} & set(args.faults):
                         continue
                     t = torchrun_run(work, f"r{rnd}-torchrun-{kind}-pg{PG_TIMEOUT_S}", kind, pg_timeout=PG_TIMEOUT_S,
                                      cap=150)
