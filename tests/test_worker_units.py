@@ -460,3 +460,144 @@ def test_the_exit_codes_a_rank_ends_with_are_the_ones_the_controller_classifies(
         env.pop(k, None)
     proc = subprocess.run([sys.executable, "-c", CRASH_DRILL], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == EXIT_CRASH, proc.stderr[-2000:]
+
+
+# ----------------------------------------------------------------- checkpoints: root and refusal (issue 13)
+
+def heartbeats_until(srv, token, predicate):
+    """Heartbeats from ``srv`` until one satisfies ``predicate`` (socket.timeout if none comes),
+    and the sender's address."""
+    while True:
+        frame, addr = srv.recvfrom(8192)
+        hb = decode_heartbeat(frame, token)
+        if predicate(hb):
+            return hb, addr
+
+
+def stop_sender(sender, srv, addr):
+    """Stop a sender with a long interval at once: control frames addressed to nobody (ignored)
+    wake its receive wait until it has seen the stop, instead of an interval later."""
+    import threading
+
+    done = threading.Event()
+    frame = encode(control_message("dump", attempt=999, rank=999), TOKEN)
+
+    def wake():
+        while not done.wait(0.05):
+            srv.sendto(frame, addr)
+
+    waker = threading.Thread(target=wake, daemon=True)
+    waker.start()
+    try:
+        sender.stop()
+    finally:
+        done.set()
+        waker.join()
+
+
+def test_a_script_that_saves_without_restoring_reports_its_checkpoint_root_at_once(tmp_path):
+    """Issue 13 §3: the root used to be reported from restore() only; a script that saves through
+    after_step() and never restores left the supervisor watching a directory nobody writes."""
+    import torch
+
+    from supervisor.checkpoint import CheckpointManager
+    from supervisor.worker.runtime import Verdict, Worker
+
+    srv = udp_server()
+    # one heartbeat a minute: only a heartbeat sent at the save can arrive within the test
+    w = Worker(Session(rank=0, world_size=1, attempt=1, heartbeat_addr=srv.getsockname(), token=TOKEN,
+                       heartbeat_interval=60, job="j"))
+    w.heartbeat.start()
+    first, addr = heartbeats_until(srv, TOKEN, lambda h: True)
+    try:
+        assert first.ckpt_root == ""  # nothing saved yet
+        root = tmp_path / "myckpt"
+        ckpt = CheckpointManager(root, model=torch.nn.Linear(4, 4))
+        assert w.after_step(ckpt, 1, Verdict(loss=1.0, nonfinite=False, stop=False, save_due=True))
+        hb, _ = heartbeats_until(srv, TOKEN, lambda h: h.ckpt_root)
+        assert hb.ckpt_root == str(root.resolve()) and hb.ckpt_step == 1 and hb.restore_state == ""
+        assert (root / "step-0000000001" / "manifest.json").exists()
+    finally:
+        stop_sender(w.heartbeat, srv, addr)
+        srv.close()
+
+
+class RestorePoint:
+    """The controller's /v1/restore-point, answering ``reply`` to a request bearing ``token``."""
+
+    def __init__(self, reply: dict, token: bytes):
+        import http.server
+        import threading
+
+        outer = self
+        self.asked: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.asked.append(self.path)
+                ok = self.headers.get("Authorization") == f"Bearer {token.decode()}"
+                body = json.dumps(reply if ok else {"error": "unauthorized"}).encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_a_rank_told_a_checkpoint_is_required_refuses_to_train_from_scratch(tmp_path, required):
+    """Issue 13 §1: every checkpoint on disk is corrupt. When the controller's restore point says
+    the job has had one (required), the rank's restore fails and says so in a heartbeat at once;
+    otherwise it starts fresh."""
+    from helpers import tiny_job, train_step
+    from supervisor.checkpoint import CheckpointLoadError
+    from supervisor.worker.runtime import Worker
+
+    root = tmp_path / "ckpt"
+    mgr, model, opt, sched, cursor = tiny_job(root, keep=10)
+    for step in (1, 2):
+        train_step(model, opt, sched, cursor)
+        mgr.save(step)
+        rng = sorted((root / f"step-{step:010d}" / "rng").iterdir())[0]  # bit rot, found before any tensor loads
+        data = bytearray(rng.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        rng.write_bytes(bytes(data))
+    api = RestorePoint({"checkpoint": "step-0000000002", "exclude": [], "required": required}, TOKEN)
+    srv = udp_server()
+    w = Worker(Session(rank=0, world_size=1, attempt=3, heartbeat_addr=srv.getsockname(), token=TOKEN,
+                       heartbeat_interval=60, job="j", api=api.url))
+    w.heartbeat.start()
+    _, addr = heartbeats_until(srv, TOKEN, lambda h: True)
+    try:
+        fresh, *_ = tiny_job(root, seed=7)
+        if required:
+            with pytest.raises(CheckpointLoadError) as exc:
+                w.restore(fresh)
+            assert sorted(s.name for s in exc.value.skipped) == ["step-0000000001", "step-0000000002"]
+            assert "refusing to train from scratch" in str(exc.value)
+            hb, _ = heartbeats_until(srv, TOKEN, lambda h: h.restore_state)
+            assert hb.restore_state == "failed" and hb.restored == ""
+            assert "step-0000000002: " in hb.restore_skipped and "step-0000000001: " in hb.restore_skipped
+        else:
+            assert w.restore(fresh) is None
+            hb, _ = heartbeats_until(srv, TOKEN, lambda h: h.restore_state)
+            assert hb.restore_state == "fresh"
+        assert w.state.restore_state == hb.restore_state
+        assert hb.ckpt_root == str(root.resolve())
+        assert api.asked == ["/v1/restore-point?attempt=3"]  # the controller was asked, once
+    finally:
+        stop_sender(w.heartbeat, srv, addr)
+        srv.close()
+        api.close()

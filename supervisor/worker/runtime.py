@@ -387,6 +387,7 @@ class Worker:
         if ckpt is None:
             return not verdict.stop
         if verdict.stop:
+            told = self._note_root(ckpt)
             t0 = time.perf_counter()
             with self.phase(PHASE_CHECKPOINT):
                 self.state.ckpt_state = "writing"
@@ -394,13 +395,27 @@ class Worker:
                 self.state.ckpt_state, self.state.ckpt_step = "idle", step
             self.state.ckpt_s = time.perf_counter() - t0
             log.warning("event=emergency_checkpoint step=%d path=%s", step, result.path)
+            if told:
+                self.heartbeat.beat_now()
             return False
         due = verdict.save_due or (self.checkpoint_every_steps and step % self.checkpoint_every_steps == 0)
         if due:
             self._save(ckpt, step)
         return True
 
+    def _note_root(self, ckpt: CheckpointManager) -> bool:
+        """Record the root this rank saves to (the heartbeat carries it); True when it is new.
+
+        A script may save without ever calling :meth:`restore`: the supervisor must still learn
+        where the checkpoints go, or it judges progress in a directory nobody writes."""
+        root = str(Path(ckpt.root).resolve())
+        if self.state.ckpt_root == root:
+            return False
+        self.state.ckpt_root = root
+        return True
+
     def _save(self, ckpt: CheckpointManager, step: int) -> None:
+        told = self._note_root(ckpt)
         t0 = time.perf_counter()
         with self.phase(PHASE_CHECKPOINT):
             self.state.ckpt_state = "staging" if self.async_save else "writing"
@@ -419,6 +434,8 @@ class Worker:
             result.add_done_callback(done)
         else:
             self.state.ckpt_state, self.state.ckpt_step = "idle", step
+        if told:  # the supervisor learns the root now, not at the next sampled heartbeat
+            self.heartbeat.beat_now()
 
     def restore(self, ckpt: CheckpointManager) -> RestoreResult | None:
         """Resume from the supervisor's pick (or the newest verified checkpoint without one).
@@ -430,7 +447,7 @@ class Worker:
         instead of training from scratch.
         """
         st = self.state
-        st.ckpt_root = str(Path(ckpt.root).resolve())
+        self._note_root(ckpt)
         t0 = time.perf_counter()
         try:
             with self.phase(PHASE_RESTORE):
