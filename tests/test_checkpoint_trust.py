@@ -294,3 +294,37 @@ def test_the_jobs_own_pruning_never_counts_the_supervisors_suspects(tmp_path):
     # counted toward keep=2: the new save and step 2, the checkpoint this job restored from;
     # the suspect stays as evidence and step 1 goes
     assert name(2) in left and name(3) in left and name(1) not in left, left
+
+
+# ----------------------------------------------------------------- never from scratch (issue 13 §1)
+
+def rot_rng(ckpt: Path) -> None:
+    """Bit rot in a small checksummed file: found by full verification before any tensor loads."""
+    f = sorted((ckpt / "rng").iterdir())[0]
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("rot", ["rng", "tensor"])
+def test_a_required_restore_with_every_checkpoint_corrupt_raises_with_the_reasons(tmp_path, rot):
+    root = tmp_path / "ckpt"
+    mgr, model, opt, sched, cursor = tiny_job(root, keep=10)
+    for step in (1, 2):
+        train_step(model, opt, sched, cursor)
+        mgr.save(step)
+        if rot == "rng":
+            rot_rng(root / name(step))
+        else:  # found only while loading: some tensors already hold its bytes
+            flip_inside_tensor(root / name(step), model[0].weight)
+    fresh, model2, *_ = tiny_job(root, seed=7)
+    before = params(model2)
+    with pytest.raises(CheckpointLoadError) as exc:
+        fresh.restore(required=True)
+    assert [s.name for s in exc.value.skipped] == [name(2), name(1)]
+    assert all("checksum" in s.reason for s in exc.value.skipped)
+    if rot == "rng":
+        assert "refusing to train from scratch" in exc.value.reason
+        assert same(params(model2), before)  # nothing was loaded
+        # not required (the job never had a checkpoint): a fresh start, with nothing loaded
+        assert tiny_job(root, seed=8)[0].restore() is None
