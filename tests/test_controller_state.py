@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -178,3 +179,46 @@ def test_a_controller_elected_by_the_platform_takes_over_at_once_from_one_electe
     assert elected.returncode == 0, elected.stdout + elected.stderr
     prev = json.loads(elected.stdout)
     assert prev["host"] == "ctrl-pod-a" and "held by ctrl-pod-b_2" in prev["reason"], prev
+
+
+def record_durability(monkeypatch) -> list[tuple]:
+    """Every os.fsync (the path the descriptor names and its size then, or "dir") and os.replace,
+    in the order they happen."""
+    import os
+    import stat
+
+    ops: list[tuple] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        ops.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
+        return real_fsync(fd)
+
+    def replace(src, dst, **kw):
+        ops.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return ops
+
+
+def test_the_state_file_is_fsynced_whole_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    """Issue 11: a state file lost or torn by a power cut made the next controller start afresh
+    beside a live gang. The new bytes reach the disk under a temporary name, the rename
+    publishes them, and the directory's fsync makes the rename itself durable."""
+    path = tmp_path / "supervisor-state.json"
+    save(path, GOOD | {"attempt": 1})
+    ops = record_durability(monkeypatch)
+    save(path, GOOD)
+    monkeypatch.undo()
+    size = path.stat().st_size
+    renames = [i for i, op in enumerate(ops) if op[0] == "replace"]
+    assert len(renames) == 1 and ops[renames[0]][2] == str(path)
+    at = renames[0]
+    tmp = ops[at][1]
+    assert tmp != str(path) and Path(tmp).parent == tmp_path
+    assert ("fsync", tmp, size) in ops[:at], ops  # all of the new file, before it replaces the old
+    assert ("fsync", str(tmp_path), "dir") in ops[at + 1:], ops
+    assert load(path)["attempt"] == 2

@@ -81,3 +81,32 @@ def test_a_token_owned_by_another_user_is_refused(tmp_path):
     os.chown(path, 65534, 65534)
     with pytest.raises(TokenError, match=rf"{path} is owned by uid 65534"):
         load_or_create(path, reuse=True)
+
+
+def test_a_new_token_is_fsynced_whole_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    """Issue 11: after a power cut the token file is whole or absent, never empty (an empty key
+    would make every heartbeat's MAC forgeable)."""
+    ops: list[tuple] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        ops.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
+        return real_fsync(fd)
+
+    def replace(src, dst, **kw):
+        ops.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst, **kw)
+
+    path = tmp_path / "token"
+    load_or_create(path, reuse=False)  # an old token: the new one replaces it
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    token = load_or_create(path, reuse=False)
+    monkeypatch.undo()
+    assert path.read_bytes() == token
+    [at] = [i for i, op in enumerate(ops) if op[0] == "replace"]
+    tmp = ops[at][1]
+    assert ops[at][2] == str(path) and tmp != str(path) and os.path.dirname(tmp) == str(tmp_path)
+    assert ("fsync", tmp, len(token)) in ops[:at], ops
+    assert ("fsync", str(tmp_path), "dir") in ops[at + 1:], ops
