@@ -144,19 +144,24 @@ def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
         print(f"error: {root} is not a directory", file=sys.stderr)
         return EXIT_FAILED
     protect: set[str] = set()
+    suspects: set[str] = set()
     if args.log_dir:
         # the supervisor's own record: the checkpoint its attempt restores from, and the
-        # suspects it keeps as evidence, are never deleted under it
+        # suspects it keeps as evidence, are never deleted under it; a suspect never counts
+        # toward --keep either (as in the job's own pruning)
         saved = _saved_state(args.log_dir)
         if saved is None:
             return EXIT_FAILED
-        protect = {n for n in (saved.get("restore_from"), saved.get("restored")) if n}
-        protect |= set((saved.get("history") or {}).get("suspects", []))
+        suspects = set((saved.get("history") or {}).get("suspects", []))
+        protect = {n for n in (saved.get("restore_from"), saved.get("restored")) if n} | suspects
         if protect:
             print(f"protected by the supervisor's state: {', '.join(sorted(protect))}")
+    else:
+        print("note: without --log-dir, the checkpoint a supervised job restores from and its suspect ones are not "
+              "protected", file=sys.stderr)
     try:
         result = prune(root, args.keep, dry_run=args.dry_run, remove_partial=args.remove_partial,
-                       partial_grace_s=args.partial_grace, protect=protect)
+                       partial_grace_s=args.partial_grace, protect=protect, known_bad=suspects)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -134,3 +134,32 @@ def test_a_config_without_command_and_yaml_1_1_numbers(tmp_path, capsys):
     good = tmp_path / "ok.yaml"
     good.write_text("command: [python, x.py]\nrestart: {budget_s: 1e3}\n")  # YAML 1.1 reads 1e3 as a string
     assert load(good).restart.budget_s == 1000.0
+
+
+def test_prune_with_the_log_dir_keeps_the_supervisors_restore_point_and_suspects(tmp_path, capsys):
+    """Issue 11/13 §4: what the supervisor's state names is never deleted, and a suspect (here the
+    newest: it may verify, but the ranks refused it) never counts toward --keep."""
+    from supervisor.controller.state import STATE_FILE, save
+
+    root = tmp_path / "ckpt"
+    make_checkpoints(root, steps=(1, 2, 3, 4, 5), keep=10)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    save(logs / STATE_FILE, {
+        "job": "j", "phase": "running", "attempt": 3, "nodes": ["node0"], "restore_from": "step-0000000001",
+        "history": {"restarts": 3, "suspects": ["step-0000000005"], "suspect_why": {"step-0000000005": "refused"}},
+        "intake_port": 0, "http_port": 0, "platform": {"nodes": {}}, "pid": 1, "updated": 1.0})
+    # without the state, --keep 2 would leave steps 5 and 4 only
+    assert main(["checkpoints", "prune", str(root), "--keep", "2", "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "would remove step-0000000001" in captured.out and "without --log-dir" in captured.err
+    assert main(["checkpoints", "prune", str(root), "--keep", "2", "--log-dir", str(logs)]) == 0
+    out = capsys.readouterr().out
+    assert "protected by the supervisor's state: step-0000000001, step-0000000005" in out
+    assert "removed step-0000000002" in out
+    # kept: the suspect (not counted), the two newest that verify, and the restore point
+    assert [c.step for c in candidates(root)] == [5, 4, 3, 1]
+    # an unreadable state is an error, never a prune that protects nothing
+    (logs / STATE_FILE).write_text("{")
+    assert main(["checkpoints", "prune", str(root), "--keep", "2", "--log-dir", str(logs)]) == 1
+    assert "unreadable" in capsys.readouterr().err and [c.step for c in candidates(root)] == [5, 4, 3, 1]
