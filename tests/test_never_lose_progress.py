@@ -331,3 +331,20 @@ def test_fresh_over_a_live_run_stops_its_gang_first(supervisor_run):
     assert started["fresh"] is True and started["previous_run"]["phase"] == "running"
     run.wait_event("launched", run=2)
     assert not any(pid_alive(n["pid"]) for n in old.values())  # nothing of the old gang trains beside the new
+
+
+def test_a_script_that_saves_without_ever_restoring_is_watched_where_it_saves(tmp_path):
+    """Issue 13 §3: the root used to come with the restore report only, so a script that saves
+    through the SDK but never restores left the supervisor watching a directory nobody writes."""
+    own, logs = tmp_path / "own", tmp_path / "logs"
+    workload = os.path.join(os.path.dirname(__file__), "workloads", "save_only.py")
+    cmd = [PYTHON, "-m", "supervisor", "launch", "--nnodes", "1", "--checkpoint-dir", str(tmp_path / "told"),
+           "--log-dir", str(logs), "--heartbeat-interval", "0.5", "--metrics-linger", "0",
+           "--", PYTHON, workload, str(own), "8"]
+    done = subprocess.run(cmd, env=job_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    events = [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
+    adopted = [e for e in events if e["event"] == "checkpoint_root_adopted"]
+    assert adopted and adopted[0]["root"] == str(own.resolve()), events
+    assert not [e for e in events if e["event"] in ("restore_failed", "checkpoint_restored")]  # it never restored
+    assert [e for e in events if e["event"] == "checkpoint_complete"]  # progress judged where it saves

@@ -208,6 +208,7 @@ class Controller:
         self._secondary_since: float | None = None
         self.ready = False
         self._handoff = False
+        self._root_judged = False  # this attempt's checkpoint root was checked before any restore report
         """SIGTERM on a platform that keeps the gang through a controller restart: leave it running."""
 
     @property
@@ -698,6 +699,11 @@ class Controller:
             self._on_restore_reported(restore_report(rec.hb for rec in reg.ranks.values()))
             if self.phase in TERMINAL:
                 return
+        elif (self.report is None and all_heard and not self._root_judged
+              and all(rec.hb.ckpt_root for rec in reg.ranks.values())):
+            # ranks that save without restoring (no restore report comes) still say where they save
+            self._root_judged = True
+            self._judge_root(restore_report(rec.hb for rec in reg.ranks.values()))
         t = self.current_timer
         if t is not None and not t.done:
             if t.rendezvous_at is None and all_heard:
@@ -729,20 +735,7 @@ class Controller:
         """Every rank said how its restore went: record what was really restored, make the
         checkpoints they refused suspect, and check that they write where we watch."""
         self.report = report
-        verdict, detail = root_verdict(str(self.ckpt_root), report)
-        if verdict == "adopt":
-            log.warning("event=checkpoint_root_adopted watched=%s ranks_write=%s (the ranks' own root wins: progress "
-                        "is judged where checkpoints are written)", self.ckpt_root, detail)
-            self.event("checkpoint_root_adopted", watched=str(self.ckpt_root), root=detail,
-                       detail="the ranks save checkpoints here, not where the supervisor was told to look")
-            self.ckpt_root = Path(detail)
-            self._poll_checkpoints(force=True)
-            self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
-        elif verdict == "conflict":
-            self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
-            # the gang is torn down before the verdict (_tick): nothing may keep training unwatched
-            self._pending_stop = (JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the "
-                                  "same --checkpoint-dir to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)")
+        if not self._judge_root(report):
             return
         self.restored = report.restored
         refused = {n: why for n, why in report.refused}
@@ -762,6 +755,26 @@ class Controller:
         parsed = parse_name(report.restored) if report.restored else None
         self.restored_step = parsed[0] if parsed else 0
         self._save_state()
+
+    def _judge_root(self, report) -> bool:
+        """Whether the ranks save where the supervisor watches: adopt their one root, or stop the
+        job (torn down first) when they save to several; False when it stops."""
+        verdict, detail = root_verdict(str(self.ckpt_root), report)
+        if verdict == "adopt":
+            log.warning("event=checkpoint_root_adopted watched=%s ranks_write=%s (the ranks' own root wins: progress "
+                        "is judged where checkpoints are written)", self.ckpt_root, detail)
+            self.event("checkpoint_root_adopted", watched=str(self.ckpt_root), root=detail,
+                       detail="the ranks save checkpoints here, not where the supervisor was told to look")
+            self.ckpt_root = Path(detail)
+            self._poll_checkpoints(force=True)
+            self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
+        elif verdict == "conflict":
+            self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
+            # the gang is torn down before the verdict (_tick): nothing may keep training unwatched
+            self._pending_stop = (JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the "
+                                  "same --checkpoint-dir to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)")
+            return False
+        return True
 
     def _poll_checkpoints(self, force: bool = False) -> None:
         now = self.clock()
@@ -1037,6 +1050,7 @@ class Controller:
         self.addr_by_rank = {}
         self._step_marks = []  # the step rate of this attempt only (a resume goes back in steps)
         self.report, self.restored = None, None
+        self._root_judged = False
         self.ahead_attempt = None
         if launch is not None:
             await launch(self._launch_spec(nodes))
