@@ -266,7 +266,7 @@ def _launch_config(args: argparse.Namespace):
     raw = {
         "job": args.job, "command": command, "nproc_per_node": nproc,
         "nodes": {"min": nmin, "max": nmax},
-        "platform": {"kind": "local", "nodes": args.slots or nmax},
+        "platform": {"kind": "local", "nodes": args.slots or nmax, "warm_agents": not args.no_warm_agents},
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
         "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
@@ -590,6 +590,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="let each node's torchrun agent restart a crashed or aborted rank in place, up to N times per "
                    "launch, instead of tearing the gang down (the supervisor still picks the checkpoint and tears "
                    "down when the cheap path fails); 0: every restart is a full relaunch")
+    p.add_argument("--no-warm-agents", action="store_true",
+                   help="start every node's torchrun agent cold (default: one per slot is started ahead, when the job "
+                   "starts and when a fault is found, so a launch does not wait for its import of torch)")
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (0: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
                    help="after the job ends keep serving /metrics this long for a last scrape, only if a scraper "

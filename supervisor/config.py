@@ -241,6 +241,10 @@ class PlatformConfig:
     nodes: int = 0
     """local: node slots on this machine (capacity, spares included); 0 means ``nodes.max``.
     slurm: unused (the slots are the allocation's live nodes)."""
+    warm_agents: bool = True
+    """local: keep one torchrun agent per slot that has already imported torch, started when the
+    job starts and again when a fault is found, so that a launch does not wait for the agents'
+    ``import torch`` (``--no-warm-agents``: every agent starts cold)."""
     host: str = "127.0.0.1"
     """local: the address agents rendezvous on and the controller listens on. slurm: the address
     the nodes reach the supervisor at; ``auto`` = the batch host's NodeAddr (then an ``auto``

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 
 import pytest
 
 from supervisor.platforms.base import NodeState
 from supervisor.platforms.local import LocalPlatform
-from supervisor.procfs import start_time
+from supervisor.procfs import proc_state, start_time
 
 
 @pytest.fixture
@@ -88,3 +89,57 @@ def test_the_right_start_time_is_adopted_and_the_description_carries_it(tmp_path
 
     asyncio.run(scenario())
     assert stranger.wait(timeout=10) == -9  # adopted, so it is ours to kill
+
+
+def test_a_launch_hands_its_nodes_to_warm_agents_and_starts_cold_when_none_is_alive(tmp_path):
+    """Warm agents (already past ``import torch``) become the nodes' agents: the node's pid is the
+    warm process, its output is the node log, its environment the launch's; with none alive the
+    agent starts cold, and a warm agent nobody needs ends when its platform's pipe closes."""
+    import sys
+
+    from supervisor.platforms.base import LaunchSpec
+    from supervisor.platforms.base import free_port
+
+    platform = LocalPlatform(2, tmp_path, warm_agents=True)
+    platform.warm_up()
+    warm = set(platform.warm_pids)
+    assert len(warm) == 2
+    spec = LaunchSpec(attempt=0, nodes=["node0"], nnodes_min=1, nnodes_max=1, nproc_per_node=1,
+                      command=[sys.executable, "-c", "import os; print('env', os.environ['SUPERVISOR_JOB'])"],
+                      env={"SUPERVISOR_JOB": "warm-test"}, rdzv_endpoint=f"127.0.0.1:{free_port('127.0.0.1')}",
+                      rdzv_id="warm-0")
+
+    async def scenario():
+        await platform.launch(spec)
+        pid = platform.nodes["node0"].pid
+        for _ in range(600):
+            status = (await platform.observe())["node0"]
+            if status.state != NodeState.RUNNING:
+                return pid, status
+            await asyncio.sleep(0.1)
+        raise AssertionError("the agent did not end")
+
+    pid, status = asyncio.run(scenario())
+    assert pid in warm and status.state == NodeState.EXITED and status.exit_code == 0
+    out = (tmp_path / "attempt-0" / "node0.log").read_text()
+    assert "env warm-test" in out  # the rank ran with the launch's environment; its output in the node log
+    (other,) = set(platform.warm_pids) - {pid}  # the other one still waits
+    # a waiting agent whose platform goes away (its pipe closes) ends, having done nothing
+    lone = subprocess.Popen([sys.executable, "-m", "supervisor.platforms.warm_agent"], stdin=subprocess.PIPE)
+    lone.stdin.close()
+    assert lone.wait(timeout=60) == 0
+    # none alive (the last one killed): the next launch starts its agent cold
+    import os
+    import signal
+
+    os.kill(other, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    # our child: dead once waitable (a zombie leader is not, while its other threads still exit)
+    while os.waitid(os.P_PID, other, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline, proc_state(other)
+        time.sleep(0.05)
+    spec1 = LaunchSpec(**{**spec.__dict__, "attempt": 1, "rdzv_id": "warm-1",
+                          "rdzv_endpoint": f"127.0.0.1:{free_port('127.0.0.1')}"})
+    asyncio.run(platform.launch(spec1))
+    assert platform.nodes["node0"].pid not in warm
+    asyncio.run(platform.teardown(0.5))

@@ -255,6 +255,8 @@ class Controller:
         adopt_gang = False
         if saved and JobPhase(saved["phase"]) not in TERMINAL:
             adopt_gang = await self.platform.adopt(saved.get("platform", {}), _launched_as(saved))
+        if not adopt_gang:
+            self.platform.warm_up()  # the first launch follows: its agents import torch meanwhile
         self._init_token(saved)
         loop = asyncio.get_running_loop()
         transport, self.intake = await self._bind_intake(loop, saved, adopt_gang)
@@ -826,6 +828,7 @@ class Controller:
         self.current_timer = timer
         self.timers.append(timer)
         self.restarts_by_reason[fault.kind] = self.restarts_by_reason.get(fault.kind, 0) + 1
+        self.platform.warm_up()  # a launch may follow: what can start ahead starts now
         log.error("event=fault_detected attempt=%d kind=%s ranks=%s nodes=%s detail=%s", self.attempt, fault.kind,
                   list(fault.ranks), list(fault.nodes), fault.detail)
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),

@@ -160,6 +160,11 @@ class Platform(abc.ABC):
         """The machines the next launches must avoid (``slots()`` already leaves them out when the
         slots are the machines)."""
 
+    def warm_up(self) -> None:
+        """A launch is coming (the job starts, or a fault was just found): start ahead whatever
+        can be started before it is needed (the local platform: an agent per slot that has
+        imported torch). Must not block; a platform without such a thing does nothing."""
+
     def prepare(self, cfg: Any) -> Any:
         """The job config with anything only the platform knows filled in (e.g. ``auto`` addresses)."""
         return cfg

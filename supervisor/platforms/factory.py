@@ -15,7 +15,7 @@ def build_platform(cfg, log_dir: Path) -> Platform:
     if kind == "local":
         from supervisor.platforms.local import LocalPlatform
 
-        return LocalPlatform(cfg.node_slots, log_dir)
+        return LocalPlatform(cfg.node_slots, log_dir, warm_agents=cfg.platform.warm_agents)
     if kind == "slurm":
         from supervisor.platforms.slurm import from_config
 

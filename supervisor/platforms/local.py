@@ -18,6 +18,7 @@ reused by an unrelated process (after a reboot or a long outage) is never adopte
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ from supervisor.files import set_aside
 from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
+from supervisor.protocol import Env
 
 log = logging.getLogger("supervisor.platform.local")
 
@@ -86,7 +88,7 @@ class LocalPlatform(Platform):
     kind = "local"
     kills_ranks = True
 
-    def __init__(self, slots: int, log_dir: Path, python: str = sys.executable) -> None:
+    def __init__(self, slots: int, log_dir: Path, python: str = sys.executable, *, warm_agents: bool = False) -> None:
         if slots < 1:
             raise ValueError("the local platform needs at least one node slot")
         self._slots = [f"node{i}" for i in range(slots)]
@@ -94,6 +96,52 @@ class LocalPlatform(Platform):
         self.python = python
         self.nodes: dict[str, _Node] = {}
         self._launched: set[int] = set()  # attempts this object launched (a retried launch appends)
+        self.warm_agents = warm_agents
+        self._warm: list[subprocess.Popen] = []
+        """Agents that have imported torch (or are importing it), waiting for a node (warm_agent)."""
+
+    def warm_up(self) -> None:
+        """Keep one waiting agent per slot (:mod:`supervisor.platforms.warm_agent`): a launch then
+        hands each node to one that has already imported torch. They carry the job's log marker
+        in their environment (``--fresh`` finds them) and end by themselves when this process
+        goes (their stdin is a pipe from it)."""
+        if not self.warm_agents:
+            return
+        self._warm = [p for p in self._warm if p.poll() is None]
+        env = dict(os.environ) | {Env.LOG_DIR: str(self.log_dir.resolve() / "ranks")}
+        while len(self._warm) < len(self._slots):
+            try:
+                p = subprocess.Popen([self.python, "-m", "supervisor.platforms.warm_agent"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True, cwd=os.getcwd())
+            except OSError as exc:
+                log.warning("event=warm_agent_failed error=%s (agents start cold)", exc)
+                return
+            self._warm.append(p)
+
+    @property
+    def warm_pids(self) -> list[int]:
+        """The waiting agents' pids (alive or not yet reaped)."""
+        return [p.pid for p in self._warm]
+
+    def _hand_over(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | None:
+        """A waiting agent made this node's agent, or None (none alive: the caller starts one cold)."""
+        if argv[1:3] != ["-m", "torch.distributed.run"]:
+            return None
+        while self._warm:
+            p = self._warm.pop(0)
+            if p.poll() is not None:
+                continue
+            line = json.dumps({"argv": argv[3:], "env": env, "log": str(log_path), "cwd": os.getcwd()}) + "\n"
+            try:
+                assert p.stdin is not None
+                p.stdin.write(line.encode())
+                p.stdin.close()
+            except (OSError, ValueError):
+                p.kill()
+                continue
+            return p
+        return None
 
     def slots(self) -> list[str]:
         return list(self._slots)
@@ -121,17 +169,20 @@ class LocalPlatform(Platform):
             argv = torchrun_argv(self.python, spec)
             env = dict(os.environ) | agent_env(spec, name, out_dir / f"{name}-tmp")
             Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-            out = open(out_dir / f"{name}.log", "ab")
-            try:
-                popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=os.getcwd())
-            except OSError as exc:
-                raise PlatformError(f"cannot start the agent of {name}: {exc}") from exc
-            finally:
-                out.close()
+            popen = self._hand_over(argv, env, out_dir / f"{name}.log")
+            if popen is None:
+                out = open(out_dir / f"{name}.log", "ab")
+                try:
+                    popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=os.getcwd())
+                except OSError as exc:
+                    raise PlatformError(f"cannot start the agent of {name}: {exc}") from exc
+                finally:
+                    out.close()
             # not reaped yet, so /proc still has it even if it already exited
             self.nodes[name] = _Node(name, spec.attempt, popen.pid, popen, start_time(popen.pid))
-            log.info("event=node_launched node=%s attempt=%d pid=%d", name, spec.attempt, popen.pid)
+            log.info("event=node_launched node=%s attempt=%d pid=%d warm=%s", name, spec.attempt, popen.pid,
+                     "yes" if popen.stdin is not None else "no")
 
     async def observe(self) -> dict[str, NodeStatus]:
         result = {}

@@ -1,0 +1,64 @@
+"""A torchrun agent started before it is needed: it pays ``import torch`` ahead of time.
+
+The local platform starts one per node slot (``python -m supervisor.platforms.warm_agent``, in
+a session of its own, stdin a pipe from the platform). It imports torch's agent, then waits
+for one JSON line on stdin::
+
+    {"argv": [...torchrun arguments...], "env": {...}, "log": "/path/NODE.log", "cwd": "/path"}
+
+and becomes that agent: its output goes to ``log``, its environment is ``env`` (as a freshly
+started agent's would be), and it runs torchrun's own ``main`` with ``argv``. Its pid is the
+agent's pid, and the ranks it starts are its children, exactly as with a cold start. End of
+input without a line (the platform closed, or its controller died) ends it, having done
+nothing. A warm agent that has not been handed a node is never a node: the platform starts a
+cold agent whenever no live warm one is ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+
+
+def main() -> int:
+    got: list[bytes] = []
+
+    def listen() -> None:
+        line = sys.stdin.buffer.readline()
+        if not line.strip():
+            os._exit(0)  # not needed after all (or the platform is gone): at once, even mid-import
+        got.append(line)
+
+    listener = threading.Thread(target=listen, name="hand-over", daemon=True)
+    listener.start()
+    import torch.distributed.run as torchrun  # the cost this process exists to pay early
+
+    listener.join()
+    line = got[0].decode()
+    try:
+        spec = json.loads(line)
+        argv, env, log, cwd = list(spec["argv"]), dict(spec["env"]), str(spec["log"]), str(spec["cwd"])
+    except (ValueError, KeyError, TypeError) as exc:
+        print(f"warm agent: bad hand-over: {exc}", file=sys.stderr)
+        return 2
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # TMPDIR is the node's now
+    os.chdir(cwd)
+    sys.argv = [torchrun.__file__, *argv]
+    torchrun.main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
