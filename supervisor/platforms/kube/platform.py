@@ -296,7 +296,12 @@ class KubernetesPlatform(Platform):
             taken = p.name
             p.name = self._pod_name(spec.attempt, slot, try_ + 1)
             self.pod_watch.forget([p.name])
-            log.warning("event=pod_name_taken pod=%s by=another_launch action=use_name new=%s", taken, p.name)
+            log.warning("event=pod_name_taken pod=%s by=another_launch action=delete_it,use_name new=%s", taken, p.name)
+            if taken not in self._fencing:
+                # a dead controller's pod for this very slot: it holds the slot's node (the new pod
+                # is pinned there too) and must go now, not at the first observation after this launch
+                self._fencing.add(taken)
+                self._spawn(self._delete(taken, 0))
         raise PlatformError(f"pod names for slot {slot} of attempt {spec.attempt} are all taken "
                             f"(`kubectl get pods -n {self.ns} -l {self.selector}`)")
 
