@@ -497,7 +497,12 @@ class Controller:
             self._finish(pick.phase, pick.reason)
             return
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        await self._launch_unless_handed_off(slots[:size], pick, None)
+        if saved:
+            # a restart a previous controller began (what it left may still hold the slots for a
+            # moment): retried like any relaunch
+            await self._launch_retrying(slots[:size], pick, None)
+        else:
+            await self._launch_unless_handed_off(slots[:size], pick, None)
 
     def _adopt(self, saved: dict) -> None:
         attempt = int(saved["attempt"])
@@ -880,9 +885,14 @@ class Controller:
         # every message and process of the next gang carries the new number, above any the old
         # agents could still give a rank they restart in place
         self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
+        await self._launch_retrying(list(decision.nodes), decision.restore_from, timer)
+
+    async def _launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
+        """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
+        a stop cuts short), then the job fails."""
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
-                await self._launch_unless_handed_off(list(decision.nodes), decision.restore_from, timer)
+                await self._launch_unless_handed_off(nodes, restore_from, timer)
                 return
             except PlatformError as exc:
                 log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
