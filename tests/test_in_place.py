@@ -9,9 +9,13 @@ in a full teardown when the cheap path cannot be taken or does not work.
 
 from __future__ import annotations
 
-import pytest
+import json
+import subprocess
 
-from conftest import read_log, run_job
+import pytest
+import yaml
+
+from conftest import PYTHON, TRAIN, job_env, kill_leftovers, losses_by_step, read_log, run_job
 from test_supervisor_local import JOB, assert_same_path
 
 pytestmark = pytest.mark.slow
@@ -110,3 +114,35 @@ def test_a_hung_rank_is_aborted_and_the_gang_restarted_in_place(supervisor_run, 
     stacks = (run.log_dir / "ranks" / "stacks-rank-0.txt").read_text()
     assert "stack dump requested by the supervisor" in stacks  # evidence kept before the abort
     assert_same_path(run, control)
+
+
+def test_a_restart_in_place_that_does_not_come_back_in_time_ends_in_a_full_teardown(tmp_path, control):
+    """The ladder still ends in a gang teardown when the cheap rung does not work within its
+    timeout: here no restarted rank can report in within 0.5 s (``restart.in_place_timeout_s``)."""
+    log_dir = tmp_path / "logs"
+    config = {
+        "job": "slow-in-place", "platform": {"kind": "local", "nodes": 2}, "nodes": {"min": 2, "max": 2},
+        "command": [PYTHON, str(TRAIN), *JOB], "checkpoint_dir": str(tmp_path / "ckpt"), "log_dir": str(log_dir),
+        "metrics_linger_s": 0, "heartbeat": {"interval_s": 0.5, "timeout_s": 3}, "health": {"phase_floor_s": 3},
+        "restart": {"in_place_restarts": 2, "in_place_timeout_s": 0.5},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    try:
+        proc = subprocess.run([PYTHON, "-m", "supervisor", "run", "--config", str(tmp_path / "job.yaml")],
+                              env=job_env(tmp_path, "kind=kill,rank=1,step=13,attempt=0"), capture_output=True,
+                              text=True, timeout=240, cwd=tmp_path, start_new_session=True)
+    finally:
+        kill_leftovers(log_dir)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    evs = [json.loads(line) for line in (log_dir / "events.jsonl").read_text().splitlines()]
+    actions = [(e["attempt"], e["action"]) for e in evs if e["event"] == "action"]
+    assert (0, "restart_in_place") in actions and (1, "tear_down") in actions, actions
+    stall = [e for e in evs if e["event"] == "fault_detected" and e["attempt"] == 1]
+    assert stall and "did not report in within 0.5 s" in stall[0]["detail"], stall
+    declined = [e for e in evs if e["event"] == "in_place_declined" and e["attempt"] == 1]
+    assert declined and "did not come back" in declined[0]["reason"], declined
+    relaunched = [e for e in evs if e["event"] == "launched" and not e.get("in_place")]
+    assert [e["attempt"] for e in relaunched] == [0, 3], relaunched  # above attempt 0's in-place numbers
+    assert [e for e in evs if e["event"] == "job_finished"][-1]["phase"] == "completed"
+    got = losses_by_step(read_log(log_dir / "ranks", 0))
+    assert all(got[s]["loss_hex"] == control[s]["loss_hex"] for s in control)
