@@ -3,6 +3,8 @@ that runs nothing for controller tests that drive the controller's state directl
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import torch
@@ -74,3 +76,23 @@ def no_platform(slots: list[str] | None = None):
             return list(slots or [])
 
     return NoPlatform()
+
+
+def record_durability(monkeypatch) -> list[tuple]:
+    """Every os.fsync (the path the descriptor names and its size then, or "dir") and os.replace,
+    in the order they happen."""
+    ops: list[tuple] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        ops.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
+        return real_fsync(fd)
+
+    def replace(src, dst, **kw):
+        ops.append(("replace", str(src), str(dst)))
+        return real_replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return ops

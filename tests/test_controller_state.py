@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import record_durability
 from supervisor.controller.decide import History
 from supervisor.controller.state import JobLock, StateError, archive, load, save
 
@@ -179,29 +180,6 @@ def test_a_controller_elected_by_the_platform_takes_over_at_once_from_one_electe
     assert elected.returncode == 0, elected.stdout + elected.stderr
     prev = json.loads(elected.stdout)
     assert prev["host"] == "ctrl-pod-a" and "held by ctrl-pod-b_2" in prev["reason"], prev
-
-
-def record_durability(monkeypatch) -> list[tuple]:
-    """Every os.fsync (the path the descriptor names and its size then, or "dir") and os.replace,
-    in the order they happen."""
-    import os
-    import stat
-
-    ops: list[tuple] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        ops.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
-        return real_fsync(fd)
-
-    def replace(src, dst, **kw):
-        ops.append(("replace", str(src), str(dst)))
-        return real_replace(src, dst, **kw)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    return ops
 
 
 def test_the_state_file_is_fsynced_whole_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+from helpers import record_durability
 from supervisor.controller.token import TOKEN_CHARS, TokenError, load_or_create
 
 
@@ -86,22 +87,9 @@ def test_a_token_owned_by_another_user_is_refused(tmp_path):
 def test_a_new_token_is_fsynced_whole_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
     """Issue 11: after a power cut the token file is whole or absent, never empty (an empty key
     would make every heartbeat's MAC forgeable)."""
-    ops: list[tuple] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        ops.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), "dir" if stat.S_ISDIR(st.st_mode) else st.st_size))
-        return real_fsync(fd)
-
-    def replace(src, dst, **kw):
-        ops.append(("replace", str(src), str(dst)))
-        return real_replace(src, dst, **kw)
-
     path = tmp_path / "token"
     load_or_create(path, reuse=False)  # an old token: the new one replaces it
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+    ops = record_durability(monkeypatch)
     token = load_or_create(path, reuse=False)
     monkeypatch.undo()
     assert path.read_bytes() == token
