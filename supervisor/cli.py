@@ -266,7 +266,8 @@ def _launch_config(args: argparse.Namespace):
     raw = {
         "job": args.job, "command": command, "nproc_per_node": nproc,
         "nodes": {"min": nmin, "max": nmax},
-        "platform": {"kind": "local", "nodes": args.slots or nmax, "warm_agents": not args.no_warm_agents},
+        "platform": {"kind": "local", "nodes": args.slots or nmax, "warm_agents": not args.no_warm_agents,
+                     "fork_ranks": not args.no_fork_ranks},
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
         "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
@@ -593,6 +594,10 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warm-agents", action="store_true",
                    help="start every node's torchrun agent cold (default: one per slot is started ahead, when the job "
                    "starts and when a fault is found, so a launch does not wait for its import of torch)")
+    p.add_argument("--no-fork-ranks", action="store_true",
+                   help="start every rank as a new Python interpreter, as plain torchrun does (default: a node's "
+                   "Python ranks are forked from its agent with torch already imported, so neither a start nor a "
+                   "restart in place pays `import torch` per rank)")
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (0: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
                    help="after the job ends keep serving /metrics this long for a last scrape, only if a scraper "

@@ -72,10 +72,11 @@ class SlurmConfig:
     job resumes from the newest verified checkpoint. The same choice (requeue, else cancel) ends a job whose
     controller is lost (``controller_timeout_s``)."""
     controller_timeout_s: float = 60.0
-    """Every node's agent runs under a guard that asks the controller (on the batch host) every
-    ``controller_probe_s``; after this long without an answer the batch host is taken as lost: the
-    guards stop their agents (SIGTERM, an emergency checkpoint when every rank is alive) and one of
-    them requeues or cancels the job, so it is never left RUNNING empty. 0: no guard."""
+    """Every node of the allocation runs a standing guard (a step of its own for the job's life,
+    from before the first launch) that asks the controller (on the batch host) every
+    ``controller_probe_s``; after this long without an answer the batch host is taken as lost and
+    one guard requeues or cancels the job (Slurm then stops every agent: SIGTERM, an emergency
+    checkpoint when every rank is alive), so it is never left RUNNING empty. 0: no guard."""
     controller_probe_s: float = 5.0
     """How often each node's guard asks the controller whether it is alive (``GET /healthz``)."""
 
@@ -245,6 +246,13 @@ class PlatformConfig:
     """local: keep one torchrun agent per slot that has already imported torch, started when the
     job starts and again when a fault is found, so that a launch does not wait for the agents'
     ``import torch`` (``--no-warm-agents``: every agent starts cold)."""
+    fork_ranks: bool = True
+    """Every platform: a node's Python ranks (``python script.py``, ``python -m module``, by the
+    interpreter that runs the agent) start forked from their agent, with torch, its distributed
+    and checkpoint modules and the worker SDK already imported, so neither a start nor a
+    restart in place pays ``import torch`` per rank. ``false`` (``--no-fork-ranks``): every rank
+    is a new interpreter, as under plain torchrun (for a script that must not start from a
+    fork). Other commands always start as under torchrun."""
     host: str = "127.0.0.1"
     """local: the address agents rendezvous on and the controller listens on. slurm: the address
     the nodes reach the supervisor at; ``auto`` = the batch host's NodeAddr (then an ``auto``

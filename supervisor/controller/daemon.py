@@ -271,6 +271,9 @@ class Controller:
             except (NotImplementedError, RuntimeError):
                 pass
         try:
+            # from here to the end the controller answers: what watches it starts before any launch
+            api = f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}"
+            await self.platform.serving(api)
             if adopt_gang:
                 self._adopt(saved)
             else:
@@ -1104,6 +1107,7 @@ class Controller:
             nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,
             rdzv_endpoint=self.platform.rendezvous_endpoint(self.attempt, self.cfg.platform.host),
             rdzv_id=f"{self.cfg.job}-{self.attempt}", max_restarts=in_place,
+            fork_ranks=self.cfg.platform.fork_ranks,
         )
 
     def _finish(self, phase: JobPhase, reason: str) -> None:

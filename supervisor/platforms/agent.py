@@ -1,7 +1,8 @@
 """The node agent contract, one definition for every platform: the torchrun command line, the
 environment it runs in, and how a failed agent's own account of its ranks is read back.
 
-A node is one real ``torchrun`` agent (c10d rendezvous, ``--nnodes MIN:MAX``,
+A node is one real ``torchrun`` agent (torch's own, started through :mod:`forking_agent` so that
+its Python ranks are forked with torch already imported; c10d rendezvous, ``--nnodes MIN:MAX``,
 ``--max-restarts 0``: recovery is the supervisor's job, unless it allows restarts in place:
 ``LaunchSpec.max_restarts``) running the user's command with
 ``--no-python``. Every rank's output goes to the node log too (``--tee``), each line
@@ -15,12 +16,18 @@ from typing import Mapping
 
 from supervisor.platforms.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
 from supervisor.platforms.base import LaunchSpec
+from supervisor.platforms.forking_agent import FORK_ENV
 from supervisor.protocol import Env
+
+
+AGENT_MODULE = "supervisor.platforms.forking_agent"
+"""The agent every node runs: torchrun's own, starting Python ranks by fork (see the module)."""
 
 
 def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None
                   ) -> list[str]:
-    """``python -m torch.distributed.run ... COMMAND`` for one node of ``spec``.
+    """``python -m supervisor.platforms.forking_agent ... COMMAND`` (torchrun's arguments) for one
+    node of ``spec``.
 
     ``endpoint``: the rendezvous address this node dials (default ``spec.rdzv_endpoint``);
     ``is_host``: whether this node's agent serves the c10d store (None: torch decides by
@@ -30,7 +37,7 @@ def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None,
     if is_host is not None:
         conf += f",is_host={'1' if is_host else '0'}"
     return [
-        python, "-m", "torch.distributed.run",
+        python, "-m", AGENT_MODULE,
         f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint or spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
         f"--rdzv-conf={conf}",
@@ -48,6 +55,7 @@ def agent_env(spec: LaunchSpec, node: str, tmp_dir: Path) -> dict[str, str]:
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # torch 2.13: reliable restarts
         "TMPDIR": str(tmp_dir),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
+        FORK_ENV: "1" if spec.fork_ranks else "0",
     }
 
 

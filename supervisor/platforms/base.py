@@ -73,6 +73,9 @@ class LaunchSpec:
     max_restarts: int = 0
     """How often each node's agent may restart its ranks in place (torchrun's ``--max-restarts``);
     0: a failed rank ends its agent, and recovery is the controller's alone."""
+    fork_ranks: bool = True
+    """Python ranks start forked from their agent, torch already imported
+    (:mod:`supervisor.platforms.forking_agent`); False: a new interpreter each, as under torchrun."""
 
 
 class Supervised(Protocol):
@@ -164,6 +167,11 @@ class Platform(abc.ABC):
         """A launch is coming (the job starts, or a fault was just found): start ahead whatever
         can be started before it is needed (the local platform: an agent per slot that has
         imported torch). Must not block; a platform without such a thing does nothing."""
+
+    async def serving(self, api: str) -> None:
+        """The controller holds the job and answers at ``api`` (``http://ADDR:PORT``, its
+        ``/healthz``) from now until it ends, before anything is launched: a platform may start
+        what watches it for the job's life (Slurm: a standing node guard per node). Must not raise."""
 
     def prepare(self, cfg: Any) -> Any:
         """The job config with anything only the platform knows filled in (e.g. ``auto`` addresses)."""

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from supervisor.files import set_aside
-from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
+from supervisor.platforms.agent import AGENT_MODULE, agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
 from supervisor.protocol import Env
@@ -126,7 +126,7 @@ class LocalPlatform(Platform):
 
     def _hand_over(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | None:
         """A waiting agent made this node's agent, or None (none alive: the caller starts one cold)."""
-        if argv[1:3] != ["-m", "torch.distributed.run"]:
+        if argv[1:3] != ["-m", AGENT_MODULE]:
             return None
         while self._warm:
             p = self._warm.pop(0)

@@ -7,8 +7,10 @@ for one JSON line on stdin::
     {"argv": [...torchrun arguments...], "env": {...}, "log": "/path/NODE.log", "cwd": "/path"}
 
 and becomes that agent: its output goes to ``log``, its environment is ``env`` (as a freshly
-started agent's would be), and it runs torchrun's own ``main`` with ``argv``. Its pid is the
-agent's pid, and the ranks it starts are its children, exactly as with a cold start. End of
+started agent's would be), and it runs :mod:`forking_agent` (torchrun) with ``argv``. It has
+imported what that agent preloads for its forked ranks too (:data:`forking_agent.PRELOAD`).
+Its pid is the agent's pid, and the ranks it starts are its children, exactly as with a cold
+start. End of
 input without a line (the platform closed, or its controller died) ends it, having done
 nothing. A warm agent that has not been handed a node is never a node: the platform starts a
 cold agent whenever no live warm one is ready.
@@ -34,8 +36,11 @@ def main() -> int:
 
     listener = threading.Thread(target=listen, name="hand-over", daemon=True)
     listener.start()
-    import torch.distributed.run as torchrun  # the cost this process exists to pay early
+    import torch.distributed.run  # noqa: F401 - the cost this process exists to pay early
 
+    from supervisor.platforms import forking_agent
+
+    forking_agent.preload(forking_agent.PRELOAD)  # and its ranks' imports (they are forked from it)
     listener.join()
     line = got[0].decode()
     try:
@@ -55,8 +60,8 @@ def main() -> int:
     os.environ.update(env)
     tempfile.tempdir = None  # TMPDIR is the node's now
     os.chdir(cwd)
-    sys.argv = [torchrun.__file__, *argv]
-    torchrun.main()
+    sys.argv = [forking_agent.__file__, *argv]
+    forking_agent.main(argv)
     return 0
 
 
