@@ -329,8 +329,13 @@ def _rank0_losses(log_dir: str) -> tuple[dict[int, float], dict[int, int]]:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    """Run the job twice (control, then with faults) and compare the loss paths."""
+    """Run the job twice (control, then with faults) and compare the loss paths.
+
+    On the slurm platform (``--config`` with ``platform.kind: slurm``) both runs go, one after
+    the other, to the allocation this command runs in (``sbatch --no-kill -N3 --wrap 'supervisor
+    drill ...'``): the nodes it has beyond ``nodes.max`` are the spares."""
     import dataclasses
+    import os
 
     from supervisor.config import ConfigError, load
     from supervisor.worker.faults import FaultSpecError, parse_faults
@@ -340,6 +345,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
         base = load(args.config) if args.config else _launch_config(args)
     except (ConfigError, FaultSpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if base.platform.kind == "slurm" and not (base.platform.slurm.job_id or os.environ.get("SLURM_JOB_ID")):
+        print("error: a drill on the slurm platform runs inside its allocation: submit it, e.g. sbatch --no-kill "
+              "--nodes=3 --wrap \"supervisor drill --config JOB.yaml --fault ...\" (or set platform.slurm.job_id)",
+              file=sys.stderr)
         return EXIT_USAGE
     if any(a in ("--checkpoint-dir", "--log-dir") for a in base.command):
         print("error: leave --checkpoint-dir/--log-dir out of the command: the drill gives each run its own "
@@ -354,7 +364,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
         env = {k: v for k, v in base.env.items() if k != "SUPERVISOR_FAULT"}
         if fault:
             env["SUPERVISOR_FAULT"] = fault
+        # each run its own job name too: it names the run's Slurm steps (sv-JOB-aK-NODE) and its
+        # rendezvous ids, so nothing the control left in the allocation is taken for the drill's
         cfg = dataclasses.replace(base, log_dir=str(out / name / "logs"), checkpoint_dir=str(out / name / "ckpt"),
+                                  job=f"{base.job[:64 - len(name) - 1]}-{name}",
                                   env=env, http=dataclasses.replace(base.http, port=0), metrics_linger_s=0.0,
                                   intake=dataclasses.replace(base.intake, port=0))
         print(f"== {name}" + (f" with SUPERVISOR_FAULT={fault}" if fault else " (no fault)"), flush=True)
@@ -386,6 +399,13 @@ def cmd_drill(args: argparse.Namespace) -> int:
         events = []
     for f in (e for e in events if e["event"] == "fault_detected"):
         print(f"fault (attempt {f['attempt']}): {f['kind']} ranks {f['ranks']} nodes {f['nodes']}: {f['detail']}")
+    relaunched = [e for e in events if e["event"] == "launched" and e.get("attempt", 0) > 0]
+    launches = [e for e in events if e["event"] == "launched"]
+    for e in relaunched:
+        before = next((b for b in reversed(launches) if b.get("attempt", 0) < e["attempt"]), None)
+        size = "" if before is None else f" (was {before['world_size']})"
+        print(f"relaunch (attempt {e['attempt']}): nodes {e['nodes']}, world size {e['world_size']}{size}, from "
+              f"{e.get('restore_from') or 'scratch'}" + (f"; excluded {e['excluded']}" if e.get("excluded") else ""))
     restarts = [e for e in events if e["event"] == "restart_complete"]
     if restarts:
         phases = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
@@ -394,7 +414,6 @@ def cmd_drill(args: argparse.Namespace) -> int:
                        f"{e['total_s']:.2f}", "yes" if e["within_budget"] else "NO"] for e in restarts],
                      ["ATTEMPT", "REASON", *[p.upper() for p in phases], "TOTAL S", "IN BUDGET"]))
     faults = [e for e in events if e["event"] == "fault_detected"]
-    relaunched = [e for e in events if e["event"] == "launched" and e.get("attempt", 0) > 0]
     # a drill whose fault never fired rehearsed nothing: that is a failure, not a pass
     rehearsed = bool(faults) and bool(relaunched) and bool(restarts)
     ok = (runs["control"][1] == 0 and runs["drill"][1] == 0 and not missing and bool(common)
@@ -653,7 +672,9 @@ def build_parser() -> argparse.ArgumentParser:
         "skip-collective) and node faults (node-kill: every process of the rank's node; node-stop: the node "
         "frozen); with a spare slot (--slots above MAX) the job keeps its size, without one it continues "
         "smaller. Example: supervisor drill --nnodes 1:2 --slots 2 --fault 'kind=node-kill,rank=1,step=13,"
-        "attempt=0' -- python examples/train.py --steps 30 --checkpoint-every 5",
+        "attempt=0' -- python examples/train.py --steps 30 --checkpoint-every 5. On Slurm, both runs go to the "
+        "allocation the drill runs in (a --config with platform.kind slurm; the nodes beyond nodes.max are the "
+        "spares): sbatch --no-kill --nodes=3 --wrap \"supervisor drill --config drill.yaml --fault ...\"",
     )
     p.add_argument("--config", metavar="JOB.yaml", help="a job config (instead of the launch options)")
     p.add_argument("--fault", required=True, help="the SUPERVISOR_FAULT spec of the drill run (see README)")

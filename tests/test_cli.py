@@ -124,6 +124,18 @@ def test_torchrun_spellings_and_every_default_in_help(capsys):
     assert "(default: drill-out)" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_slurm_drill_outside_an_allocation_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    job = tmp_path / "drill.yaml"
+    job.write_text("job: d\nplatform: {kind: slurm, host: auto}\nintake: {host: auto}\nhttp: {host: auto}\n"
+                   "nodes: {min: 2, max: 2}\ncommand: [python, train.py]\n")
+    out = tmp_path / "out"
+    assert main(["drill", "--config", str(job), "--fault", "kind=node-stop,rank=1,step=3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "runs inside its allocation" in err and "sbatch --no-kill" in err
+    assert not out.exists()  # neither run started
+
+
 def test_a_config_without_command_and_yaml_1_1_numbers(tmp_path, capsys):
     from supervisor.config import ConfigError, load
 

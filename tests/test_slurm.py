@@ -541,17 +541,88 @@ def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path
     assert_same_path(job.losses(), control, exact=False)  # 3 ranks: see the SIGSTOP test
 
 
-def test_a_drilled_node_kill_on_slurm_is_recovered(slurm, tmp_path, control):
-    # the drills' node fault (the rank's agent and every rank under it SIGKILLed, slurmd alive):
-    # what `supervisor drill --fault kind=node-kill,...` rehearses, here on the real cluster
-    job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB],
-                    extra=["--env", "SUPERVISOR_FAULT=kind=node-kill,rank=1,step=13,attempt=0"])
-    fault = job.wait_event("fault_detected", timeout=150)
-    assert len(fault["nodes"]) == 1, fault
-    relaunch = job.wait_event("launched", attempt=1, timeout=90)
-    assert relaunch["restore_from"] == "step-0000000010", relaunch
-    job.finish()
-    assert_same_path(job.losses(), control, exact=False)
+# ------------------------------------------------------- `supervisor drill` inside an allocation
+DRILL_STEPS = 20
+DRILL_JOB = ["--steps", str(DRILL_STEPS), "--checkpoint-every", "5", "--step-sleep", "0.2", "--global-batch", "12"]
+
+
+class Drill:
+    """What a user runs to drill the slurm platform, one command: ``sbatch --no-kill --nodes=N
+    --wrap "supervisor drill --config JOB.json --fault F --out OUT"``. Both runs (control, then
+    the faulted one) go to that one allocation; the nodes it has beyond ``nodes.max`` are spares."""
+
+    def __init__(self, c: Cluster, tmp: Path, *, alloc: int, nodes: dict, fault: str) -> None:
+        import shlex
+
+        job = {**FAST, "job": "dj", "command": [PY, TRAIN, *DRILL_JOB], "nodes": nodes, "nproc_per_node": 1,
+               "platform": {**FAST["platform"], "host": "auto"}, "intake": {"host": "auto"}, "http": {"host": "auto"}}
+        (tmp / "job.json").write_text(json.dumps(job))
+        self.out = tmp / "drill-out"
+        wrap = shlex.join([PY, "-m", "supervisor", "drill", "--config", str(tmp / "job.json"), "--fault", fault,
+                           "--out", str(self.out)])
+        self.job_id = c.cmd("sbatch", "--parsable", "--no-kill", f"--nodes={alloc}", "--time=10:00",
+                            f"--output={tmp}/drill-%j.out", f"--chdir={tmp}", "--wrap", wrap).strip()
+        self.info = c.wait_job(self.job_id, timeout=300)
+        self.report = (tmp / f"drill-{self.job_id}.out").read_text(errors="replace")
+
+    def events(self, run: str, name: str) -> list[dict]:
+        lines = (self.out / run / "logs" / "events.jsonl").read_text().splitlines()
+        return [e for e in map(json.loads, filter(str.strip, lines)) if e["event"] == name]
+
+    def losses(self, run: str) -> dict[int, dict]:
+        return losses_by_step(read_log(self.out / run / "logs" / "ranks", 0))
+
+    def check_passed(self) -> tuple[dict, dict]:
+        """The drill passed (exit 0, its report says so), both runs in this allocation; the fault
+        fired on rank 1's node: (the fault, the relaunch) as the drill's events record them."""
+        assert (self.info["JobState"], self.info["ExitCode"]) == ("COMPLETED", "0:0"), self.report[-6000:]
+        assert "drill PASSED" in self.report and "drill FAILED" not in self.report, self.report[-6000:]
+        for run in ("control", "drill"):
+            state = json.loads((self.out / run / "logs" / "supervisor-state.json").read_text())
+            assert state["platform"]["job_id"] == self.job_id and state["phase"] == "completed", (run, state)
+            assert sorted(self.losses(run)) == list(range(1, DRILL_STEPS + 1)), run
+        (fault,) = self.events("drill", "fault_detected")
+        rank1 = read_log(self.out / "drill" / "logs" / "ranks", 1)[0]
+        assert fault["attempt"] == 0 and fault["nodes"] == [rank1["node"]], (fault, rank1)
+        assert f"nodes {fault['nodes']}" in self.report  # the report names the fault's node
+        (relaunch,) = [e for e in self.events("drill", "launched") if e["attempt"] > 0]
+        assert relaunch["attempt"] == 1 and relaunch["restore_from"] == "step-0000000010", relaunch
+        return fault, relaunch
+
+
+def test_drill_on_slurm_a_frozen_node_with_a_spare_keeps_the_world_size_bit_for_bit(slurm, tmp_path):
+    # 3 nodes allocated, the job needs 2: one spare. node-stop: rank 1's agent and ranks SIGSTOPped
+    drill = Drill(slurm, tmp_path, alloc=3, nodes={"min": 2, "max": 2},
+                  fault="kind=node-stop,rank=1,step=13,attempt=0")
+    fault, relaunch = drill.check_passed()
+    assert fault["kind"] == "dead" and fault["ranks"] == [1], fault
+    (first,) = [e for e in drill.events("drill", "launched") if e["attempt"] == 0]
+    assert len(first["nodes"]) == 2 and first["world_size"] == 2, first
+    assert len(relaunch["nodes"]) == 2 and relaunch["world_size"] == 2, relaunch
+    assert "world size 2 (was 2)" in drill.report
+    # the same world size: every step bit for bit, and the report does not speak of a tolerance
+    control, drilled = drill.losses("control"), drill.losses("drill")
+    assert all(drilled[s]["loss_hex"] == control[s]["loss_hex"] for s in control)
+    assert "compared within relative tolerance" not in drill.report
+
+
+def test_drill_on_slurm_a_killed_node_without_a_spare_continues_smaller(slurm, tmp_path):
+    # 2 nodes allocated, the job runs on 1 to 2: no spare. node-kill: rank 1's agent and ranks SIGKILLed
+    drill = Drill(slurm, tmp_path, alloc=2, nodes={"min": 1, "max": 2},
+                  fault="kind=node-kill,rank=1,step=13,attempt=0")
+    fault, relaunch = drill.check_passed()
+    assert fault["kind"] == "node_lost" and fault["node_failure"], fault
+    assert relaunch["world_size"] == 1 and fault["nodes"][0] not in relaunch["nodes"], relaunch
+    assert relaunch["excluded"] == fault["nodes"], relaunch
+    assert "world size 1 (was 2)" in drill.report
+    # the steps after the restore ran at world size 1: within the resize tolerance, and the report says so
+    assert "10 steps ran at world size 1 (control: 2): compared within relative tolerance 0.0001" in drill.report
+    control, drilled = drill.losses("control"), drill.losses("drill")
+    for s in range(1, DRILL_STEPS + 1):
+        if s <= 10:
+            assert drilled[s]["loss_hex"] == control[s]["loss_hex"], s
+        else:
+            assert drilled[s]["world_size"] == 1 and math.isclose(drilled[s]["loss"], control[s]["loss"], rel_tol=1e-4)
 
 
 # ------------------------------------------------------------- losing the batch host (the controller)
