@@ -14,6 +14,7 @@ import asyncio
 import json
 import math
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -455,6 +456,19 @@ def test_sbatch_end_to_end_arguments_arrive_intact(slurm, tmp_path):
     assert not Path("/tmp/pwned-by-sbatch").exists()
     launched = job.wait_event("launched")
     assert launched["nodes"] == ["n1", "n2"]
+    # the standing node guards (on by default) watched the controller and were ended with the job,
+    # without acting: the job completed with the batch script's exit code
+    assert job.c.job(job.job_id)["ExitCode"] == "0:0"
+    assert_guards_ended_quietly(job, ["n1", "n2"])
+
+
+def assert_guards_ended_quietly(job: "Submitted", nodes: list[str]) -> None:
+    for node in nodes:
+        text = (job.log_dir / "slurm" / f"guard-{node}.log").read_text()
+        assert text.count("event=guard_started") == 1, text  # one for the job's life: never restarted
+        assert "event=controller_answered" in text and "event=guard_stopped" in text, text
+        assert "controller_lost" not in text and "guard_not_acting" not in text, text
+    assert not (job.log_dir / "slurm" / "controller-lost.json").exists() and not job.events("controller_lost")
 
 
 def test_sbatch_trains_checkpoints_and_completes(slurm, tmp_path, control):
@@ -476,6 +490,8 @@ def test_node_killed_relaunches_on_two_nodes_from_the_last_checkpoint(slurm, tmp
     resumed = [r for r in read_log(job.log_dir / "ranks", 0) if r["attempt"] == 1]
     assert resumed[0]["step"] == int(relaunch["restore_from"].split("-")[1]) + 1 and resumed[0]["world_size"] == 2
     assert_same_path(job.losses(), control, exact=False)
+    # the standing guards of n1 and n3 watched through the teardown and the relaunch (n2's died with it)
+    assert_guards_ended_quietly(job, ["n1", "n3"])
 
 
 def test_frozen_node_is_detected_excluded_and_relaunched_with_overlap(slurm, tmp_path, control):
@@ -655,21 +671,61 @@ def test_losing_the_batch_host_requeues_the_job_which_resumes_from_its_last_chec
     assert_same_path(job.losses(), control, exact=False)
 
 
+def test_losing_the_batch_host_before_the_first_launch_cancels_the_job_and_says_why(slurm, tmp_path):
+    """No agent step runs yet (the controller is in its preflight: the job's interpreter takes 60 s
+    to answer its probe, as from a cold shared filesystem), so only the standing node guards watch
+    the controller. Without them the job stayed RUNNING on n2, n3 to its time limit."""
+    mark = tmp_path / "preflight-probe-started"
+    slow = tmp_path / "bin" / "python-on-a-slow-filesystem"
+    slow.parent.mkdir()
+    slow.write_text(f'#!/bin/sh\n[ "$1" = "-c" ] && {{ : > {shlex.quote(str(mark))}; sleep 60; }}\n'
+                    f'exec {shlex.quote(PY)} "$@"\n')
+    slow.chmod(0o755)
+    job = Submitted(slurm, tmp_path, [str(slow), TRAIN, *JOB], config=GUARDED)
+    deadline = time.monotonic() + 120
+    while not mark.exists():
+        assert time.monotonic() < deadline, f"the preflight never probed the interpreter: {job.output()}"
+        time.sleep(0.2)
+    guard_log = lambda n: (job.log_dir / "slurm" / f"guard-{n}.log")  # noqa: E731
+    deadline = time.monotonic() + 30
+    while not all(guard_log(n).exists() and "event=controller_answered" in guard_log(n).read_text()
+                  for n in ("n1", "n2", "n3")):
+        assert time.monotonic() < deadline, "the standing guards never heard the controller"
+        time.sleep(0.2)
+    # a guard step per node and nothing else: the window before the first launch
+    assert sorted(steps(slurm, job.job_id)) == [f"sv-job-guard-n{i}" for i in (1, 2, 3)]
+    assert not job.events("launched")
+    killed = time.monotonic()
+    slurm.sh("kill-node", "n1")  # the batch host: the controller, in its preflight, and n1's guard
+    lost = job.wait_event("controller_lost", timeout=60)
+    acted_s = time.monotonic() - killed
+    assert lost["action"] == "cancelled" and lost["node"] in ("n2", "n3") and lost["silent_s"] >= 10, lost
+    # controller_timeout_s (10) + a probe (1) + the confirming probe and scontrol, with room for a busy machine
+    assert acted_s < 20, acted_s
+    # Slurm keeps the cancelled job COMPLETING until it gives the dead batch host up (SlurmdTimeout)
+    info = slurm.wait_job(job.job_id, states=("CANCELLED", "FAILED", "NODE_FAIL", "COMPLETED"), timeout=90)
+    ended_s = time.monotonic() - killed
+    assert info["JobState"] == "CANCELLED", info
+    assert info["Comment"].startswith("elastic-supervisor:controller-lost:no-answer-for-"), info
+    assert not job.events("launched")
+    print(f"batch host killed before the first launch -> guard cancelled the job after {acted_s:.1f}s, "
+          f"CANCELLED after {ended_s:.1f}s")
+
+
 def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slurm, tmp_path):
     from supervisor.platforms.slurm_guard import GuardConfig, guard_argv
 
+    import dataclasses
     import http.server
     import threading
 
     job_id = allocation(slurm, nodes=2)
-    probed = threading.Event()
 
     class Controller(http.server.BaseHTTPRequestHandler):  # answers /healthz until it is shut down
         def do_GET(self):
             self.send_response(200 if self.path == "/healthz" else 404)
             self.send_header("Content-Length", "0")
             self.end_headers()
-            probed.set()
 
         def log_message(self, *args):
             pass
@@ -677,18 +733,31 @@ def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slur
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Controller)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     cfg = GuardConfig(job_id=job_id, api=f"http://127.0.0.1:{server.server_address[1]}", job="guarded", node="n2",
-                      log_dir=tmp_path, timeout_s=3, probe_s=0.5, grace_s=5, action="cancel")
-    srun = subprocess.Popen(["srun", f"--jobid={job_id}", "-N1", "-n1", "-w", "n2", "--overlap", *guard_argv(PY, cfg),
-                             "--", "sleep", "300"], env=slurm.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      log_dir=tmp_path, timeout_s=6, probe_s=0.5, action="cancel")
+    # a guard left from an earlier run of this job (started before a requeue), quicker to give up:
+    # it must never act on this run
+    stale = dataclasses.replace(cfg, node="n1", restart_count="3", timeout_s=2)
+    sruns = [subprocess.Popen(["srun", f"--jobid={job_id}", "-N1", "-n1", "-w", c.node, "--overlap",
+                               *guard_argv(PY, c)], env=slurm.env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for c in (cfg, stale)]
+    log = lambda n: (tmp_path / "slurm" / f"guard-{n}.log").read_text()  # noqa: E731
     try:
-        assert probed.wait(60), "the guard never probed the controller"
-        server.shutdown()  # the controller goes away after the guard has heard it
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / "slurm" / f"guard-{n}.log").exists() and "event=controller_answered" in log(n)
+                      for n in ("n1", "n2")):
+            assert time.monotonic() < deadline, "the guards never heard the controller"
+            time.sleep(0.2)
+        server.shutdown()  # the controller goes away after the guards have heard it
         server.server_close()
+        assert sruns[1].wait(30) == 0  # the stale guard: silent for 2 s, then it looked and left
+        assert slurm.job(job_id)["JobState"] == "RUNNING"
+        assert "job " + job_id + " is at restart 0, this guard watched restart 3" in log("n1"), log("n1")
         info = slurm.wait_job(job_id, states=("CANCELLED",), timeout=60)
     finally:
         server.shutdown()
-        srun.kill()
-        srun.wait()
+        for srun in sruns:
+            srun.kill()
+            srun.wait()
     assert info["Comment"].startswith("elastic-supervisor:controller-lost:no-answer-for-"), info
     events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["action"], e["node"]) for e in events] == [("controller_lost", "cancelled", "n2")]

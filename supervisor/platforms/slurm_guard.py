@@ -1,30 +1,38 @@
-"""The node guard: the parent of every node's torchrun agent on Slurm, so that losing the
-batch host never leaves a job RUNNING with nothing in it.
+"""The node guard: one standing Slurm step per node for the job's life, so that losing the batch
+host never leaves a job RUNNING with nothing in it.
 
 The controller *is* the batch script, on the batch host. When that host dies, Slurm (with
-``--no-kill``) removes it from the job and keeps the job RUNNING on the other nodes: the steps
-there outlive their ``srun`` clients, but with the rendezvous store and the controller gone
-nothing will ever relaunch them, and the job holds its nodes to the time limit (seen on the
-test cluster: 4+ minutes RUNNING, no requeue). The guard is what is left on those nodes::
+``--no-kill``) removes it from the job and keeps the job RUNNING on the other nodes: with the
+controller gone nothing will ever relaunch anything there, and the job holds its nodes to the
+time limit (seen on the test cluster: 4+ minutes RUNNING, no requeue). The guard is what is left
+on those nodes. The slurm platform starts one per node of the allocation as soon as the
+controller answers (before the first launch), as a step of its own::
 
-    srun ... python -m supervisor.platforms.slurm_guard --job-id J --api URL ... -- torchrun ...
+    srun --jobid=J --nodelist=NODE --overlap --job-name=sv-JOB-guard-NODE ... \\
+         python -m supervisor.platforms.slurm_guard --job-id=J --restart-count=R --api=URL ...
 
-* It runs the agent as its child, forwards every signal Slurm sends (TERM, INT, HUP, USR1/2,
-  CONT) and ends as the agent ended (same exit code, or killed by the same signal), so to the
-  controller a guarded step is the agent's step.
-* Every ``--probe`` seconds it asks the controller's ``/healthz``. When the agent ends it asks
-  once more before exiting: a controller that answers sees the exit as always.
-* When the controller has not answered for ``--timeout`` seconds (refused, timed out, reset),
-  the controller is lost. The guard sends its agent SIGTERM (when every rank is still alive
-  the ranks agree to stop and write an emergency checkpoint; with ranks lost on the batch host
-  they cannot, and the job resumes from the newest verified checkpoint as for any node loss),
-  waits ``--grace`` seconds, then SIGKILLs it. The first guard to claim
-  ``LOG_DIR/slurm/controller-lost.json`` (``O_EXCL`` on the shared log directory) then writes
-  the reason into the Slurm job's comment and an event into ``events.jsonl``, and ends the job:
+``--overlap`` lets it share the node's CPUs, memory and GRES with every other step (the agents'
+steps, with ``--overlap`` or without), so it neither holds nor waits for what the agents need.
+It is not an agent's step: the controller's teardowns never touch it, so it watches through the
+whole life of the job, including when no agent runs (start-up, between a teardown and the
+relaunch, launch retries).
+
+* Every ``--probe`` seconds it asks the controller's ``/healthz``.
+* When the controller has not answered for ``--timeout`` seconds (refused, timed out, reset)
+  after answering once, the controller is lost. The guard asks Slurm whether the job is still
+  this run's (``RUNNING`` with the restart count it was started with: a guard left from before a
+  requeue, or a job ending, is not acted on; no answer from Slurm: asked again at the next
+  probe). The first guard to claim ``LOG_DIR/slurm/controller-lost.json`` (``O_EXCL`` on the
+  shared log directory) then writes the reason into the job's comment, ends the job with
   ``scontrol requeue`` (``--action requeue``, from ``--requeue``: the requeued job resumes) or
-  ``scancel`` (``--action cancel``). The other guards only stop their agents.
+  ``scancel`` (``--action cancel``), and writes an event into ``events.jsonl``. Slurm's end of the
+  job stops every agent step (SIGTERM, ``KillWait``, SIGKILL: ranks that are all alive write an
+  emergency checkpoint). The other guards stop there.
+* SIGTERM, SIGINT or SIGHUP (the controller ending the guards when the job ends, ``scancel`` of
+  the job, Slurm ending it) ends the guard at once, exit 0, without acting: only silence acts.
+* A controller never heard (a wrong address: http.host on loopback) is never taken as lost.
 
-It imports neither torch nor the controller: it starts in milliseconds beside every agent.
+It imports neither torch nor the controller: it starts in milliseconds.
 """
 
 from __future__ import annotations
@@ -34,7 +42,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -48,12 +55,12 @@ from supervisor.platforms.clients import commands
 
 log = logging.getLogger("supervisor.platform.slurm_guard")
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 MARKER = "controller-lost.json"
 EVENTS_FILE = "events.jsonl"
 STATE_FILE = "supervisor-state.json"
 LOST_EXIT = 75
-"""The guard's exit code when it ended its agent because the controller was lost."""
+"""The guard's exit code when it found the controller lost (whether it or another guard acted)."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,8 @@ class GuardConfig:
     log_dir: Path
     timeout_s: float
     probe_s: float
-    grace_s: float
     action: str               # "requeue" | "cancel"
+    restart_count: str = "0"  # the job's run this guard watches (Slurm's Restarts when it was started)
     command_timeout_s: float = 20.0
     bin_dir: str = ""
 
@@ -98,15 +105,24 @@ class Silence:
         return self.clock() - self.last_answer
 
 
-def _exit_like(code: int) -> int:
-    """Return the child's exit code; for a child killed by signal N, die by N ourselves."""
-    if code < 0:
-        sig = -code
-        if sig != signal.SIGKILL:  # SIGKILL's disposition cannot be set (and is always deadly)
-            signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        return 128 + sig  # not reached for a deadly signal
-    return code
+def _run(cfg: GuardConfig, *argv: str) -> commands.Result:
+    return commands.run_sync([cfg.bin(argv[0]), *argv[1:]], timeout=cfg.command_timeout_s)
+
+
+def not_this_run(cfg: GuardConfig) -> str:
+    """Why the job is no longer the run this guard watches ("" when it is): ended or ending, or
+    requeued since (another restart count). PlatformError when Slurm does not answer."""
+    fields = {}
+    for tok in _run(cfg, "scontrol", "show", "job", "-o", cfg.job_id).stdout.split():
+        k, sep, v = tok.partition("=")
+        if sep:
+            fields[k] = v
+    state, restarts = fields.get("JobState", ""), fields.get("Restarts", "0")
+    if state != "RUNNING":
+        return f"job {cfg.job_id} is {state or 'not listed'}"
+    if restarts != str(cfg.restart_count):
+        return f"job {cfg.job_id} is at restart {restarts}, this guard watched restart {cfg.restart_count}"
+    return ""
 
 
 def _event(cfg: GuardConfig, name: str, **fields) -> None:
@@ -146,102 +162,86 @@ def _claim(cfg: GuardConfig, record: dict) -> bool:
 
 def end_job(cfg: GuardConfig, reason: str) -> str:
     """Name the reason in the job's comment, then requeue or cancel it. Returns what was done."""
-    run = lambda *argv: commands.run_sync([cfg.bin(argv[0]), *argv[1:]], timeout=cfg.command_timeout_s)  # noqa: E731
     # no spaces: `scontrol show job -o` prints Key=Value pairs split by spaces, and readers (ours too)
     # split on them
     comment = f"elastic-supervisor:controller-lost:{'-'.join(reason.split())}"[:250]
     try:
-        run("scontrol", "update", f"JobId={cfg.job_id}", f"Comment={comment}")
+        _run(cfg, "scontrol", "update", f"JobId={cfg.job_id}", f"Comment={comment}")
     except PlatformError as exc:  # the comment is a courtesy; ending the job is what matters
         log.warning("event=guard_comment_failed error=%s", exc)
     if cfg.action == "requeue":
         try:
-            run("scontrol", "requeue", cfg.job_id)
+            _run(cfg, "scontrol", "requeue", cfg.job_id)
             return "requeued"
         except PlatformError as exc:
             log.error("event=guard_requeue_failed error=%s (cancelling the job instead)", exc)
-    run("scancel", cfg.job_id)
+    _run(cfg, "scancel", cfg.job_id)
     return "cancelled"
 
 
-def _stop_child(child: subprocess.Popen, grace_s: float) -> None:
-    if child.poll() is not None:
-        return
-    child.send_signal(signal.SIGTERM)
-    try:
-        child.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+def guard(cfg: GuardConfig) -> int:
+    """Watch the controller until told to stop (exit 0) or until it is lost (:data:`LOST_EXIT`)."""
+    stop: list[int] = []
 
+    def on_stop(sig: int, _frame) -> None:
+        stop.append(sig)
 
-def guard(cfg: GuardConfig, argv: Sequence[str]) -> int:
-    try:
-        child = subprocess.Popen(list(argv))
-    except OSError as exc:
-        print(f"slurm_guard: cannot start {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr, flush=True)
-        return 127
-
-    def forward(sig: int, _frame) -> None:
-        try:
-            child.send_signal(sig)
-        except ProcessLookupError:
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_stop)
     silence = Silence()
-    log.info("event=guard_started agent_pid=%d controller=%s timeout_s=%g probe_s=%g action=%s", child.pid, cfg.api,
-             cfg.timeout_s, cfg.probe_s, cfg.action)
+    log.info("event=guard_started controller=%s timeout_s=%g probe_s=%g action=%s restart_count=%s", cfg.api,
+             cfg.timeout_s, cfg.probe_s, cfg.action, cfg.restart_count)
     probe_timeout = max(0.5, min(cfg.probe_s, 5.0))
-    next_probe = 0.0
-    waiting = False
-    ever_heard = False
-    warned_never = False
-    while True:
-        code = child.poll()
-        now = time.monotonic()
-        if code is not None or now >= next_probe:
+    ever_heard = warned_never = False
+    last_unconfirmed = ""
+    while not stop:
+        if controller_answers(cfg.api, probe_timeout):
+            if not ever_heard:
+                log.info("event=controller_answered api=%s", cfg.api)
+            ever_heard = True
+            silence.heard()
+        elif stop:
+            break
+        elif silence.seconds >= cfg.timeout_s and ever_heard:
+            # one more probe first: a guard paused itself (its node frozen, then thawed) must not
+            # take its own pause for the controller's silence
             if controller_answers(cfg.api, probe_timeout):
-                if not ever_heard:
-                    log.info("event=controller_answered api=%s", cfg.api)
-                ever_heard = True
                 silence.heard()
-                if code is not None:
-                    log.info("event=agent_exited exit_code=%d", code)
-                    return _exit_like(code)
-            elif code is not None and not waiting:
-                # the agent ended and the controller does not answer: it may be gone with the batch
-                # host (whose rendezvous store this agent lost). Stay to find out; exit as soon as
-                # it answers again.
-                waiting = True
-                log.warning("event=agent_exited_controller_silent exit_code=%d silent_s=%.1f (waiting up to %gs for "
-                            "the controller)", code, silence.seconds, cfg.timeout_s)
-            next_probe = time.monotonic() + cfg.probe_s
-        if silence.seconds >= cfg.timeout_s and ever_heard:
-            return _controller_lost(cfg, child, silence.seconds, code)
-        if silence.seconds >= cfg.timeout_s and not warned_never:
+                continue
+            try:
+                why_not = not_this_run(cfg)
+            except PlatformError as exc:  # no answer from Slurm: it could neither confirm nor act
+                if str(exc) != last_unconfirmed:
+                    log.error("event=controller_silent_job_unconfirmed silent_s=%.1f error=%s (asking again)",
+                              silence.seconds, exc)
+                last_unconfirmed = str(exc)
+            else:
+                if why_not:
+                    log.info("event=guard_not_acting silent_s=%.1f reason=%r", silence.seconds, why_not)
+                    return 0
+                return _controller_lost(cfg, silence.seconds)
+        elif silence.seconds >= cfg.timeout_s and not warned_never:
             # never reached: a wrong address (a loopback http.host?) is not a lost controller
             warned_never = True
             log.error("event=controller_never_answered api=%s after_s=%.0f: this guard will not end the job; "
                       "check http.host (the nodes must reach it)", cfg.api, silence.seconds)
-        if code is not None and not ever_heard and silence.seconds >= cfg.timeout_s:
-            return _exit_like(code)
-        try:
-            child.wait(timeout=max(0.05, min(cfg.probe_s, next_probe - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            pass
+        deadline = time.monotonic() + cfg.probe_s
+        while not stop and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    log.info("event=guard_stopped signal=%s controller_answering=%s", signal.Signals(stop[0]).name,
+             silence.seconds < cfg.timeout_s)
+    return 0
 
 
-def _controller_lost(cfg: GuardConfig, child: subprocess.Popen, silent_s: float, code: int | None) -> int:
+def _controller_lost(cfg: GuardConfig, silent_s: float) -> int:
+    # acting now: Slurm's end of the job (ours or another guard's) signals this step too
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     reason = (f"elastic-supervisor: the controller ({cfg.api}, on the batch host) did not answer for "
               f"{silent_s:.0f}s: batch host lost")
-    log.error("event=controller_lost node=%s silent_s=%.1f agent=%s action=%s", cfg.node, silent_s,
-              "exited" if code is not None else "running: stopping it (SIGTERM: emergency checkpoint if every rank is "
-              f"alive, SIGKILL after {cfg.grace_s:g}s)", cfg.action)
-    _stop_child(child, cfg.grace_s)
-    record = {"node": cfg.node, "job_id": cfg.job_id, "api": cfg.api, "silent_s": round(silent_s, 1),
-              "action": cfg.action, "time": time.time()}
+    log.error("event=controller_lost node=%s silent_s=%.1f action=%s", cfg.node, silent_s, cfg.action)
+    record = {"node": cfg.node, "job_id": cfg.job_id, "restart_count": cfg.restart_count, "api": cfg.api,
+              "silent_s": round(silent_s, 1), "action": cfg.action, "time": time.time()}
     if not _claim(cfg, record):
         log.info("event=controller_lost_handled_elsewhere node=%s marker=%s", cfg.node,
                  cfg.log_dir / "slurm" / MARKER)
@@ -261,26 +261,25 @@ def _controller_lost(cfg: GuardConfig, child: subprocess.Popen, silent_s: float,
 
 
 def guard_argv(python: str, cfg: GuardConfig) -> list[str]:
-    """The command line that runs ``cfg``'s guard in front of an agent's argv (append ``--``, argv)."""
+    """The command line that runs ``cfg``'s guard."""
     return [python, "-m", "supervisor.platforms.slurm_guard", f"--job-id={cfg.job_id}", f"--api={cfg.api}",
             f"--job={cfg.job}", f"--node={cfg.node}", f"--log-dir={cfg.log_dir}", f"--timeout={cfg.timeout_s:g}",
-            f"--probe={cfg.probe_s:g}", f"--grace={cfg.grace_s:g}", f"--action={cfg.action}",
+            f"--probe={cfg.probe_s:g}", f"--action={cfg.action}", f"--restart-count={cfg.restart_count}",
             f"--command-timeout={cfg.command_timeout_s:g}", *([f"--bin-dir={cfg.bin_dir}"] if cfg.bin_dir else [])]
 
 
 def _log_to(path: Path, where: str) -> None:
-    """Log to stderr (the node log, while its srun client lives) and to ``path`` on the shared log
-    directory: once the batch host is lost, its srun clients are gone and stderr goes nowhere."""
+    """Log to ``path`` on the shared log directory (stderr when it cannot be opened): once the batch
+    host is lost, the guards' srun clients are gone with it and their output goes nowhere."""
     fmt = logging.Formatter(f"%(asctime)s %(levelname)s slurm_guard {where}: %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(path))
+        handler: logging.Handler = logging.FileHandler(path)
     except OSError as exc:
         print(f"slurm_guard: cannot log to {path}: {exc}", file=sys.stderr, flush=True)
-    for h in handlers:
-        h.setFormatter(fmt)
-        log.addHandler(h)
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(fmt)
+    log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
 
@@ -295,10 +294,12 @@ def _positive(text: str) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m supervisor.platforms.slurm_guard",
-        description="Run a node's torchrun agent inside its Slurm step and end the job (requeue or cancel) "
-                    "when the controller on the batch host stops answering. Started by the slurm platform; "
-                    "not meant to be run by hand.")
+        description="Watch the controller on the batch host from a node of its Slurm job and end the job "
+                    "(requeue or cancel) when the controller stops answering. Started by the slurm platform, one "
+                    "step per node for the job's life; not meant to be run by hand.")
     p.add_argument("--job-id", required=True, help="the Slurm job to requeue or cancel")
+    p.add_argument("--restart-count", default="0", help="the job's restart count (Slurm's Restarts) this guard "
+                   "watches: after a requeue it does not act (default: %(default)s)")
     p.add_argument("--api", required=True, help="the controller's HTTP address (its /healthz is probed)")
     p.add_argument("--job", default="job", help="the job's name (for events.jsonl)")
     p.add_argument("--node", default=os.environ.get("SLURMD_NODENAME", ""), help="this node's name")
@@ -306,23 +307,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=_positive, default=60.0, help="silence (seconds) after which the controller "
                    "is lost (default: %(default)s)")
     p.add_argument("--probe", type=_positive, default=5.0, help="seconds between probes (default: %(default)s)")
-    p.add_argument("--grace", type=_positive, default=30.0, help="seconds the agent gets after SIGTERM "
-                   "(default: %(default)s)")
     p.add_argument("--action", choices=("requeue", "cancel"), default="cancel",
                    help="what ends the job once the controller is lost (default: %(default)s)")
     p.add_argument("--command-timeout", type=_positive, default=20.0, help="timeout of scontrol/scancel")
     p.add_argument("--bin-dir", default="", help="folder of the Slurm commands (default: PATH)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the agent's command line")
     args = p.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        p.error("no agent command after --")
     _log_to(args.log_dir / "slurm" / f"guard-{args.node or 'node'}.log",
-            f"node={args.node} attempt={os.environ.get('SUPERVISOR_ATTEMPT', '?')}")
+            f"node={args.node} job={args.job_id} restart={args.restart_count}")
     cfg = GuardConfig(job_id=args.job_id, api=args.api, job=args.job, node=args.node, log_dir=args.log_dir,
-                      timeout_s=args.timeout, probe_s=args.probe, grace_s=args.grace, action=args.action,
-                      command_timeout_s=args.command_timeout, bin_dir=args.bin_dir)
-    return guard(cfg, command)
+                      timeout_s=args.timeout, probe_s=args.probe, action=args.action,
+                      restart_count=args.restart_count, command_timeout_s=args.command_timeout, bin_dir=args.bin_dir)
+    return guard(cfg)
 
 
 if __name__ == "__main__":

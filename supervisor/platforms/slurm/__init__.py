@@ -4,11 +4,12 @@ The supervisor runs inside one ``sbatch --no-kill`` allocation (on its batch hos
 starts, for attempt k, one step per node::
 
     srun --jobid=J --nodes=1 --ntasks=1 --nodelist=NODE --overlap --job-name=sv-JOB-aK-NODE \\
-         python -m supervisor.platforms.slurm_guard ... -- \\
          python -m torch.distributed.run --nnodes=MIN:MAX --rdzv-backend=c10d ... -- COMMAND
 
-The node guard (:mod:`supervisor.platforms.slurm_guard`) runs the agent and ends the job when the
-controller on the batch host stops answering: a lost batch host never leaves the job RUNNING.
+Beside them, for the job's whole life, one standing node guard per node (its own ``--overlap``
+step, ``sv-JOB-guard-NODE``, :mod:`supervisor.platforms.slurm_guard`) ends the job when the
+controller on the batch host stops answering: a lost batch host never leaves the job RUNNING,
+whether agents run at that moment or not.
 
 One step per node gives every node its own life: ``kill_node`` is ``scancel J.STEP`` of that
 node's step (and the end of its ``srun`` client), the exit of one ``srun`` client is that
@@ -43,7 +44,7 @@ Which module holds what:
 * :mod:`~supervisor.platforms.slurm.sbatch`: the ``supervisor sbatch`` wrapper: the batch script,
   the time limit, the checks before submitting and the submission.
 * The node guard stays a module of its own, :mod:`supervisor.platforms.slurm_guard` (it must not
-  import this package's platform, and it starts beside every agent).
+  import this package's platform, and it runs on every node).
 """
 
 from supervisor.platforms.slurm.client import SlurmClient, partition_sizes, srun_env, srun_exit_code

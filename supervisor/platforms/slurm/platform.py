@@ -28,7 +28,6 @@ from supervisor.platforms.slurm.client import (SlurmClient, node_state_is_bad, s
 from supervisor.platforms.slurm.hostlist import expand_hostlist
 from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
 from supervisor.procfs import pid_alive, proc_state, start_time
-from supervisor.protocol import Env
 
 log = logging.getLogger("supervisor.platform.slurm")
 
@@ -53,6 +52,14 @@ class _Node:
 
 
 @dataclass
+class _Guard:
+    """A node's standing guard: its srun client on this host."""
+
+    node: str
+    popen: subprocess.Popen
+
+
+@dataclass
 class _View:
     """What Slurm said at the last successful poll."""
 
@@ -70,7 +77,7 @@ class SlurmPlatform(Platform):
                  command_timeout_s: float = 20.0, poll_interval_s: float = 2.0, launch_timeout_s: float = 60.0,
                  kill_confirm_s: float = 10.0, overlap: bool = True, srun_args: Sequence[str] = (),
                  bin_dir: str = "", base_env: Mapping[str, str] | None = None, controller_timeout_s: float = 60.0,
-                 controller_probe_s: float = 5.0, guard_grace_s: float = 30.0, requeue_on_loss: bool = False,
+                 controller_probe_s: float = 5.0, requeue_on_loss: bool = False,
                  warning_signal: str = "USR1") -> None:
         if not job_id:
             raise PlatformError("no Slurm job: run inside an sbatch allocation (SLURM_JOB_ID) or set "
@@ -99,10 +106,11 @@ class SlurmPlatform(Platform):
         self._launched_attempts: set[int] = set()
         self._notices: list[tuple[str, dict]] = []
         self._loss_picked_up = False  # the controller-lost marker is read at the first notices()
-        # the node guard in front of every agent (0: none): ends the job when the controller is lost
+        # a standing node guard per node for the job's life (0: none): ends the job when the controller is lost
         self.controller_timeout = controller_timeout_s
         self.controller_probe = controller_probe_s
-        self.guard_grace = guard_grace_s
+        self.guards: dict[str, _Guard] = {}
+        self.guard_api = ""
         self.requeue_on_loss = requeue_on_loss
         self.warning_signal = signal.Signals["SIG" + warning_signal.upper().removeprefix("SIG")]
         # every Slurm command of this platform goes through its client
@@ -223,6 +231,89 @@ class SlurmPlatform(Platform):
             if not alive and self.view.at and node.step_name not in self.view.steps and not self.last_error:
                 node.gone, node.lost = True, True
 
+    # ------------------------------------------------------------------ the standing node guards
+    async def serving(self, api: str) -> None:
+        """The controller holds the job and answers at ``api``: start the standing node guards
+        (:mod:`supervisor.platforms.slurm_guard`), one step per node of the allocation, before
+        anything is launched. They are not the agents' steps (no teardown touches them), so they
+        watch the controller through the job's whole life: start-up, a teardown and the relaunch
+        after it, launch retries. Guards a previous controller of this run left (a supervisor
+        restarted inside the allocation) watch that one's address: they are cancelled first. Never
+        raises: a node whose guard cannot start now gets one at the next launch."""
+        if not self.controller_timeout > 0:
+            return
+        host, _, port = api.removeprefix("http://").rpartition(":")
+        if host.strip("[]") in ("0.0.0.0", "::", "") and self.batch_host:
+            api = f"http://{self.node_addr(self.batch_host)}:{port}"  # a wildcard: the nodes dial the batch host
+        self.guard_api = api
+        try:
+            view = await self.poll(force=True)
+            old = [sid for name, (sid, _) in view.steps.items()
+                   if name.startswith(self.guard_step_name("")) and sid.startswith(f"{self.job_id}.")]
+            if old:
+                log.warning("event=old_node_guards_cancelled steps=%s (a previous controller's)", old)
+                await self.client.scancel(old, "KILL", ctld=True)
+        except PlatformError as exc:
+            log.error("event=node_guards_unchecked error=%s (starting them anyway)", exc)
+        self._start_guards()
+
+    def guard_step_name(self, node: str) -> str:
+        return f"sv-{self.job}-guard-{node}"
+
+    def _start_guards(self) -> None:
+        """A guard on every live node of the allocation that has none running."""
+        if not (self.controller_timeout > 0 and self.guard_api):
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name in self.slots():
+            running = self.guards.get(name)
+            if running is not None and running.popen.poll() is None:
+                continue
+            cfg = GuardConfig(job_id=self.job_id, api=self.guard_api, job=self.job, node=name,
+                              log_dir=self.log_dir.parent, timeout_s=self.controller_timeout,
+                              probe_s=self.controller_probe, action="requeue" if self.requeue_on_loss else "cancel",
+                              restart_count=str(self.restart_count), command_timeout_s=self.timeout,
+                              bin_dir=self.bin_dir)
+            # --overlap: it shares the node's CPUs, memory and GRES with every step, the agents' too
+            # (with or without their own --overlap): it neither holds nor waits for what they need
+            argv = [*self.client.srun_argv(self.job_id, name, self.guard_step_name(name), overlap=True),
+                    *guard_argv(self.python, cfg)]
+            out = open(self.log_dir / f"guard-{name}.srun.log", "ab")  # srun's own lines; the guard's go to guard-NODE.log
+            try:
+                popen = self.client.start_step(argv, env=srun_env(self.base_env, {}), output=out)
+            except OSError as exc:
+                log.error("event=node_guard_not_started node=%s error=%s", name, exc.strerror or exc)
+                continue
+            finally:
+                out.close()
+            self.guards[name] = _Guard(name, popen)
+            log.info("event=node_guard_started node=%s srun_pid=%d api=%s", name, popen.pid, self.guard_api)
+
+    async def stop_guards(self, wait_s: float = 5.0) -> None:
+        """End the standing guards: the controller is ending, and so is the job. ``scancel --ctld
+        --signal=TERM`` of their steps (a SIGTERM to an srun client makes it kill its step at once):
+        a guard ends on it at once, without acting. A client still there after ``wait_s`` is
+        killed (Slurm ends the step with the job)."""
+        live = [g for g in self.guards.values() if g.popen.poll() is None]
+        if not live:
+            return
+        try:
+            view = await self.poll(force=True)
+            names = [self.guard_step_name(g.node) for g in live]
+            await self.client.scancel([view.steps[n][0] for n in names if n in view.steps], "TERM", ctld=True)
+        except PlatformError as exc:
+            log.warning("event=node_guards_unsignalled error=%s (ending their srun clients)", exc)
+        deadline = time.monotonic() + wait_s
+        while any(g.popen.poll() is None for g in live) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for g in live:
+            if g.popen.poll() is None:
+                try:
+                    os.killpg(g.popen.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        log.info("event=node_guards_stopped nodes=%s", [g.node for g in live])
+
     # ------------------------------------------------------------------ launch
     def agent_argv(self, spec: LaunchSpec, node: str, host_node: str) -> list[str]:
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
@@ -230,15 +321,7 @@ class SlurmPlatform(Platform):
         srun = self.client.srun_argv(self.job_id, node, self.step_name(spec.attempt, node), overlap=self.overlap,
                                      srun_args=self.srun_args)
         # the host node's agent serves the rendezvous store; every other agent is its client
-        agent = torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)
-        api = spec.env.get(Env.API, "")
-        if not (self.controller_timeout > 0 and api):
-            return [*srun, *agent]
-        guard = GuardConfig(job_id=self.job_id, api=api, job=self.job, node=node, log_dir=self.log_dir.parent,
-                            timeout_s=self.controller_timeout, probe_s=self.controller_probe, grace_s=self.guard_grace,
-                            action="requeue" if self.requeue_on_loss else "cancel", command_timeout_s=self.timeout,
-                            bin_dir=self.bin_dir)
-        return [*srun, *guard_argv(self.python, guard), "--", *agent]
+        return [*srun, *torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)]
 
     def step_name(self, attempt: int, node: str) -> str:
         return f"sv-{self.job}-a{attempt}-{node}"
@@ -251,6 +334,7 @@ class SlurmPlatform(Platform):
         if any(n not in self.addrs for n in spec.nodes):
             await self._read_addrs(list(spec.nodes))
         host_node = self.batch_host if self.batch_host in spec.nodes else spec.nodes[0]
+        self._start_guards()  # a node whose guard could not start (or ended) gets one again
         out_dir = self._attempt_dir(spec.attempt)
         self.nodes = {}
         for name in spec.nodes:
@@ -499,7 +583,10 @@ class SlurmPlatform(Platform):
 
         if warning not in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(warning, on_warning)
-        code = await job.run()
+        try:
+            code = await job.run()
+        finally:
+            await self.stop_guards()  # the job ends with its controller: no guard may take that for a loss
         if not (warned and self.requeue_on_loss):
             return code
         try:
@@ -590,8 +677,7 @@ def from_config(cfg, log_dir: Path, env: Mapping[str, str] | None = None) -> Slu
         job_id, log_dir, job=cfg.job, command_timeout_s=s.command_timeout_s, poll_interval_s=s.poll_interval_s,
         launch_timeout_s=s.launch_timeout_s, kill_confirm_s=s.kill_confirm_s, overlap=s.overlap,
         srun_args=s.srun_args, bin_dir=s.bin_dir, base_env=env, controller_timeout_s=s.controller_timeout_s,
-        controller_probe_s=s.controller_probe_s, guard_grace_s=cfg.restart.kill_grace_s,
-        requeue_on_loss=s.requeue_on_warning, warning_signal=s.warning_signal,
+        controller_probe_s=s.controller_probe_s, requeue_on_loss=s.requeue_on_warning, warning_signal=s.warning_signal,
     ).start()
 
 
