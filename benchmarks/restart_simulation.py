@@ -288,8 +288,8 @@ class Rendezvous:
                                          "times out", "", gt=0, le=1)
     join_timeout_s: float = param(600.0, CODE, "torch default join_timeout: a rendezvous not complete this long "
                                   "after the first agent joined fails (the restart does not complete)", "s", gt=0)
-    nodes_min_fraction: float = param(1.0, ASSUMED, "the launch's --nnodes MIN:MAX as MIN/MAX (the supervisor sets MAX "
-                                      "= the nodes it chose, MIN = nodes.min): 1 = rigid, the world waits for every "
+    nodes_min_fraction: float = param(1.0, ASSUMED, "the launch's --nnodes MIN:MAX as MIN/MAX (the supervisor sets MIN "
+                                      "= MAX = the nodes it chose): 1 = rigid, the world waits for every "
                                       "agent; < 1 = a straggler is cut off last_call_s after MIN agents joined",
                                       "", gt=0, le=1)
     missing_nodes: int = param(0, ASSUMED, "agents that never start (a rigid rendezvous then never completes)",

@@ -1102,8 +1102,12 @@ class Controller:
           | ({Env.IN_PLACE: str(in_place)} if in_place else {})
         return LaunchSpec(
             attempt=self.attempt, nodes=nodes,
-            # restarting in place, a lost agent must not leave the others training smaller on their own
-            nnodes_min=len(nodes) if in_place else min(self.cfg.nodes.min, len(nodes)), nnodes_max=len(nodes),
+            # the controller chose the world: every agent it launched must join (--nnodes N:N). With a
+            # range, agents that joined first start training smaller after torch's last call (1 s) and
+            # a late one (still importing) then restarts them all as a membership change, on a
+            # SIGTERM the ranks answer with an emergency checkpoint (seen: 30 s lost, then SIGKILL);
+            # restarting in place, a lost agent would leave the others training smaller on their own
+            nnodes_min=len(nodes), nnodes_max=len(nodes),
             nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,
             rdzv_endpoint=self.platform.rendezvous_endpoint(self.attempt, self.cfg.platform.host),
             rdzv_id=f"{self.cfg.job}-{self.attempt}", max_restarts=in_place,

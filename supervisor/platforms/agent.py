@@ -2,7 +2,7 @@
 environment it runs in, and how a failed agent's own account of its ranks is read back.
 
 A node is one real ``torchrun`` agent (torch's own, started through :mod:`forking_agent` so that
-its Python ranks are forked with torch already imported; c10d rendezvous, ``--nnodes MIN:MAX``,
+its Python ranks are forked with torch already imported; c10d rendezvous, ``--nnodes N:N`` for the N nodes the controller launched,
 ``--max-restarts 0``: recovery is the supervisor's job, unless it allows restarts in place:
 ``LaunchSpec.max_restarts``) running the user's command with
 ``--no-python``. Every rank's output goes to the node log too (``--tee``), each line

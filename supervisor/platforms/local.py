@@ -1,8 +1,8 @@
 """The ``local`` platform: every node is a real torchrun agent in its own process group.
 
 The embedded default: a job with several "nodes" on one machine and no cluster at all. Each
-agent runs ``python -m torch.distributed.run`` with c10d rendezvous on the controller's
-TCPStore (``--nnodes MIN:MAX``, ``--max-restarts 0``: recovery is the controller's job), in
+agent runs torchrun (``python -m supervisor.platforms.forking_agent``) with c10d rendezvous on the controller's
+TCPStore (``--nnodes N:N``, ``--max-restarts 0``: recovery is the controller's job), in
 a new session so that a controller crash kills nothing. torchrun puts every rank in a session of its own,
 so the platform tracks each agent's descendants and signals the agent's group and every
 rank's: killing a node kills all its processes. Agents' output goes to
