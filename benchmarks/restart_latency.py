@@ -69,19 +69,28 @@ PG_TIMEOUT_S = 30
 IN_PLACE = "-in-place"
 """A fault's name with this suffix: the same fault under ``--in-place-restarts 2`` (rung 0: the
 agents restart the ranks in place; nothing is launched)."""
+ONE_NODE = "-1x2"
+"""A fault's name with this suffix: the job runs as 1 node x 2 ranks (``--nnodes 1
+--nproc-per-node 2``), the shape of the plain torchrun baseline (``--standalone
+--nproc-per-node 2``), instead of 2 nodes x 1 rank: like for like with torchrun's own restart."""
 FAULTS = ("kill", "stop", "hang", "skip-collective", "node", "kill" + IN_PLACE, "hang" + IN_PLACE,
-          "skip-collective" + IN_PLACE)
+          "skip-collective" + IN_PLACE, "kill" + IN_PLACE + ONE_NODE)
 DETECTOR = {
     "kill": "agent exit (process)", "node": "node agent gone (process)", "stop": "heartbeat timeout",
     "hang": "phase timeout (compute)", "skip-collective": "collective wait timeout",
     "kill" + IN_PLACE: "rank process gone under its agent", "hang" + IN_PLACE: "phase timeout (compute)",
     "skip-collective" + IN_PLACE: "collective wait timeout",
+    "kill" + IN_PLACE + ONE_NODE: "rank process gone under its agent",
 }
 
 
 def base_kind(kind: str) -> str:
     """The injected fault of a benchmark fault name (``kill-in-place`` -> ``kill``)."""
-    return kind.removesuffix(IN_PLACE)
+    return kind.removesuffix(ONE_NODE).removesuffix(IN_PLACE)
+
+
+def in_place(kind: str) -> bool:
+    return kind.removesuffix(ONE_NODE).endswith(IN_PLACE)
 PHASES = RESTART_PHASES  # the controller's restart phases (its restart_complete event), measured here
 OVERHEAD_TARGET_S = 3.0
 
@@ -376,11 +385,11 @@ def launch_extra() -> list[str]:
 
 
 def sv_launch(work: Path, name: str, *, fault: str | None = None, slots: int = 2, ckpt: Path | None = None,
-              extra: tuple[str, ...] = ()):
+              extra: tuple[str, ...] = (), nnodes: int = 2):
     d = work / name
     d.mkdir(parents=True)
     logs, ckpt = d / "logs", ckpt or d / "ckpt"
-    cmd = [PY, "-m", "supervisor", "launch", "--nnodes", "2", "--slots", str(slots), "--checkpoint-dir", str(ckpt),
+    cmd = [PY, "-m", "supervisor", "launch", "--nnodes", str(nnodes), "--slots", str(max(slots, nnodes)), "--checkpoint-dir", str(ckpt),
            "--log-dir", str(logs), *SV_FLAGS, *launch_extra(), *extra, "--", PY, str(TRAIN), *JOB]
     _LOG_DIRS.append(logs)
     p = start(cmd, env=job_env(d, fault), out=d / "supervisor-output.txt", cwd=d)
@@ -495,7 +504,7 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
         run.ctrl["time"] = iso_epoch(rc_ev["time"])
     t_det = et(det)
     # restarted in place, attempt 1's ranks write to attempt 0's agent logs: only what follows the fault
-    ranks_out = sorted((agents / ("attempt-0" if kind.endswith(IN_PLACE) else "attempt-1")).glob("*.log"))
+    ranks_out = sorted((agents / ("attempt-0" if in_place(kind) else "attempt-1")).glob("*.log"))
     after = run.t_fault or 0.0
     restored = [t for t in log_times(ranks_out, "event=checkpoint_restored") if t > after]
     hint = [t for t in log_times(ranks_out, "event=restore_point_from_supervisor") if t > after]
@@ -541,8 +550,9 @@ def sv_fault_run(work: Path, name: str, kind: str) -> SvRun:
         run.leaked = leaked
         return run
     spec = f"kind={base_kind(kind)},rank=1,step={FAULT_STEP},attempt=0"
-    p, logs, _ = sv_launch(work, name, fault=spec,
-                           extra=("--in-place-restarts", "2") if kind.endswith(IN_PLACE) else ())
+    extra = ("--in-place-restarts", "2") if in_place(kind) else ()
+    p, logs, _ = sv_launch(work, name, fault=spec, nnodes=1 if kind.endswith(ONE_NODE) else 2,
+                           extra=extra + (("--nproc-per-node", "2") if kind.endswith(ONE_NODE) else ()))
     rc, leaked = finish(p, logs, 240)
     run = analyse_fault(name, kind, logs, None, rc, load0 + os.getloadavg())
     run.leaked = leaked
@@ -675,6 +685,9 @@ class ColdRun:
     cpu: dict = field(default_factory=dict)  # role -> CPU seconds (user + system) by the first step
 
 
+AGENT_MODULES = (b"torch.distributed.run", b"supervisor.platforms.forking_agent", b"supervisor.platforms.warm_agent")
+
+
 def cpu_by_role(roots: list[int]) -> dict[str, float]:
     """CPU seconds used so far by the launcher (supervisor controller or torchrun agent), every other
     torchrun agent, and the ranks, found under ``roots`` (their sessions) and by parentage."""
@@ -689,10 +702,14 @@ def cpu_by_role(roots: list[int]) -> dict[str, float]:
                 fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                comm = f.read().strip()
         except OSError:
             continue
-        role = ("controller" if b"supervisor" in argv[:3] else "agents" if b"torch.distributed.run" in argv
-                else "ranks" if any(a.startswith(b"import os, runpy") for a in argv) else "other")
+        # a forked rank keeps its agent's command line; its process name says "rankN"
+        role = ("ranks" if comm.startswith(b"rank") or any(a.startswith(b"import os, runpy") for a in argv)
+                else "agents" if any(a in AGENT_MODULES for a in argv[:3])
+                else "controller" if b"supervisor" in argv[:3] else "other")
         # utime, stime, and the children's reaped (preflight probe, helpers)
         out[role] = out.get(role, 0.0) + sum(int(x) for x in fields[11:15]) / tick
     return out
@@ -943,7 +960,10 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
     L.append(
         f"The job is `examples/train.py {' '.join(JOB)}` (DDP, 2 ranks, gloo; a checkpoint every {EVERY} steps). "
         f"Under the supervisor: `supervisor launch --nnodes 2 {' '.join(SV_FLAGS)}` (node kill: `--slots 3`, a spare "
-        f"replaces the lost node, world size stays 2). Faults fire on rank 1 at step {FAULT_STEP} in attempt 0 "
+        f"replaces the lost node, world size stays 2; `-in-place`: `--in-place-restarts 2`, the agents restart "
+        f"the ranks; `-1x2`: `--nnodes 1 --nproc-per-node 2`, one agent, the shape of the torchrun baseline). "
+        f"Every rank is forked from its agent with torch imported (`platform.fork_ranks`, the default). "
+        f"Faults fire on rank 1 at step {FAULT_STEP} in attempt 0 "
         "(`SUPERVISOR_FAULT=kind=K,rank=1,step=13,attempt=0`); the node kill is this script's `os.killpg(SIGKILL)` "
         "of node1's agent (pid from `supervisor-state.json`) and of its rank's process group (torchrun puts each "
         "worker in a session of its own, so the agent's group alone does not hold the rank) once step 12 is logged. "

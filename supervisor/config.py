@@ -184,7 +184,8 @@ class KubernetesConfig:
     volumes: VolumesConfig = field(default_factory=VolumesConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     python: str = "python"
-    """The worker image's python (it runs ``python -m torch.distributed.run``)."""
+    """The worker image's python (it runs the node agent, ``python -m supervisor.platforms.forking_agent``:
+    torchrun's own, with its arguments)."""
     kubeconfig: str = ""
     """A kubeconfig file to reach the API server; empty: the in-cluster service account, else
     ``~/.kube/config``."""

@@ -4,7 +4,7 @@ The supervisor runs inside one ``sbatch --no-kill`` allocation (on its batch hos
 starts, for attempt k, one step per node::
 
     srun --jobid=J --nodes=1 --ntasks=1 --nodelist=NODE --overlap --job-name=sv-JOB-aK-NODE \\
-         python -m torch.distributed.run --nnodes=MIN:MAX --rdzv-backend=c10d ... -- COMMAND
+         python -m supervisor.platforms.forking_agent --nnodes=N:N --rdzv-backend=c10d ... -- COMMAND
 
 Beside them, for the job's whole life, one standing node guard per node (its own ``--overlap``
 step, ``sv-JOB-guard-NODE``, :mod:`supervisor.platforms.slurm_guard`) ends the job when the
