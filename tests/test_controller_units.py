@@ -173,3 +173,40 @@ def test_recover_walks_the_ladder_on_a_fake_platform(tmp_path):
     events = [json_line["event"] for json_line in map(__import__("json").loads, (tmp_path / "logs" / "events.jsonl").read_text().splitlines())]
     assert events[:1] == ["launched"] and "fault_detected" in events and "evidence_saved" in events
     assert events.index("evidence_saved") < events.index("action")  # evidence before any kill
+
+
+def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_by_one(tmp_path):
+    # the intake reads everything queued when it wakes (not one datagram per loop iteration):
+    # every heartbeat of a burst is still authenticated and fenced on its own
+    import asyncio
+    import socket
+
+    from supervisor.controller.daemon import DRAIN_MAX
+
+    c, _ = controller(tmp_path)
+    n = DRAIN_MAX + 40  # more than one wake-up's worth
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: Intake(c), local_addr=("127.0.0.1", 0))
+        port = transport.get_extra_info("sockname")[1]
+        rx = transport.get_extra_info("socket")
+        try:  # room for the whole burst (the daemon grows its buffer the same way: SO_RCVBUFFORCE as root)
+            rx.setsockopt(socket.SOL_SOCKET, 33, 4 << 20)
+        except OSError:
+            rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+            for i in range(n):
+                tx.sendto(encode(hb(i % 2, seq=i + 1).to_payload(), TOKEN), ("127.0.0.1", port))
+            tx.sendto(b"\x00" * 10, ("127.0.0.1", port))                                  # garbage mid-burst
+            tx.sendto(encode(hb(1, attempt=1).to_payload(), TOKEN), ("127.0.0.1", port))  # an old attempt
+            tx.sendto(encode(hb(0, seq=n + 1).to_payload(), TOKEN), ("127.0.0.1", port))
+        deadline = loop.time() + 10
+        while c.received < n + 1 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        transport.close()
+
+    asyncio.run(main())
+    assert c.received == n + 1
+    assert c.rejected == {"malformed": 1, "stale_attempt": 1}
+    assert c.registry.ranks[0].hb.seq == n + 1 and set(c.registry.ranks) == {0, 1}

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -91,17 +92,48 @@ STATE_FILE = state_file.STATE_FILE
 EVENTS_FILE = "events.jsonl"
 
 
+DRAIN_MAX = 256
+"""Heartbeats read per wake-up beyond the one asyncio hands over: asyncio's UDP transport reads
+one datagram per readiness callback, so at 16,384 ranks a second every heartbeat cost a loop
+iteration and an ``epoll_wait`` of its own (most of the intake's system time). Bounded so that
+a flood cannot starve the ticks and the HTTP API sharing the loop."""
+_DATAGRAM_MAX = 65536
+
+
 class Intake(asyncio.DatagramProtocol):
     """Heartbeats in: authenticate, validate, fence by attempt, record. Never raises."""
 
     def __init__(self, controller: "Controller") -> None:
         self.c = controller
         self.transport: asyncio.DatagramTransport | None = None
+        self._sock: socket.socket | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        try:  # our own handle on the same socket, to read what else is queued (see DRAIN_MAX)
+            self._sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+            self._sock.setblocking(False)
+        except (OSError, AttributeError):
+            self._sock = None  # one datagram per callback, as asyncio does
+
+    def connection_lost(self, exc) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def datagram_received(self, data: bytes, addr) -> None:
+        self._take(data, addr)
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(DRAIN_MAX):
+            try:
+                data, addr = sock.recvfrom(_DATAGRAM_MAX)
+            except OSError:  # BlockingIOError: nothing more queued
+                return
+            self._take(data, addr)
+
+    def _take(self, data: bytes, addr) -> None:
         c = self.c
         try:
             hb = decode_heartbeat(data, c.token)
@@ -1218,11 +1250,16 @@ def _last_logged_step(path: Path, attempt: int) -> int | None:
     return None
 
 
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
+"""Linux's SO_RCVBUFFORCE (33; Python's socket module does not name it, so without the number
+the buffer stayed capped at net.core.rmem_max even as root)."""
+
+
 def _grow_receive_buffer(sock) -> None:
     """Room for bursts of heartbeats while a tick runs; beyond net.core.rmem_max only as root."""
     if sock is None:
         return
-    for opt in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+    for opt in (_SO_RCVBUFFORCE, socket.SO_RCVBUF):
         if opt is None:
             continue
         try:
