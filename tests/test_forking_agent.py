@@ -52,6 +52,7 @@ def test_a_bare_interpreter_name_is_looked_up_on_path_and_another_venv_is_not_th
 def run_agent(tmp_path: Path, *script_args: str, fork: bool = True, restarts: int = 1) -> tuple[int, str, list[dict]]:
     env = dict(os.environ, SUPERVISOR_FORK_RANKS="1" if fork else "0", LOGLEVEL="WARNING",
                TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]:")
+    env.pop("OMP_NUM_THREADS", None)  # torchrun sets it for its ranks (after the agent imported torch)
     cmd = [PY, "-m", "supervisor.platforms.forking_agent", "--standalone", "--nproc-per-node=2",
            f"--max-restarts={restarts}", "--monitor-interval=0.2", "--tee=3", "--no-python",
            PY, str(PROBE), "--atexit", str(tmp_path / "atexit.txt"), *script_args]
@@ -72,7 +73,19 @@ def test_a_forked_rank_starts_with_torch_imported_and_otherwise_as_a_fresh_inter
         assert p["sigterm_default"] and p["sigint_default"]  # not the agent's handlers
         assert p["own_session"]  # as torchrun starts its workers
         assert p["comm"] == f"rank{p['rank']}"  # ps tells it from its agent
+        assert p["process_name"] == "MainProcess" and not p["parent"]  # and it may set its own start method
+        assert p["sockets"] == 0  # none of the agent's (its store's listening socket) held open
+        assert p["threads"] == 1  # the rank's OMP_NUM_THREADS (torchrun sets 1), not the agent's count
+        assert p["main_file"] == str(PROBE)
+    assert probes[0]["numpy_draw"] != probes[1]["numpy_draw"]  # not one random stream copied into every rank
     assert sorted((tmp_path / "atexit.txt").read_text().split("\n")[:-1]) == ["rank0 restart0", "rank1 restart0"]
+
+
+def test_a_forked_rank_that_ends_with_os_exit_0_has_finished(tmp_path):
+    # torch's agent waits for a forked rank's return value; a status 0 without one is success too
+    rc, out, probes = run_agent(tmp_path, "--fail-rank", "1", "--how", "os-exit-0", restarts=0)
+    assert rc == 0, out[-3000:]
+    assert sorted(p["rank"] for p in probes) == [0, 1]
 
 
 def test_with_fork_off_every_rank_is_a_new_interpreter(tmp_path):
@@ -98,5 +111,4 @@ def test_how_a_forked_rank_ended_reaches_the_agent_and_it_restarts_in_place(tmp_
     assert rc == 1
     failures = parse(out)
     assert failures and failures[0].rank == 1 and failures[0].exit_code == exit_code, out[-3000:]
-    if error:
-        assert failures[0].error == error
+    assert failures[0].error == error  # the rank's own words, never the agent's exception about it

@@ -4,6 +4,7 @@ is adopted and signalled only while its start time is the one saved. Real proces
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 
@@ -143,3 +144,37 @@ def test_a_launch_hands_its_nodes_to_warm_agents_and_starts_cold_when_none_is_al
     asyncio.run(platform.launch(spec1))
     assert platform.nodes["node0"].pid not in warm
     asyncio.run(platform.teardown(0.5))
+
+
+def test_a_warm_agent_imported_under_another_environment_becomes_a_cold_one_for_the_node(tmp_path):
+    """A warm agent imported torch under the controller's environment; a job whose environment
+    differs in what an import may read (here PYTHONPATH) gets an agent that imported under its
+    own: the same pid (still the node the platform tracks), its ranks see the job's sys.path."""
+    import sys
+
+    from supervisor.platforms.base import LaunchSpec
+    from supervisor.platforms.base import free_port
+
+    extra = tmp_path / "job-site"
+    extra.mkdir()
+    platform = LocalPlatform(1, tmp_path, warm_agents=True)
+    platform.warm_up()
+    (warm,) = platform.warm_pids
+    env = {"SUPERVISOR_JOB": "env-test", "PYTHONPATH": f"{extra}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    spec = LaunchSpec(attempt=0, nodes=["node0"], nnodes_min=1, nnodes_max=1, nproc_per_node=1,
+                      command=[sys.executable, "-c", "import sys; print('on path', sys.argv[1] in sys.path)", str(extra)],
+                      env=env, rdzv_endpoint=f"127.0.0.1:{free_port('127.0.0.1')}", rdzv_id="env-0")
+
+    async def scenario():
+        await platform.launch(spec)
+        pid = platform.nodes["node0"].pid
+        for _ in range(600):
+            status = (await platform.observe())["node0"]
+            if status.state != NodeState.RUNNING:
+                return pid, status
+            await asyncio.sleep(0.1)
+        raise AssertionError("the agent did not end")
+
+    pid, status = asyncio.run(scenario())
+    assert pid == warm and status.state == NodeState.EXITED and status.exit_code == 0
+    assert "on path True" in (tmp_path / "attempt-0" / "node0.log").read_text()

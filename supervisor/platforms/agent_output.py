@@ -20,6 +20,9 @@ RANK_PREFIX = "[rank${rank}]:"
 _PREFIXED = re.compile(r"^\[rank(\d+)\]:(.*)$")
 _BLOCK = re.compile(r"^\s+rank\s*:\s*(\d+).*?^\s+exitcode\s*:\s*(-?\d+).*?^\s+traceback\s*:\s*(.*?)$",
                     re.M | re.S)
+_AGENT_ERRORS = ("ChildFailedError", "ProcessExitedException", "ProcessRaisedException")
+"""The agent's own account of a failed rank (its summary; the exception it logs for a forked
+rank that exited), never a rank's error line."""
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure)): ?(.*)$")
 
 
@@ -42,7 +45,7 @@ def parse(text: str) -> tuple[RankFailure, ...]:
         m = _PREFIXED.match(line)
         if m:
             e = _ERROR_LINE.match(m.group(2).strip())
-            if e and not e.group(1).endswith("ChildFailedError"):
+            if e and not e.group(1).endswith(_AGENT_ERRORS):
                 errors[int(m.group(1))] = f"{e.group(1)}: {e.group(2)}".strip().rstrip(":")[:300]
     failed = text.rfind(" FAILED\n")
     if failed < 0:
@@ -73,7 +76,7 @@ def last_error(text: str) -> str:
         m = _PREFIXED.match(line)
         body = (m.group(2) if m else line).strip()
         e = _ERROR_LINE.match(body)
-        if e and not e.group(1).endswith("ChildFailedError"):
+        if e and not e.group(1).endswith(_AGENT_ERRORS):
             return body[:300]
     return ""
 

@@ -19,8 +19,18 @@ the SDK hooks for its last heartbeat) and exit status 1, ``sys.exit(N)`` as exit
 other than ``-u``) runs exactly as under torchrun; so does every command when
 ``SUPERVISOR_FORK_RANKS=0`` is in the agent's environment (``platform.fork_ranks: false``).
 
-Fork is safe here because the agent never initialises CUDA, OpenMP pools or a process group
-before it forks; a script that needs a pristine interpreter turns it off with that setting.
+What a fork would otherwise leak is undone in the rank: the agent's sockets are closed,
+multiprocessing forgets it is a child (a script may set its own start method), numpy's global
+random state is reseeded, torch's thread count follows the rank's ``OMP_NUM_THREADS``, ``-u`` and
+``PYTHONUNBUFFERED`` make stdio unbuffered, and the script's ``__main__`` stays installed while
+atexit handlers and non-daemon threads finish (waited for, as at interpreter exit). A rank that
+ends with ``os._exit(0)`` counts as finished. The agent asks torch about CUDA through NVML (it
+never initialises CUDA), and checks with one throw-away fork that its children could use it;
+where they could not, every rank is a new interpreter. What it cannot undo: a script that sets
+``os.environ`` before ``import torch`` to configure torch's import (torch is already imported),
+and environment variables the agent's preloaded modules read at import (the platform starts a
+warm agent cold when the job's environment differs from the one it imported under).
+``platform.fork_ranks: false`` is the way out for a script that needs a pristine interpreter.
 """
 
 from __future__ import annotations
@@ -87,7 +97,111 @@ def _interpreter_exit(code: object) -> int:
     return 1
 
 
-def run_rank(mode: str, target: str, *argv: str) -> None:
+_AGENT_MAIN_PROCESS = __import__("multiprocessing").current_process()
+"""The agent's own ``MainProcess`` record (multiprocessing does not let one make another), for
+its forked ranks to be main processes again."""
+
+
+def _close_inherited_sockets() -> None:
+    """The agent's sockets (its rendezvous store's listening socket and connections, its store
+    client) are not the rank's: held open in a rank, a dead agent's port stays bound and its
+    peers see no reset. torch's own pipes and queues to the agent are pipes, not sockets."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        if fd > 2:
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    os.close(fd)
+            except OSError:
+                pass
+
+
+def _as_fresh_process() -> None:
+    """Undo what being a forked child of the agent shows a script: multiprocessing's start
+    method already set and this process named a child; numpy's global random state shared
+    with every sibling; the thread count torch took from the agent's environment, not the
+    rank's ``OMP_NUM_THREADS``."""
+    import multiprocessing
+    import multiprocessing.process as mp_process
+
+    multiprocessing.set_start_method(None, force=True)  # a script may set its own, as in a fresh one
+    mp_process._current_process = _AGENT_MAIN_PROCESS  # its identity: "MainProcess", no parent
+    mp_process._parent_process = None
+    mp_process._children = set()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()  # fresh entropy, as a new interpreter's first use gets
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+
+
+def _unbuffered_stdio() -> None:
+    """``python -u`` / ``PYTHONUNBUFFERED``: every write reaches the node log at once (a rank
+    that is SIGKILLed loses nothing it printed)."""
+    import io
+
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        old = getattr(sys, name)
+        setattr(sys, name, io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True,
+                                            encoding=getattr(old, "encoding", None) or "utf-8",
+                                            errors=getattr(old, "errors", None) or "backslashreplace"))
+
+
+def _shutdown_like_an_interpreter() -> None:
+    """What CPython does at exit, in its order: wait for non-daemon threads, run atexit
+    handlers, flush Python's and C's stdio."""
+    import threading
+
+    try:
+        threading._shutdown()  # joins non-daemon threads (an async checkpoint save, an upload)
+    except Exception:  # noqa: BLE001 - a thread's own failure is not the rank's exit status
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # printf / std::cout output of extensions
+    except (OSError, AttributeError):
+        pass
+
+
+def _exec_main(mode: str, target: str) -> None:
+    """Run ``target`` in a new ``__main__`` that stays installed after it returns (atexit
+    handlers and threads still pickle the script's classes), as the interpreter does."""
+    import runpy
+    import types
+
+    if mode == "module":
+        runpy._run_module_as_main(target, alter_argv=True)  # what `python -m` itself calls
+        return
+    import builtins
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__builtins__=builtins, __spec__=None, __loader__=None, __package__=None, __cached__=None)
+    if mode == "code":
+        sys.modules["__main__"] = main
+        exec(compile(target, "<string>", "exec"), main.__dict__)
+        return
+    path = os.path.abspath(target)
+    if not os.path.isfile(path):  # a directory or zip with __main__.py: runpy knows those
+        runpy.run_path(target, run_name="__main__")
+        return
+    main.__file__ = path
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        source = f.read()
+    exec(compile(source, path, "exec"), main.__dict__)
+
+
+def run_rank(mode: str, target: str, unbuffered: bool, *argv: str) -> None:
     """A forked rank: run ``target`` as ``python`` would have (see the module docstring)."""
     os.setsid()  # torchrun starts every worker in a session of its own
     try:  # `ps`/`top` tell the ranks from their agent (a fork keeps the agent's command line)
@@ -95,32 +209,26 @@ def run_rank(mode: str, target: str, *argv: str) -> None:
             f.write(f"rank{os.environ.get('RANK', '')}"[:15])
     except OSError:
         pass
+    _close_inherited_sockets()
     for sig in _SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    _as_fresh_process()
+    if unbuffered or os.environ.get("PYTHONUNBUFFERED"):
+        _unbuffered_stdio()
     if mode == "path":
         sys.argv = [target, *argv]
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        sys.path[0] = os.path.dirname(os.path.realpath(target))  # as CPython sets it (symlinks resolved)
     elif mode == "module":
         sys.argv = [target, *argv]  # runpy puts the module's file here, as -m does
         sys.path[0] = os.getcwd()
     else:
         sys.argv = ["-c", *argv]
         sys.path[0] = ""
-    import runpy
 
     code = 0
     try:
-        if mode == "path":
-            runpy.run_path(target, run_name="__main__")
-        elif mode == "module":
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            import types
-
-            main = types.ModuleType("__main__")
-            sys.modules["__main__"] = main
-            exec(compile(target, "<string>", "exec"), main.__dict__)
+        _exec_main(mode, target)
     except SystemExit as exc:
         code = _interpreter_exit(exc.code)
     except KeyboardInterrupt:
@@ -129,15 +237,13 @@ def run_rank(mode: str, target: str, *argv: str) -> None:
     except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
         sys.excepthook(*sys.exc_info())
         code = 1
-    atexit._run_exitfuncs()  # a forked child skips them otherwise; an interpreter runs them
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
+    _shutdown_like_an_interpreter()
     if code:
         os._exit(code)  # torch reads a failed rank's exit status, as for a subprocess
-    # success: return, so that torch's wrapper hands the agent its (None) return value
+    # success: return, so that torch's wrapper hands the agent its (None) return value; until
+    # every rank has, this one waits there, and a stop (SIGTERM) must end it, not the script's handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def preload(names: Sequence[str]) -> list[str]:
@@ -151,7 +257,53 @@ def preload(names: Sequence[str]) -> list[str]:
     return failed
 
 
+def _cuda_poisoned() -> bool:
+    """Whether a child forked now could not use CUDA (torch marks forks of a process that has
+    initialised it): then the ranks must be new interpreters. One throw-away fork asks."""
+    import torch
+
+    in_bad_fork = getattr(torch._C, "_cuda_isInBadFork", None)
+    if in_bad_fork is None:  # a build without CUDA
+        return False
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
+
+
+def _take_silent_exits_as_returns() -> None:
+    """A forked rank that ends with status 0 without returning (``os._exit(0)``, as some
+    scripts do to skip a hanging shutdown) never hands torch its return value, and torch's
+    agent would wait for it for ever; a fresh interpreter's status 0 is success. Count it so."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = getattr(api.MultiprocessContext, "_poll", None)
+    if original is None or getattr(original, "takes_silent_exits", False):
+        return
+
+    def _poll(self):
+        result = original(self)
+        pc = getattr(self, "_pc", None)
+        if result is None and pc is not None:
+            for local_rank, proc in enumerate(pc.processes):
+                if (proc.exitcode == 0 and local_rank not in self._return_values
+                        and self._ret_vals[local_rank].empty()):
+                    self._return_values[local_rank] = None
+        return result
+
+    _poll.takes_silent_exits = True
+    api.MultiprocessContext._poll = _poll
+
+
+def _unbuffered_flag(cmd_args: Sequence[str]) -> bool:
+    return "-u" in list(cmd_args)[: next((i for i, a in enumerate(cmd_args) if a != "-u"), len(cmd_args))]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    # torch's LaunchConfig asks torch.cuda.is_available(): through the CUDA runtime that would
+    # make every forked rank unable to use CUDA; through NVML it does not
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.launcher.api import elastic_launch
@@ -167,14 +319,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                 args.master_port = 29500  # as torchrun's own run() (unused by c10d)
             config, cmd, cmd_args = torchrun.config_from_args(args)
             target = forkable(cmd, cmd_args) if isinstance(cmd, str) else None
+            if target is not None and _cuda_poisoned():
+                print("forking_agent: CUDA is initialised in the agent, so forked ranks could not use it: every "
+                      "rank starts as a new interpreter", file=sys.stderr, flush=True)
+                target = None
         if target is None:
             torchrun.run(args)
             return
         names = [n for n in os.environ.get(PRELOAD_ENV, ",".join(PRELOAD)).split(",") if n.strip()]
         preload([n.strip() for n in names])
+        _take_silent_exits_as_returns()
         config.start_method = "fork"
         mode, script, rest = target
-        elastic_launch(config=config, entrypoint=run_rank)(mode, script, *rest)
+        elastic_launch(config=config, entrypoint=run_rank)(mode, script, _unbuffered_flag(cmd_args), *rest)
 
     launch()
 

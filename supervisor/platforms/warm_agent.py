@@ -7,7 +7,9 @@ for one JSON line on stdin::
     {"argv": [...torchrun arguments...], "env": {...}, "log": "/path/NODE.log", "cwd": "/path"}
 
 and becomes that agent: its output goes to ``log``, its environment is ``env`` (as a freshly
-started agent's would be), and it runs :mod:`forking_agent` (torchrun) with ``argv``. It has
+started agent's would be), and it runs :mod:`forking_agent` (torchrun) with ``argv``; where
+that environment differs from the one it imported under in anything an import may read
+(:func:`imported_under`), it execs a cold agent instead (same pid). It has
 imported what that agent preloads for its forked ranks too (:data:`forking_agent.PRELOAD`).
 Its pid is the agent's pid, and the ranks it starts are its children, exactly as with a cold
 start. End of
@@ -25,8 +27,23 @@ import tempfile
 import threading
 
 
+RUNTIME_ENV_PREFIXES = ("SUPERVISOR_", "TORCHELASTIC_")
+RUNTIME_ENV = {"TMPDIR", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "PYTORCH_NVML_BASED_CUDA_CHECK"}
+"""What the platform puts into an agent's environment that nothing reads at import time (the
+agent and its ranks read these when they run): a difference here does not make the imports
+this process paid stale. Any other difference (PYTHONPATH, TORCH_LOGS, OMP_NUM_THREADS, the
+job's own variables...) does: a cold agent is started in its place."""
+
+
+def imported_under(env: dict[str, str]) -> dict[str, str]:
+    """The part of an environment that can shape what an import does."""
+    return {k: v for k, v in env.items() if k not in RUNTIME_ENV and not k.startswith(RUNTIME_ENV_PREFIXES)}
+
+
 def main() -> int:
     got: list[bytes] = []
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no import initialises CUDA here
+    startup_env = dict(os.environ)
 
     def listen() -> None:
         line = sys.stdin.buffer.readline()
@@ -60,6 +77,10 @@ def main() -> int:
     os.environ.update(env)
     tempfile.tempdir = None  # TMPDIR is the node's now
     os.chdir(cwd)
+    if imported_under(env) != imported_under(startup_env):
+        # torch and the job's modules were imported under another environment than the node's:
+        # become a cold agent (same pid, so the same node to the platform) that imports under it
+        os.execve(sys.executable, [sys.executable, "-m", "supervisor.platforms.forking_agent", *argv], env)
     sys.argv = [forking_agent.__file__, *argv]
     forking_agent.main(argv)
     return 0
