@@ -375,7 +375,9 @@ def test_an_evicted_or_preempted_pod_checkpoints_on_its_way_out_and_the_gang_res
 
 
 def test_a_killed_controller_is_replaced_by_one_that_adopts_the_running_gang(cluster, kube_run, control):
-    run = kube_run()
+    # the gang must outlast the Lease takeover (a few seconds): with ranks forked from their
+    # agent, 30 steps of 0.1 s were over before the next controller could adopt them
+    run = kube_run(job=[*JOB[:-1], "0.5"])
     run.wait_event("running", attempt=0)
     pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods()}
     os.killpg(run.proc.pid, signal.SIGKILL)  # the controller only: the pods train on
