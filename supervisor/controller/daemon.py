@@ -755,6 +755,12 @@ class Controller:
             if t.rendezvous_at is not None and all_heard and all(rec.hb.steps_done > 0 for rec in reg.ranks.values()):
                 t.first_step_at = now
                 first = max(rec.hb.first_step_s for rec in reg.ranks.values())
+                restore = max(rec.hb.restore_s for rec in reg.ranks.values())
+                # ranks faster than a tick from their start to their first step (forked, torch
+                # imported) are first heard in this very tick: their own clocks then say when
+                # the restore began, which the gang's rendezvous preceded
+                launched = max(m for m in (t.detected_at, t.torn_down_at, t.scheduled_at) if m is not None)
+                t.rendezvous_at = max(launched, min(t.rendezvous_at, now - first - restore))
                 t.restored_at = max(t.rendezvous_at, now - first)
                 d = t.durations()
                 total = t.total(now)
