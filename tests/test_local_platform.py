@@ -92,6 +92,22 @@ def test_the_right_start_time_is_adopted_and_the_description_carries_it(tmp_path
     assert stranger.wait(timeout=10) == -9  # adopted, so it is ours to kill
 
 
+def launch_one_until_it_ends(platform: LocalPlatform, spec) -> tuple[int, "NodeStatus"]:
+    """Launch ``spec``'s single node ``node0``; its agent's pid and its status once it ended."""
+
+    async def scenario():
+        await platform.launch(spec)
+        pid = platform.nodes["node0"].pid
+        for _ in range(600):
+            status = (await platform.observe())["node0"]
+            if status.state != NodeState.RUNNING:
+                return pid, status
+            await asyncio.sleep(0.1)
+        raise AssertionError("the agent did not end")
+
+    return asyncio.run(scenario())
+
+
 def test_a_launch_hands_its_nodes_to_warm_agents_and_starts_cold_when_none_is_alive(tmp_path):
     """Warm agents (already past ``import torch``) become the nodes' agents: the node's pid is the
     warm process, its output is the node log, its environment the launch's; with none alive the
@@ -110,17 +126,7 @@ def test_a_launch_hands_its_nodes_to_warm_agents_and_starts_cold_when_none_is_al
                       env={"SUPERVISOR_JOB": "warm-test"}, rdzv_endpoint=f"127.0.0.1:{free_port('127.0.0.1')}",
                       rdzv_id="warm-0")
 
-    async def scenario():
-        await platform.launch(spec)
-        pid = platform.nodes["node0"].pid
-        for _ in range(600):
-            status = (await platform.observe())["node0"]
-            if status.state != NodeState.RUNNING:
-                return pid, status
-            await asyncio.sleep(0.1)
-        raise AssertionError("the agent did not end")
-
-    pid, status = asyncio.run(scenario())
+    pid, status = launch_one_until_it_ends(platform, spec)
     assert pid in warm and status.state == NodeState.EXITED and status.exit_code == 0
     out = (tmp_path / "attempt-0" / "node0.log").read_text()
     assert "env warm-test" in out  # the rank ran with the launch's environment; its output in the node log
@@ -165,16 +171,6 @@ def test_a_warm_agent_imported_under_another_environment_becomes_a_cold_one_for_
                       command=[sys.executable, "-c", "import sys; print('on path', sys.argv[1] in sys.path)", str(extra)],
                       env=env, rdzv_endpoint=f"127.0.0.1:{free_port('127.0.0.1')}", rdzv_id="env-0")
 
-    async def scenario():
-        await platform.launch(spec)
-        pid = platform.nodes["node0"].pid
-        for _ in range(600):
-            status = (await platform.observe())["node0"]
-            if status.state != NodeState.RUNNING:
-                return pid, status
-            await asyncio.sleep(0.1)
-        raise AssertionError("the agent did not end")
-
-    pid, status = asyncio.run(scenario())
+    pid, status = launch_one_until_it_ends(platform, spec)
     assert pid == warm and status.state == NodeState.EXITED and status.exit_code == 0
     assert "on path True" in (tmp_path / "attempt-0" / "node0.log").read_text()

@@ -2,7 +2,8 @@
 environment it runs in, and how a failed agent's own account of its ranks is read back.
 
 A node is one real ``torchrun`` agent (torch's own, started through :mod:`forking_agent` so that
-its Python ranks are forked with torch already imported; c10d rendezvous, ``--nnodes N:N`` for the N nodes the controller launched,
+its Python ranks are forked with torch already imported; c10d rendezvous, ``--nnodes N:N`` for
+the N nodes the controller launched,
 ``--max-restarts 0``: recovery is the supervisor's job, unless it allows restarts in place:
 ``LaunchSpec.max_restarts``) running the user's command with
 ``--no-python``. Every rank's output goes to the node log too (``--tee``), each line
@@ -16,11 +17,12 @@ from typing import Mapping
 
 from supervisor.platforms.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
 from supervisor.platforms.base import LaunchSpec
+from supervisor.platforms import forking_agent
 from supervisor.platforms.forking_agent import FORK_ENV
 from supervisor.protocol import Env
 
 
-AGENT_MODULE = "supervisor.platforms.forking_agent"
+AGENT_MODULE = forking_agent.__name__
 """The agent every node runs: torchrun's own, starting Python ranks by fork (see the module)."""
 
 

@@ -297,7 +297,8 @@ def _take_silent_exits_as_returns() -> None:
 
 
 def _unbuffered_flag(cmd_args: Sequence[str]) -> bool:
-    return "-u" in list(cmd_args)[: next((i for i, a in enumerate(cmd_args) if a != "-u"), len(cmd_args))]
+    """``python -u ...`` (the flags :func:`forkable` lets through are leading ``-u``s)."""
+    return list(cmd_args[:1]) == ["-u"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

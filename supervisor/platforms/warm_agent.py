@@ -80,7 +80,7 @@ def main() -> int:
     if imported_under(env) != imported_under(startup_env):
         # torch and the job's modules were imported under another environment than the node's:
         # become a cold agent (same pid, so the same node to the platform) that imports under it
-        os.execve(sys.executable, [sys.executable, "-m", "supervisor.platforms.forking_agent", *argv], env)
+        os.execve(sys.executable, [sys.executable, "-m", forking_agent.__name__, *argv], env)
     sys.argv = [forking_agent.__file__, *argv]
     forking_agent.main(argv)
     return 0
