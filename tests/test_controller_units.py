@@ -182,6 +182,7 @@ def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_
     import socket
 
     from supervisor.controller.daemon import DRAIN_MAX
+    from supervisor.protocol import MAX_DATAGRAM
 
     c, _ = controller(tmp_path)
     n = DRAIN_MAX + 40  # more than one wake-up's worth
@@ -200,13 +201,19 @@ def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_
                 tx.sendto(encode(hb(i % 2, seq=i + 1).to_payload(), TOKEN), ("127.0.0.1", port))
             tx.sendto(b"\x00" * 10, ("127.0.0.1", port))                                  # garbage mid-burst
             tx.sendto(encode(hb(1, attempt=1).to_payload(), TOKEN), ("127.0.0.1", port))  # an old attempt
+            tx.sendto(b"{" * (MAX_DATAGRAM + 100), ("127.0.0.1", port))                   # read cut, still oversized
             tx.sendto(encode(hb(0, seq=n + 1).to_payload(), TOKEN), ("127.0.0.1", port))
-        deadline = loop.time() + 10
-        while c.received < n + 1 and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+            deadline = loop.time() + 10
+            while c.received < n + 1 and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            # after the burst the intake pauses (coalescing) and then watches the socket again
+            tx.sendto(encode(hb(1, seq=n + 2).to_payload(), TOKEN), ("127.0.0.1", port))
+            while c.received < n + 2 and loop.time() < deadline:
+                await asyncio.sleep(0.01)
         transport.close()
 
     asyncio.run(main())
-    assert c.received == n + 1
-    assert c.rejected == {"malformed": 1, "stale_attempt": 1}
-    assert c.registry.ranks[0].hb.seq == n + 1 and set(c.registry.ranks) == {0, 1}
+    assert c.received == n + 2
+    assert c.rejected == {"malformed": 1, "stale_attempt": 1, "oversized": 1}
+    assert c.registry.ranks[0].hb.seq == n + 1 and c.registry.ranks[1].hb.seq == n + 2
+    assert set(c.registry.ranks) == {0, 1}

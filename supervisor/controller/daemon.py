@@ -66,6 +66,7 @@ from supervisor.platforms.agent_output import read_tail
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
+    MAX_DATAGRAM,
     Env,
     OUTCOME_STOPPED,
     PHASE_DONE,
@@ -93,45 +94,103 @@ EVENTS_FILE = "events.jsonl"
 
 
 DRAIN_MAX = 256
-"""Heartbeats read per wake-up beyond the one asyncio hands over: asyncio's UDP transport reads
-one datagram per readiness callback, so at 16,384 ranks a second every heartbeat cost a loop
-iteration and an ``epoll_wait`` of its own (most of the intake's system time). Bounded so that
-a flood cannot starve the ticks and the HTTP API sharing the loop."""
-_DATAGRAM_MAX = 65536
+"""Heartbeats read per wake-up at most: bounded so that a flood cannot starve the ticks and the
+HTTP API sharing the loop (a full drain is followed at once by the next one)."""
+COALESCE_S = 0.005
+"""After a wake-up that read heartbeats, the intake stops watching its socket this long and lets
+them queue in the kernel (interrupt coalescing): a reader woken for every datagram pays an
+``epoll_wait``, a loop iteration and a failed read per heartbeat, which at 16,384 ranks a second
+was most of the controller's CPU. Heartbeats wait at most this long; timeouts are seconds."""
+_READ_SIZE = MAX_DATAGRAM + 1
+"""What one read asks for: asyncio's datagram transport reads with a 256 KiB buffer (its
+``max_size``); a frame longer than :data:`MAX_DATAGRAM` arrives cut to this size and is still
+refused as oversized."""
 
 
 class Intake(asyncio.DatagramProtocol):
-    """Heartbeats in: authenticate, validate, fence by attempt, record. Never raises."""
+    """Heartbeats in: authenticate, validate, fence by attempt, record. Never raises.
+
+    The transport is kept for sending (control messages); reading is done by the intake itself,
+    on its own handle of the socket: up to :data:`DRAIN_MAX` datagrams per wake-up, then a pause
+    of :data:`COALESCE_S`. Where the transport cannot pause its own reading, it reads (one
+    datagram per callback, into ``datagram_received``) and the intake drains what else is queued.
+    """
 
     def __init__(self, controller: "Controller") -> None:
         self.c = controller
         self.transport: asyncio.DatagramTransport | None = None
         self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set while the intake reads for itself
+        self._watching = False
+        self._resume: asyncio.Handle | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        try:  # our own handle on the same socket, to read what else is queued (see DRAIN_MAX)
+        try:  # our own handle on the same socket
             self._sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
             self._sock.setblocking(False)
         except (OSError, AttributeError):
             self._sock = None  # one datagram per callback, as asyncio does
+            return
+        pause = getattr(transport, "pause_reading", None)
+        if pause is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+            pause()
+            self._loop = loop
+            self._watch()
+        except (RuntimeError, NotImplementedError):  # a loop without add_reader: the transport reads
+            self._loop = None
+            resume = getattr(transport, "resume_reading", None)
+            if resume is not None:
+                resume()
 
     def connection_lost(self, exc) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         if self._sock is not None:
+            if self._loop is not None and self._watching:
+                self._loop.remove_reader(self._sock.fileno())
+            self._watching = False
+            self._loop = None
             self._sock.close()
             self._sock = None
 
+    def _watch(self) -> None:
+        self._resume = None
+        if self._sock is not None and self._loop is not None and not self._watching:
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+            self._watching = True
+
+    def _readable(self) -> None:
+        n = self._drain()
+        loop = self._loop
+        if loop is None or self._sock is None or n == 0:
+            return
+        loop.remove_reader(self._sock.fileno())
+        self._watching = False
+        # more queued than one drain takes: go on after whatever else is ready; else coalesce
+        self._resume = loop.call_soon(self._watch) if n >= DRAIN_MAX else loop.call_later(COALESCE_S, self._watch)
+
     def datagram_received(self, data: bytes, addr) -> None:
         self._take(data, addr)
+        self._drain()
+
+    def _drain(self) -> int:
+        """Read and take what is queued, up to :data:`DRAIN_MAX` datagrams; how many were read."""
         sock = self._sock
         if sock is None:
-            return
-        for _ in range(DRAIN_MAX):
+            return 0
+        recvfrom, take = sock.recvfrom, self._take
+        for n in range(DRAIN_MAX):
             try:
-                data, addr = sock.recvfrom(_DATAGRAM_MAX)
+                data, addr = recvfrom(_READ_SIZE)
             except OSError:  # BlockingIOError: nothing more queued
-                return
-            self._take(data, addr)
+                return n
+            take(data, addr)
+        return DRAIN_MAX
 
     def _take(self, data: bytes, addr) -> None:
         c = self.c
