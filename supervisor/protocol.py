@@ -192,6 +192,9 @@ class Heartbeat:
     """Phase ``done``: :data:`OUTCOME_FINISHED` (the training ran to its end) or
     :data:`OUTCOME_STOPPED` (it stopped early: a non-finite loss, a stop request); the reason
     is in ``error``."""
+    dump_seq: int = 0
+    """The ``seq`` of the last stack-dump request this rank carried out (its stacks are on disk;
+    sent at once): the controller's evidence wait ends when every rank it asked has answered."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
@@ -265,6 +268,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "steps_done": (int, 0, _BIG),
     "first_step_s": (float, 0, 1e9),
     "outcome": (str, 0, 16),
+    "dump_seq": (int, 0, _BIG),
 }
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s"}
 _INT, _FLOAT, _BOOL, _STR = range(4)

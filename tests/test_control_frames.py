@@ -133,3 +133,25 @@ def test_a_flood_of_junk_writes_one_log_line_with_a_count(rank, caplog):
     rank.sender.stop()  # the rest are summed up in one last line
     lines = [r.getMessage() for r in caplog.records if "control_message_rejected" in r.getMessage()]
     assert len(lines) == 2 and "count=999" in lines[1], lines
+
+
+def test_a_dump_is_answered_at_once_with_a_heartbeat_that_names_it():
+    # the controller's evidence wait ends on this answer instead of waiting out a heartbeat interval
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.settimeout(10)
+    session = Session(rank=1, world_size=2, attempt=3, heartbeat_addr=srv.getsockname(), token=TOKEN,
+                      heartbeat_interval=600.0, job="j")  # no regular beat can arrive during the test
+    dumps: list[str] = []
+    sender = HeartbeatSender(session, RankState(), on_abort=lambda reason: None, on_dump=dumps.append)
+    sender.start()
+    try:
+        frame, addr = srv.recvfrom(8192)
+        assert decode_heartbeat(frame, TOKEN).dump_seq == 0
+        msg = control_message("dump", attempt=3, rank=1, reason="hang", seq=ControlSequencer().next())
+        srv.sendto(encode(msg, TOKEN), addr)
+        answer = decode_heartbeat(srv.recvfrom(8192)[0], TOKEN)
+        assert dumps == ["hang"] and answer.dump_seq == msg["seq"]
+    finally:
+        sender.stop()
+        srv.close()

@@ -20,6 +20,7 @@ from supervisor.controller.decide import (
     Stop,
     classify,
     completed,
+    evidence_awaited,
     gang_size,
     in_place_ok,
     name_rank_failure,
@@ -534,3 +535,24 @@ def test_the_cheap_rung_is_taken_only_when_the_same_gang_may_go_on(change, why):
                 skip_steps=[]) | change
     got = in_place_ok(**args)
     assert (got == "") if not why else (why in got), got
+
+
+# ---------------------------------------------------------------- evidence: whose stacks are waited for
+_ASKED = {0: ("compute", 9.5), 1: ("compute", 9.6), 2: ("collective", 9.7), 3: ("failed", 9.8), 4: ("done", 9.9),
+          5: ("compute", 7.0)}  # 5: last heard 3 s ago
+
+
+@pytest.mark.parametrize("kind, ranks, rung, awaited", [
+    # a hung culprit (rung 1) still answers: its stacks matter most
+    ("hang", (1,), RUNG_ABORT, {0, 1, 2}),
+    ("collective_hang", (1,), RUNG_ABORT, {0, 1, 2}),
+    # a silent rank (rung 2) or a rank / node gone (rung 3) cannot answer
+    ("dead", (1,), RUNG_KILL_NODE, {0, 2}),
+    ("rank_killed", (1,), RUNG_TEARDOWN, {0, 2}),
+    ("node_lost", (0, 1), RUNG_TEARDOWN, {2}),
+])
+def test_the_evidence_waits_only_for_ranks_that_can_answer(kind, ranks, rung, awaited):
+    fault = Fault(kind, ranks, ("node0",), "", rung, False, 9.0)
+    # never a rank that ended (failed, done), nor one not heard from within fresh_s
+    assert evidence_awaited(fault, _ASKED, now=10.0, fresh_s=1.0) == awaited
+    assert evidence_awaited(fault, {}, now=10.0, fresh_s=1.0) == frozenset()

@@ -97,6 +97,9 @@ def test_sigstop_a_rank_is_detected_named_killed_and_resumed(supervisor_run, con
     assert fault["kind"] == "dead" and fault["ranks"] == [1] and fault["rung"] == 2
     assert fault["detection_s"] <= 3 + 1.0, fault  # heartbeat timeout + 1 s
     assert run.wait_event("action", action="kill_node")["node"] == "node1"
+    evidence = json.loads(open(run.wait_event("evidence_saved")["path"]).read())
+    # the stopped rank cannot answer the stack-dump request: only rank 0 is waited for
+    assert (evidence["asked"], evidence["awaited"], evidence["answered"]) == ([0, 1], [0], [0]), evidence
     assert_same_path(run, control)
 
 
@@ -109,6 +112,8 @@ def test_skip_collective_names_the_culprit_not_the_waiters(supervisor_run, contr
     assert run.wait_event("action", action="abort_ranks")["ranks"] == [1]
     evidence = json.loads(open(run.wait_event("evidence_saved")["path"]).read())
     assert evidence["ranks"]["0"]["heartbeat"]["coll_inside"] is True
+    # both ranks run (the culprit idles outside the collective): both were waited for, both answered
+    assert (evidence["awaited"], evidence["answered"]) == ([0, 1], [0, 1]), evidence
     stacks = (run.log_dir / "ranks" / "stacks-rank-1.txt").read_text()
     assert "abort ordered by the supervisor" in stacks  # its stacks were kept before it died
     assert_same_path(run, control)

@@ -52,6 +52,7 @@ from supervisor.controller.decide import (
     Stop,
     classify,
     completed,
+    evidence_awaited,
     gang_size,
     in_place_ok,
     note_refusals,
@@ -1123,10 +1124,22 @@ class Controller:
 
     async def _save_evidence(self, fault: Fault) -> None:
         """Before anything is killed: every live rank dumps its stacks; keep their last heartbeats."""
+        asked: dict[int, int] = {}
         for rank, addr in self.addr_by_rank.items():
-            self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, seq=self.control_seq.next(),
+            asked[rank] = self.control_seq.next()
+            self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, seq=asked[rank],
                                              reason=fault.kind), addr)
-        await asyncio.sleep(min(1.0, self.cfg.heartbeat.interval_s * 1.2))
+        interval = self.cfg.heartbeat.interval_s
+        now = self.clock()
+        awaited = evidence_awaited(fault, {r: (rec.hb.phase, rec.received) for r, rec in self.registry.ranks.items()
+                                           if r in asked}, now=now, fresh_s=2 * interval)
+        # until every rank that can answer has said its stacks are on disk (a heartbeat sent at
+        # once), at most as long as a heartbeat interval and a little (older workers never answer)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(1.0, interval * 1.2)
+        while loop.time() < deadline and any(
+                self.registry.ranks[r].hb.dump_seq < asked[r] for r in awaited if r in self.registry.ranks):
+            await asyncio.sleep(0.01)
         now = self.clock()
         ev_dir = self.log_dir / "evidence"
         ev_dir.mkdir(exist_ok=True)
@@ -1140,6 +1153,10 @@ class Controller:
             "findings": [f.to_dict() for f in self.findings],
             "nodes": {n: asdict(s) for n, s in self.node_status.items()},
             "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
+            # asked to dump their stacks; of those, the ones that could answer; the ones that did
+            "asked": sorted(asked), "awaited": sorted(awaited),
+            "answered": sorted(r for r, seq in asked.items()
+                               if r in self.registry.ranks and self.registry.ranks[r].hb.dump_seq >= seq),
             "rank_log_dir": str(self.log_dir / "ranks"),
         }, indent=1, default=str))
         self.event("evidence_saved", attempt=self.attempt, path=str(path))

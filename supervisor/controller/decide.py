@@ -48,6 +48,8 @@ from supervisor.protocol import (
     EXIT_PREEMPTED,
     OUTCOME_FINISHED,
     OUTCOME_STOPPED,
+    PHASE_DONE,
+    PHASE_FAILED,
     RANK_EXITS,
     RESTART_PHASES,
     RESTORE_FAILED,
@@ -306,6 +308,23 @@ def classify(
         detail=f.detail, rung=RUNG_KILL_NODE if silent else RUNG_ABORT,
         node_failure=bool(stopped_nodes) and stopped_nodes == set(f.nodes), fault_at=fault_at,
     )
+
+
+def evidence_awaited(fault: Fault, asked: Mapping[int, tuple[str, float]], *, now: float,
+                     fresh_s: float) -> frozenset[int]:
+    """The ranks whose stack dumps the evidence waits for, out of those asked for one
+    (``asked``: each rank's last phase and when it was last heard from).
+
+    Not a rank that cannot answer: the fault's culprits when the fault starts at rung 2 or 3
+    (a silent rank, a killed or exited one, a lost node's ranks), a rank that has ended (its
+    last phase ``done`` or ``failed``), or one not heard from within ``fresh_s`` (its heartbeats
+    stopped: a frozen or dying process). A stuck culprit of rung 1 is waited for: its stacks are
+    the evidence that matters most. The wait is still capped by the caller: an answer lost on
+    the way costs that cap, never the evidence.
+    """
+    gone = set(fault.ranks) if fault.rung >= RUNG_KILL_NODE else set()
+    return frozenset(r for r, (phase, heard) in asked.items()
+                     if r not in gone and phase not in (PHASE_DONE, PHASE_FAILED) and now - heard <= fresh_s)
 
 
 def restarted_in_place(

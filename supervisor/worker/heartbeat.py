@@ -58,6 +58,7 @@ class HeartbeatSender:
         """Control datagrams refused, by reason (malformed, unauthenticated, schema, replayed)."""
         self._reject_logged_at: float | None = None
         self._reject_unlogged = 0
+        self._wake_r, self._wake_w = socket.socketpair()  # stop() wakes the thread out of its wait
 
     def start(self) -> None:
         if self.session.supervised:
@@ -69,10 +70,16 @@ class HeartbeatSender:
 
     def stop(self) -> None:
         self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.session.heartbeat_interval + 1)
         if self._sock is not None:
             self._sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
         if self._reject_unlogged:
             self._log_rejected(None, force=True)
 
@@ -161,12 +168,12 @@ class HeartbeatSender:
             self._stop.wait(timeout)
             return
         try:
-            ready, _, _ = select.select([self._sock], [], [], timeout)
+            ready, _, _ = select.select([self._sock, self._wake_r], [], [], timeout)
         except (OSError, ValueError):
             self._stop.wait(timeout)
             return
-        if not ready:
-            return
+        if self._sock not in ready:
+            return  # the interval is up, or stop() woke us
         try:
             frame = self._sock.recv(8192)
         except OSError:  # e.g. ECONNREFUSED reported for an earlier send: ignore
@@ -186,6 +193,8 @@ class HeartbeatSender:
             self.on_abort(msg.reason)
         elif msg.kind == "dump" and self.on_dump is not None:
             self.on_dump(msg.reason)
+            self.state.dump_seq = msg.seq  # the stacks are on disk: say so now, the controller waits for it
+            self._send()
 
     def _write_local(self, hb: Heartbeat) -> None:
         log_dir = self.session.log_dir

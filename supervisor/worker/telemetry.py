@@ -45,6 +45,7 @@ class Snapshot:
     steps_done: int
     first_step_s: float
     outcome: str
+    dump_seq: int
 
 
 _COLLECTIVE_PHASES = (PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_IDLE)
@@ -82,6 +83,7 @@ class RankState:
         self.steps_done = 0
         self.first_step_s = 0.0
         self.outcome = ""
+        self.dump_seq = 0  # the last stack-dump request carried out (supervisor.protocol.Heartbeat)
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -168,4 +170,5 @@ class RankState:
                 steps_done=self.steps_done,
                 first_step_s=self.first_step_s,
                 outcome=self.outcome,
+                dump_seq=self.dump_seq,
             )
