@@ -9,8 +9,8 @@ gloo, CPU) made in this invocation, on this machine:
 * **faults under the supervisor** (``supervisor launch --nnodes 2``, heartbeat every 0.5 s,
   heartbeat timeout 3 s, hang-timeout floor 3 s): ``kill`` (SIGKILL of rank 1 mid-step),
   ``stop`` (SIGSTOP), ``hang`` (blocks in compute), ``skip-collective`` (skips its gradient
-  all-reduce) at step 13 through ``SUPERVISOR_FAULT`` (attempt 0 only), and ``node`` (this
-  script SIGKILLs node1's agent and its rank, each in its own process group, once step 12 is
+  all-reduce) at step FAULT_STEP (270) through ``SUPERVISOR_FAULT`` (attempt 0 only), and ``node`` (this
+  script SIGKILLs node1's agent and its rank, each in its own process group, once step 269 is
   logged; a spare slot replaces the node);
 * **plain torchrun, same job** (``--standalone --nproc-per-node 2 --max-restarts 1``,
   ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): its restart after ``kill``; ``stop``, ``hang``
@@ -60,7 +60,10 @@ from supervisor.protocol import RESTART_PHASES  # noqa: E402
 
 PY = sys.executable
 TRAIN = REPO / "examples" / "train.py"
-STEPS, EVERY, SLEEP, FAULT_STEP = 40, 5, 0.05, 13
+STEPS, EVERY, SLEEP, FAULT_STEP = 300, 5, 0.05, 270
+"""The fault fires ~20 s into the training (not at its start): by then the controller has its warm
+agents standing by (``STANDBY_AFTER_S`` after the gang runs, then their imports), as it has for
+any fault of a job that has run a while; the "agents standing by" column says when they started."""
 JOB = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--step-sleep", str(SLEEP)]
 HB_INTERVAL, HB_TIMEOUT, HANG_FLOOR, PHASE_FACTOR = 0.5, 3.0, 3.0, 5.0
 SV_FLAGS = ["--heartbeat-interval", str(HB_INTERVAL), "--heartbeat-timeout", str(HB_TIMEOUT),
@@ -368,6 +371,7 @@ class SvRun:
     leaked: int | None = None
     paired_overhead: float | None = None  # total - detect - (this run's own cold start + checkpoint load)
     teardown_parts: dict = field(default_factory=dict)  # evidence wait, culprit gone, the rest torn down
+    standby: float | None = None  # when the warm agents were started to stand by, relative to the fault
 
 
 _EXTRA: list[str] | None = None
@@ -491,6 +495,7 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
             before = [r["time"] for r in recs if r.get("attempt") == 0 and r["step"] == FAULT_STEP - 1]
             if before:
                 run.t_fault, run.fault_source = max(before) + SLEEP, f"est.: step {FAULT_STEP - 1} logged + sleep"
+    run.standby = sub(et(event(events, "agents_standing_by", attempt=0)), run.t_fault)
     det = event(events, "fault_detected")
     rc_ev = event(events, "restart_complete")
     launched1 = event(events, "launched", attempt=1)
@@ -964,11 +969,11 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
         f"the ranks; `-1x2`: `--nnodes 1 --nproc-per-node 2`, one agent, the shape of the torchrun baseline). "
         f"Every rank is forked from its agent with torch imported (`platform.fork_ranks`, the default). "
         f"Faults fire on rank 1 at step {FAULT_STEP} in attempt 0 "
-        "(`SUPERVISOR_FAULT=kind=K,rank=1,step=13,attempt=0`); the node kill is this script's `os.killpg(SIGKILL)` "
+        f"(`SUPERVISOR_FAULT=kind=K,rank=1,step={FAULT_STEP},attempt=0`); the node kill is this script's `os.killpg(SIGKILL)` "
         "of node1's agent (pid from `supervisor-state.json`) and of its rank's process group (torchrun puts each "
-        "worker in a session of its own, so the agent's group alone does not hold the rank) once step 12 is logged. "
+        f"worker in a session of its own, so the agent's group alone does not hold the rank) once step {FAULT_STEP - 1} is logged. "
         "**Fault time**: the rank's `event=fault_injected` log line (ms resolution), the killpg "
-        "time (node), or, where a rank logs no such line, the end of step 12 plus the 0.05 s step sleep "
+        f"time (node), or, where a rank logs no such line, the end of step {FAULT_STEP - 1} plus the 0.05 s step sleep "
         "(an estimate, within ~10 ms). **Detected**: the controller's `fault_detected` event (wall clock). "
         "**First resumed step**: the latest, over ranks, of each rank's first step record of attempt 1 "
         "(`rank-R.jsonl`). **Phases** (wall clock): detect = fault -> `fault_detected`; teardown = "
@@ -1137,20 +1142,20 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
     L.append("| run | rc | fault time from | detect | " + " | ".join(PHASES[1:]) + " | total | paired overhead "
              "| cold start "
              "(attempt 0) | checkpoint load | rank processes alive 1 s after the supervisor exited "
-             "| load avg before/after |")
-    L.append("|---|---|---|---|" + "---|" * (len(PHASES) - 1) + "---|---|---|---|---|---|")
+             "| agents standing by (s from the fault; negative: before it) | load avg before/after |")
+    L.append("|---|---|---|---|" + "---|" * (len(PHASES) - 1) + "---|---|---|---|---|---|---|")
     for kind in args.faults:
         for r in sv.get(kind, []):
             L.append(f"| {r.name} | {r.rc} | {r.fault_source or '—'} | {f2(r.detect)} | "
                      + " | ".join(f2(r.phases.get(p)) for p in PHASES[1:])
                      + f" | {f2(r.total)} | {f2(r.paired_overhead)} | {f2(r.cold_start)} | {f2(r.restore_load, 3)} "
-                     f"| {'—' if r.leaked is None else r.leaked} | {r.load[0]:.2f}/{r.load[3]:.2f} |")
+                     f"| {'—' if r.leaked is None else r.leaked} | {f2(r.standby)} | {r.load[0]:.2f}/{r.load[3]:.2f} |")
     for c in colds + warms:
         L.append(f"| {c.name} | {'killed' if c.rc is None else c.rc} | — | — | — | — "
                  f"| {f2(c.phases.get('rendezvous'))} | "
                  f"{f2(c.phases.get('restore'))} | {f2(c.phases.get('first_step'))} | — | — | {f2(c.cold_start)} | "
                  f"{f2(c.restore_load, 3)} | {'— (killed)' if c.leaked is None else c.leaked} "
-                 f"| {c.load[0]:.2f}/{c.load[3]:.2f} |")
+                 f"| — | {c.load[0]:.2f}/{c.load[3]:.2f} |")
     L.append("")
     L.append("| torchrun run | variant | rc | cold start | detect | total (fault -> first resumed step) | "
              "load avg before/after |")

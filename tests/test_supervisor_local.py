@@ -253,3 +253,22 @@ def test_drill_command_compares_loss_paths(tmp_path):
     bad = subprocess.run(cmd[:-4] + ["--checkpoint-dir", "x"], env=job_env(tmp_path), capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert bad.returncode == 2 and "leave --checkpoint-dir" in bad.stderr
+
+
+def test_agents_stand_by_once_the_gang_runs_and_the_next_relaunch_takes_them(supervisor_run):
+    # a relaunch finds agents that imported torch while the job trained, not ones it starts then
+    from supervisor.controller.daemon import STANDBY_AFTER_S
+
+    run = supervisor_run(["--steps", "100000", "--checkpoint-every", "20", "--step-sleep", "0.05"], slots=3)
+    standby = run.wait_event("agents_standing_by", attempt=0, timeout=STANDBY_AFTER_S + 90)
+    launched = run.events("launched")
+    assert len(standby["pids"]) == 3 and len(launched) == 1  # one per slot (a spare's too), no relaunch yet
+    wait_for_checkpoint(run, 20)
+    state = json.loads((run.log_dir / "supervisor-state.json").read_text())
+    (victim,) = state["platform"]["nodes"]["node1"]["ranks"]  # its one rank process
+    os.kill(int(victim), signal.SIGKILL)
+    run.wait_event("running", attempt=1)
+    nodes = json.loads((run.log_dir / "supervisor-state.json").read_text())["platform"]["nodes"]
+    assert {info["attempt"] for info in nodes.values()} == {1}
+    assert {info["pid"] for info in nodes.values()} <= set(standby["pids"]), (nodes, standby)
+    run.wait_event("restart_complete", attempt=1)  # and they train: the first resumed step was taken

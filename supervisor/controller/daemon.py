@@ -88,6 +88,11 @@ CALIBRATE_S = 2.0
 # How long, at least, a fault seen only through ranks that lost a peer waits for the culprit
 # to show up (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen).
 SECONDARY_GRACE_S = 2.0
+STANDBY_AFTER_S = 10.0
+"""Once a launch's gang has been running this long, the platform's warm agents are refilled
+(``Platform.warm_up``): the next relaunch then finds agents that have already imported torch
+instead of ones still importing it. Not at once: a job's start-up (its ranks building models,
+restoring) does not share its cores with them, and a job that ends within seconds never pays."""
 LEASE_RENEW_S = 10.0  # the job's owner lease (controller.state.JobLock) is renewed this often
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = state_file.STATE_FILE
@@ -242,6 +247,7 @@ class Controller:
         self._agents_ended_at: float | None = None  # when no agent of the gang was running any more
         self._pending_stop: tuple[JobPhase, str] | None = None
         self._lease_lost_told = False
+        self._standby_at: float | None = None  # when to refill the warm agents (STANDBY_AFTER_S)
         self.checkpoint_times: collections.deque[float] = collections.deque(maxlen=8)  # metrics: the interval
         self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform  # a verdict to give once the gang is torn down
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
@@ -704,6 +710,12 @@ class Controller:
                 self._finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
             return
         self._track_progress(now)
+        if self._standby_at is not None and now >= self._standby_at and self.phase == JobPhase.RUNNING:
+            self._standby_at = None
+            standing = self.platform.warm_up()  # the next relaunch finds its agents ready
+            if standing:
+                log.info("event=agents_standing_by pids=%s (they import torch now; a relaunch takes them)", standing)
+                self.event("agents_standing_by", attempt=self.attempt, pids=standing)
         if self._pending_stop is not None:
             phase, reason = self._pending_stop
             self.event("action", attempt=self.attempt, action="tear_down", reason=reason[:200])
@@ -795,6 +807,7 @@ class Controller:
         if all_heard and self.phase == JobPhase.STARTING:
             self.in_place_deadline = None  # a restart in place came back
             self.phase = JobPhase.RUNNING
+            self._standby_at = now + STANDBY_AFTER_S
             self._save_state()  # before the event: whoever reads "running" finds it in the state file too
             self.event("running", attempt=self.attempt, world_size=world)
         if self.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):

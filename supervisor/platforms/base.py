@@ -163,10 +163,12 @@ class Platform(abc.ABC):
         """The machines the next launches must avoid (``slots()`` already leaves them out when the
         slots are the machines)."""
 
-    def warm_up(self) -> None:
-        """A launch is coming (the job starts, or a fault was just found): start ahead whatever
-        can be started before it is needed (the local platform: an agent per slot that has
-        imported torch). Must not block; a platform without such a thing does nothing."""
+    def warm_up(self) -> list[int]:
+        """A launch is coming (the job starts, or a fault was just found), or may come (the gang
+        has run a while): start ahead whatever can be started before it is needed (the local
+        platform: an agent per slot that has imported torch). Must not block; a platform without
+        such a thing does nothing. Returns the pids of what now waits (for the events)."""
+        return []
 
     async def serving(self, api: str) -> None:
         """The controller holds the job and answers at ``api`` (``http://ADDR:PORT``, its

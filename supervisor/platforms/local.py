@@ -100,13 +100,13 @@ class LocalPlatform(Platform):
         self._warm: list[subprocess.Popen] = []
         """Agents that have imported torch (or are importing it), waiting for a node (warm_agent)."""
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> list[int]:
         """Keep one waiting agent per slot (:mod:`supervisor.platforms.warm_agent`): a launch then
         hands each node to one that has already imported torch. They carry the job's log marker
         in their environment (``--fresh`` finds them) and end by themselves when this process
         goes (their stdin is a pipe from it)."""
         if not self.warm_agents:
-            return
+            return []
         self._warm = [p for p in self._warm if p.poll() is None]
         env = dict(os.environ) | {Env.LOG_DIR: str(self.log_dir.resolve() / "ranks")}
         while len(self._warm) < len(self._slots):
@@ -116,8 +116,9 @@ class LocalPlatform(Platform):
                                      start_new_session=True, cwd=os.getcwd())
             except OSError as exc:
                 log.warning("event=warm_agent_failed error=%s (agents start cold)", exc)
-                return
+                break
             self._warm.append(p)
+        return self.warm_pids
 
     @property
     def warm_pids(self) -> list[int]:
