@@ -550,6 +550,8 @@ _ASKED = {0: ("compute", 9.5), 1: ("compute", 9.6), 2: ("collective", 9.7), 3: (
     ("dead", (1,), RUNG_KILL_NODE, {0, 2}),
     ("rank_killed", (1,), RUNG_TEARDOWN, {0, 2}),
     ("node_lost", (0, 1), RUNG_TEARDOWN, {2}),
+    # a rank whose process ended under a running agent (rung 0: restarted in place) is gone too
+    ("rank_exit", (1,), RUNG_IN_PLACE, {0, 2}),
 ])
 def test_the_evidence_waits_only_for_ranks_that_can_answer(kind, ranks, rung, awaited):
     fault = Fault(kind, ranks, ("node0",), "", rung, False, 9.0)

@@ -315,14 +315,15 @@ def evidence_awaited(fault: Fault, asked: Mapping[int, tuple[str, float]], *, no
     """The ranks whose stack dumps the evidence waits for, out of those asked for one
     (``asked``: each rank's last phase and when it was last heard from).
 
-    Not a rank that cannot answer: the fault's culprits when the fault starts at rung 2 or 3
-    (a silent rank, a killed or exited one, a lost node's ranks), a rank that has ended (its
+    Not a rank that cannot answer: the fault's culprits unless the fault starts at rung 1 (at
+    rung 0 their processes ended under their agents; at rungs 2 and 3 they are silent, killed or
+    exited, or their node is lost), a rank that has ended (its
     last phase ``done`` or ``failed``), or one not heard from within ``fresh_s`` (its heartbeats
     stopped: a frozen or dying process). A stuck culprit of rung 1 is waited for: its stacks are
     the evidence that matters most. The wait is still capped by the caller: an answer lost on
     the way costs that cap, never the evidence.
     """
-    gone = set(fault.ranks) if fault.rung >= RUNG_KILL_NODE else set()
+    gone = set(fault.ranks) if fault.rung != RUNG_ABORT else set()
     return frozenset(r for r, (phase, heard) in asked.items()
                      if r not in gone and phase not in (PHASE_DONE, PHASE_FAILED) and now - heard <= fresh_s)
 
