@@ -977,8 +977,9 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
         "(an estimate, within ~10 ms). **Detected**: the controller's `fault_detected` event (wall clock). "
         "**First resumed step**: the latest, over ranks, of each rank's first step record of attempt 1 "
         "(`rank-R.jsonl`). **Phases** (wall clock): detect = fault -> `fault_detected`; teardown = "
-        "`fault_detected` -> relaunch minus the controller's schedule time (includes the 0.6 s evidence wait: stack "
-        "dumps are requested before anything is killed); schedule = the controller's; rendezvous = `launched` -> "
+        "`fault_detected` -> relaunch minus the controller's schedule time (includes the evidence wait: stack "
+        "dumps are requested before anything is killed, and the controller waits until every rank that can "
+        "answer has, at most 0.6 s here); schedule = the controller's; rendezvous = `launched` -> "
         "`running` (every rank's first heartbeat: process start, `import torch`, rendezvous, "
         "`init_process_group`); restore = `running` -> rank 0's `event=checkpoint_restored` (model build, DDP "
         "wrap, restore point, checkpoint load); first step = that -> first resumed step. "
@@ -1183,7 +1184,8 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
             tp = {k: med(r.teardown_parts.get(k) for r in sv.get(kind, [])) for k in ("evidence", "culprit", "rest")}
             parts.append(f"the phases a cold start does not have, teardown + schedule, take {f2(td + sc)} s "
                          f"(evidence {f2(tp['evidence'])}, culprit {f2(tp['culprit'])}, rest {f2(tp['rest'])}; the "
-                         f"evidence wait is a fixed {f2(evidence_wait, 1)} s)")
+                         f"evidence wait ends when the ranks that can answer have dumped their stacks, at most "
+                         f"{f2(evidence_wait, 1)} s)")
         startup = [phases.get(p) for p in ("rendezvous", "restore", "first_step")]
         if None not in startup and base is not None:
             parts.append(f"the relaunch itself (rendezvous + restore + first step) took {f2(sum(startup))} s against "
