@@ -76,10 +76,18 @@ ONE_NODE = "-1x2"
 """A fault's name with this suffix: the job runs as 1 node x 2 ranks (``--nnodes 1
 --nproc-per-node 2``), the shape of the plain torchrun baseline (``--standalone
 --nproc-per-node 2``), instead of 2 nodes x 1 rank: like for like with torchrun's own restart."""
-FAULTS = ("kill", "stop", "hang", "skip-collective", "node", "kill" + IN_PLACE, "hang" + IN_PLACE,
+NO_SPARE = "node-nospare"
+"""node1 is killed as in ``node``, but there is no spare slot: the job goes on with one node
+(``--nnodes 1:2``), a smaller world, resumed from the same checkpoint."""
+FAULTS = ("kill", "stop", "hang", "skip-collective", "node", NO_SPARE, "nan", "kill" + IN_PLACE, "hang" + IN_PLACE,
           "skip-collective" + IN_PLACE, "kill" + IN_PLACE + ONE_NODE)
+NO_TORCHRUN_RUN = ("node", NO_SPARE, "nan")
+"""Faults with no torchrun run of their own: a standalone torchrun that loses its node is gone,
+and it has no notion of a non-finite loss; each is held to the issue's bar instead, its detection
+plus torchrun's own restart after kill -9."""
 DETECTOR = {
     "kill": "agent exit (process)", "node": "node agent gone (process)", "stop": "heartbeat timeout",
+    NO_SPARE: "node agent gone (process)", "nan": "ranks stop on an agreed non-finite loss (exit code)",
     "hang": "phase timeout (compute)", "skip-collective": "collective wait timeout",
     "kill" + IN_PLACE: "rank process gone under its agent", "hang" + IN_PLACE: "phase timeout (compute)",
     "skip-collective" + IN_PLACE: "collective wait timeout",
@@ -389,11 +397,12 @@ def launch_extra() -> list[str]:
 
 
 def sv_launch(work: Path, name: str, *, fault: str | None = None, slots: int = 2, ckpt: Path | None = None,
-              extra: tuple[str, ...] = (), nnodes: int = 2):
+              extra: tuple[str, ...] = (), nnodes: int = 2, nnodes_min: int | None = None):
     d = work / name
     d.mkdir(parents=True)
     logs, ckpt = d / "logs", ckpt or d / "ckpt"
-    cmd = [PY, "-m", "supervisor", "launch", "--nnodes", str(nnodes), "--slots", str(max(slots, nnodes)), "--checkpoint-dir", str(ckpt),
+    span = str(nnodes) if nnodes_min is None else f"{nnodes_min}:{nnodes}"
+    cmd = [PY, "-m", "supervisor", "launch", "--nnodes", span, "--slots", str(max(slots, nnodes)), "--checkpoint-dir", str(ckpt),
            "--log-dir", str(logs), *SV_FLAGS, *launch_extra(), *extra, "--", PY, str(TRAIN), *JOB]
     _LOG_DIRS.append(logs)
     p = start(cmd, env=job_env(d, fault), out=d / "supervisor-output.txt", cwd=d)
@@ -545,8 +554,8 @@ def analyse_fault(name: str, kind: str, logs: Path, t_fault_ext: float | None, r
 
 def sv_fault_run(work: Path, name: str, kind: str) -> SvRun:
     load0 = os.getloadavg()
-    if kind == "node":
-        p, logs, ckpt = sv_launch(work, name, slots=3)
+    if kind in ("node", NO_SPARE):
+        p, logs, ckpt = sv_launch(work, name, slots=3) if kind == "node" else sv_launch(work, name, nnodes_min=1)
         t_fault = None
         if wait_mid_run(p, logs, ckpt):
             t_fault = signal_node(logs, "node1", signal.SIGKILL)
@@ -1055,7 +1064,7 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
             continue
         det = med(r.detect for r in runs)
         bk = base_kind(kind)
-        if bk in ("kill", "node"):
+        if bk in ("kill", "node", NO_SPARE, "nan"):
             target, tgt_txt = None, "none: process exit"
         elif bk == "stop":
             target = HB_TIMEOUT + 1
@@ -1069,13 +1078,16 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
                      for r in runs]
         ovh = med(overheads)
         paired = med(r.paired_overhead for r in runs)
-        tr_kind = "kill" if bk == "node" else bk
+        tr_kind = "kill" if bk in NO_TORCHRUN_RUN else bk
         trk = tr.get((tr_kind, "kill" if tr_kind == "kill" else f"pg{PG_TIMEOUT_S}"), [])
         tr_total = med(t.total for t in trk)
-        if kind == "node":
-            tr_txt = ("no equivalent: a standalone torchrun that loses its node is gone; "
-                      f"kill -9 of one rank restarts in {f2(tr_total)} s")
-            ratio = "—"
+        if kind in NO_TORCHRUN_RUN:
+            bar = None if det is None or tr_total is None else det + tr_total
+            why = ("a standalone torchrun that loses its node is gone" if kind != "nan"
+                   else "torchrun has no notion of a non-finite loss")
+            tr_txt = (f"no equivalent ({why}); the bar: its detection + torchrun's kill -9 restart "
+                      f"({f2(tr_total)} s) = {f2(bar)} s")
+            ratio = f"{total / bar:.2f} of the bar" if total and bar else "—"
         elif trk:
             what = "restart after kill -9" if bk == "kill" else f"{PG_TIMEOUT_S} s pg timeout"
             n_ok = sum(1 for t in trk if t.total is not None)
@@ -1093,7 +1105,7 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
                  f"| {tr_txt} | {ratio} |")
         dominant = max(((p, v) for p, v in phases.items() if v is not None), key=lambda pv: pv[1], default=(None, 0))
         verdicts.append((kind, det, target, det_ok, ovh, ovh_ok, dominant, dets, phases, paired))
-        totals[kind] = (total, tr_total if kind != "node" else None, ratio)
+        totals[kind] = (total, tr_total if kind not in NO_TORCHRUN_RUN else None, ratio)
     L.append("")
     L.append("Teardown, split by the controller's events (medians, s): *evidence* = `fault_detected` -> "
              "`evidence_saved` (stack dumps are requested from every rank first); *culprit* = -> `tear_down` "
@@ -1244,6 +1256,10 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
         S.append("* **Against plain torchrun** (fault -> first resumed step, supervisor vs torchrun): " + "; ".join(cmp)
                  + f" (kill: torchrun's own restart; the others: torchrun with a {PG_TIMEOUT_S} s process-group "
                  "timeout).")
+    bars = [f"{k} {f2(t)} s ({r})" for k, (t, tt, r) in totals.items() if tt is None and k in NO_TORCHRUN_RUN]
+    if bars:
+        S.append("* **No torchrun equivalent** (a lost node, a non-finite loss), against the bar of their detection "
+                 "plus torchrun's restart after kill -9: " + "; ".join(bars) + ".")
     if stop_def:
         t = stop_def[0]
         S.append("* torchrun with defaults " + (f"resumed {f2(t.total)} s after a SIGSTOP." if t.total is not None else

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from supervisor.controller.decide import (
+    ACTION_ABORT,
+    ACTION_KILL_NODE,
+    ACTION_TEAR_DOWN,
     EXIT_CODES,
     FAULT_KINDS,
     RUNG_ABORT,
@@ -17,12 +20,14 @@ from supervisor.controller.decide import (
     Relaunch,
     RestartTimer,
     RestoreReport,
+    Rung,
     Stop,
     classify,
     completed,
     evidence_awaited,
     gang_size,
     in_place_ok,
+    ladder,
     name_rank_failure,
     parse_skipped,
     plan_next,
@@ -558,3 +563,20 @@ def test_the_evidence_waits_only_for_ranks_that_can_answer(kind, ranks, rung, aw
     # never a rank that ended (failed, done), nor one not heard from within fresh_s
     assert evidence_awaited(fault, _ASKED, now=10.0, fresh_s=1.0) == awaited
     assert evidence_awaited(fault, {}, now=10.0, fresh_s=1.0) == frozenset()
+
+
+# ---------------------------------------------------------------- the escalation ladder
+@pytest.mark.parametrize("rung, nodes, expected", [
+    # a stuck rank is ordered to abort; if its node does not exit in time, the node is killed
+    (RUNG_ABORT, ("node1",), [Rung(ACTION_ABORT, (1,), ("node1",), 5.0), Rung(ACTION_KILL_NODE, (), ("node1",)),
+                              Rung(ACTION_TEAR_DOWN)]),
+    # a silent rank cannot obey: its node is killed first
+    (RUNG_KILL_NODE, ("node1",), [Rung(ACTION_KILL_NODE, (), ("node1",)), Rung(ACTION_TEAR_DOWN)]),
+    (RUNG_KILL_NODE, (), [Rung(ACTION_TEAR_DOWN)]),  # no node known: nothing to kill alone
+    # a node that failed, or ranks restarted in place that the controller did not let go on
+    (RUNG_TEARDOWN, ("node1",), [Rung(ACTION_TEAR_DOWN)]),
+    (RUNG_IN_PLACE, ("node1",), [Rung(ACTION_TEAR_DOWN)]),
+])
+def test_the_ladder_starts_at_the_faults_rung_and_always_ends_in_a_teardown(rung, nodes, expected):
+    fault = Fault("hang", (1,), nodes, "", rung, False, 0.0)
+    assert list(ladder(fault, abort_grace_s=5.0)) == expected

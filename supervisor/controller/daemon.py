@@ -39,8 +39,9 @@ from supervisor.controller import token as job_token
 from supervisor.files import set_aside
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
+    ACTION_ABORT,
+    ACTION_KILL_NODE,
     EXIT_CODES,
-    RUNG_ABORT,
     RUNG_KILL_NODE,
     RUNG_TEARDOWN,
     TERMINAL,
@@ -55,6 +56,7 @@ from supervisor.controller.decide import (
     evidence_awaited,
     gang_size,
     in_place_ok,
+    ladder,
     note_refusals,
     pick_checkpoint,
     plan_next,
@@ -955,23 +957,29 @@ class Controller:
         await self._save_evidence(fault)
         if self.in_place_allowed and await self._restart_in_place(fault, timer):
             return
-        rung = fault.rung
-        if rung == RUNG_ABORT:
-            for rank in fault.ranks:
-                self.intake.send(control_message("abort", attempt=self.attempt, rank=rank, seq=self.control_seq.next(),
-                                                 reason=f"{fault.kind}: {fault.detail}"[:400]),
-                                 self.addr_by_rank.get(rank))
-            self.event("action", attempt=self.attempt, action="abort_ranks", ranks=list(fault.ranks),
-                       reason=fault.kind)
-            if not await self._nodes_exit(fault.nodes, self.cfg.restart.abort_grace_s):
-                rung = RUNG_KILL_NODE
-        if rung == RUNG_KILL_NODE:
-            for node in fault.nodes:
-                self.event("action", attempt=self.attempt, action="kill_node", node=node, reason=fault.kind)
-                await self.platform.kill_node(node)
-        self.event("action", attempt=self.attempt, action="tear_down", reason=fault.kind)
-        self._check_lease()
-        await self.platform.teardown(self.cfg.restart.teardown_grace_s)
+        rungs = ladder(fault, abort_grace_s=self.cfg.restart.abort_grace_s)
+        i = 0
+        while i < len(rungs):
+            rung = rungs[i]
+            if rung.action == ACTION_ABORT:
+                for rank in rung.ranks:
+                    self.intake.send(control_message("abort", attempt=self.attempt, rank=rank,
+                                                     seq=self.control_seq.next(),
+                                                     reason=f"{fault.kind}: {fault.detail}"[:400]),
+                                     self.addr_by_rank.get(rank))
+                self.event("action", attempt=self.attempt, action=rung.action, ranks=list(rung.ranks),
+                           reason=fault.kind)
+            elif rung.action == ACTION_KILL_NODE:
+                for node in rung.nodes:
+                    self.event("action", attempt=self.attempt, action=rung.action, node=node, reason=fault.kind)
+                    await self.platform.kill_node(node)
+            else:
+                self.event("action", attempt=self.attempt, action=rung.action, reason=fault.kind)
+                self._check_lease()
+                await self.platform.teardown(self.cfg.restart.teardown_grace_s)
+            # a rung whose nodes exited in time worked: on to the teardown
+            worked = rung.wait_s > 0 and await self._nodes_exit(rung.nodes, rung.wait_s)
+            i = len(rungs) - 1 if worked and i < len(rungs) - 1 else i + 1
         timer.torn_down_at = self.clock()
         if not fault.node_failure:
             # a platform may learn only while tearing down that a node cannot answer (Slurm: a

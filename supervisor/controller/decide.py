@@ -310,6 +310,42 @@ def classify(
     )
 
 
+ACTION_ABORT, ACTION_KILL_NODE, ACTION_TEAR_DOWN = "abort_ranks", "kill_node", "tear_down"
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the escalation ladder, as the controller carries it out (its ``action`` event)."""
+
+    action: str
+    """:data:`ACTION_ABORT` (an abort order to each rank), :data:`ACTION_KILL_NODE` (the
+    platform kills each node), :data:`ACTION_TEAR_DOWN` (the whole gang)."""
+    ranks: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+    wait_s: float = 0.0
+    """How long the nodes get to exit after the action. When they do, the cheaper rung worked:
+    the rungs left before the teardown are skipped."""
+
+
+def ladder(fault: Fault, *, abort_grace_s: float) -> tuple[Rung, ...]:
+    """The escalation ladder of a fault that is not restarted in place, from the fault's own rung.
+
+    Rung 1 orders the culprits to abort (the SDK dumps their stacks and kills the rank) and gives
+    their nodes ``abort_grace_s`` to exit; rung 2 kills the culprits' nodes (a silent rank cannot
+    obey an order, and a rank that did not die on its abort is not trusted to); rung 3 tears the
+    gang down, always last: a gang that lost a rank cannot go on. A fault of rung 0 (the agents
+    have begun restarting in place, but the controller declined that path) goes to the teardown
+    at once: its culprits' processes have already ended.
+    """
+    steps: list[Rung] = []
+    if fault.rung == RUNG_ABORT:
+        steps.append(Rung(ACTION_ABORT, ranks=fault.ranks, nodes=fault.nodes, wait_s=abort_grace_s))
+    if fault.rung in (RUNG_ABORT, RUNG_KILL_NODE) and fault.nodes:
+        steps.append(Rung(ACTION_KILL_NODE, nodes=fault.nodes))
+    steps.append(Rung(ACTION_TEAR_DOWN))
+    return tuple(steps)
+
+
 def evidence_awaited(fault: Fault, asked: Mapping[int, tuple[str, float]], *, now: float,
                      fresh_s: float) -> frozenset[int]:
     """The ranks whose stack dumps the evidence waits for, out of those asked for one
