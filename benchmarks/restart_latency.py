@@ -1064,7 +1064,7 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
             continue
         det = med(r.detect for r in runs)
         bk = base_kind(kind)
-        if bk in ("kill", "node", NO_SPARE, "nan"):
+        if bk == "kill" or bk in NO_TORCHRUN_RUN:  # a process exit: no timeout involved
             target, tgt_txt = None, "none: process exit"
         elif bk == "stop":
             target = HB_TIMEOUT + 1

@@ -41,6 +41,7 @@ from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     ACTION_ABORT,
     ACTION_KILL_NODE,
+    ACTION_TEAR_DOWN,
     EXIT_CODES,
     RUNG_KILL_NODE,
     RUNG_TEARDOWN,
@@ -129,8 +130,7 @@ class Intake(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # set while the intake reads for itself
-        self._watching = False
-        self._resume: asyncio.Handle | None = None
+        self._resume: asyncio.Handle | None = None  # watching again after a pause (COALESCE_S)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -159,18 +159,16 @@ class Intake(asyncio.DatagramProtocol):
             self._resume.cancel()
             self._resume = None
         if self._sock is not None:
-            if self._loop is not None and self._watching:
-                self._loop.remove_reader(self._sock.fileno())
-            self._watching = False
+            if self._loop is not None:
+                self._loop.remove_reader(self._sock.fileno())  # a no-op while paused
             self._loop = None
             self._sock.close()
             self._sock = None
 
     def _watch(self) -> None:
         self._resume = None
-        if self._sock is not None and self._loop is not None and not self._watching:
+        if self._sock is not None and self._loop is not None:
             self._loop.add_reader(self._sock.fileno(), self._readable)
-            self._watching = True
 
     def _readable(self) -> None:
         n = self._drain()
@@ -178,7 +176,6 @@ class Intake(asyncio.DatagramProtocol):
         if loop is None or self._sock is None or n == 0:
             return
         loop.remove_reader(self._sock.fileno())
-        self._watching = False
         # more queued than one drain takes: go on after whatever else is ready; else coalesce
         self._resume = loop.call_soon(self._watch) if n >= DRAIN_MAX else loop.call_later(COALESCE_S, self._watch)
 
@@ -957,10 +954,10 @@ class Controller:
         await self._save_evidence(fault)
         if self.in_place_allowed and await self._restart_in_place(fault, timer):
             return
-        rungs = ladder(fault, abort_grace_s=self.cfg.restart.abort_grace_s)
-        i = 0
-        while i < len(rungs):
-            rung = rungs[i]
+        worked = False  # a rung whose nodes exited in time: straight on to the teardown
+        for rung in ladder(fault, abort_grace_s=self.cfg.restart.abort_grace_s):
+            if worked and rung.action != ACTION_TEAR_DOWN:
+                continue
             if rung.action == ACTION_ABORT:
                 for rank in rung.ranks:
                     self.intake.send(control_message("abort", attempt=self.attempt, rank=rank,
@@ -977,9 +974,7 @@ class Controller:
                 self.event("action", attempt=self.attempt, action=rung.action, reason=fault.kind)
                 self._check_lease()
                 await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-            # a rung whose nodes exited in time worked: on to the teardown
             worked = rung.wait_s > 0 and await self._nodes_exit(rung.nodes, rung.wait_s)
-            i = len(rungs) - 1 if worked and i < len(rungs) - 1 else i + 1
         timer.torn_down_at = self.clock()
         if not fault.node_failure:
             # a platform may learn only while tearing down that a node cannot answer (Slurm: a
@@ -1151,15 +1146,19 @@ class Controller:
             self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, seq=asked[rank],
                                              reason=fault.kind), addr)
         interval = self.cfg.heartbeat.interval_s
-        now = self.clock()
-        awaited = evidence_awaited(fault, {r: (rec.hb.phase, rec.received) for r, rec in self.registry.ranks.items()
-                                           if r in asked}, now=now, fresh_s=2 * interval)
-        # until every rank that can answer has said its stacks are on disk (a heartbeat sent at
-        # once), at most as long as a heartbeat interval and a little (older workers never answer)
+        reg = self.registry
+        awaited = evidence_awaited(fault, {r: (rec.hb.phase, rec.received) for r, rec in reg.ranks.items()
+                                           if r in asked}, now=self.clock(), fresh_s=2 * interval)
+
+        def answered(rank: int) -> bool:  # its stacks are on disk: a heartbeat naming the request
+            rec = reg.ranks.get(rank)
+            return rec is not None and rec.hb.dump_seq >= asked[rank]
+
+        # until every rank that can answer has (it answers at once), at most as long as a
+        # heartbeat interval and a little (older workers never answer)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(1.0, interval * 1.2)
-        while loop.time() < deadline and any(
-                self.registry.ranks[r].hb.dump_seq < asked[r] for r in awaited if r in self.registry.ranks):
+        while loop.time() < deadline and not all(answered(r) for r in awaited):
             await asyncio.sleep(0.01)
         now = self.clock()
         ev_dir = self.log_dir / "evidence"
@@ -1176,8 +1175,7 @@ class Controller:
             "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
             # asked to dump their stacks; of those, the ones that could answer; the ones that did
             "asked": sorted(asked), "awaited": sorted(awaited),
-            "answered": sorted(r for r, seq in asked.items()
-                               if r in self.registry.ranks and self.registry.ranks[r].hb.dump_seq >= seq),
+            "answered": sorted(filter(answered, asked)),
             "rank_log_dir": str(self.log_dir / "ranks"),
         }, indent=1, default=str))
         self.event("evidence_saved", attempt=self.attempt, path=str(path))
