@@ -442,3 +442,8 @@ class Env:
     """Set (to the launch's in-place restart allowance) when the node agents restart ranks in
     place: a rank then counts its own restarts under its agent (its attempt is the launch's
     plus that count, the same on every rank, since an agent restarts its whole gang)."""
+    RANK_EXITS = "SUPERVISOR_RANK_EXITS"
+    """A directory (set by a platform that can read it) where a node's agent records each rank
+    process that ends, the moment it ends: a file named after its pid holding
+    ``{"pid", "exit_code", "at"}`` (an exit code below 0 is the signal that killed it). The
+    agent's own exit tells the same ~1 s later, after its shutdown."""

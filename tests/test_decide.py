@@ -31,7 +31,9 @@ from supervisor.controller.decide import (
     name_rank_failure,
     parse_skipped,
     plan_next,
+    rank_ended,
     restarted_in_place,
+    rung_worked,
     restore_report,
     root_verdict,
 )
@@ -506,6 +508,53 @@ def test_a_restart_in_place_is_seen_from_the_ranks_that_ended_or_the_ranks_ahead
         assert "in place" in fault.detail
 
 
+def told(name, *ends, state=NodeState.RUNNING, ours=False):
+    """A node whose agent recorded how its ranks ended: ``ends`` are (pid, exit status)."""
+    return NodeStatus(name=name, attempt=0, state=state, killed_by_us=ours,
+                      exited_pids=tuple(pid for pid, _ in ends), exit_codes=tuple(ends))
+
+
+@pytest.mark.parametrize("nodes, extra, kind, ranks, detail", [
+    # nothing ended: no fault
+    ({"a": told("a"), "b": told("b")}, {}, None, None, None),
+    # rank 1 SIGKILLed under its running agent: named at once, as the agent's exit would name it
+    ({"a": told("a"), "b": told("b", (101, -9))}, {}, "rank_killed", (1,), "rank 1 killed by signal 9 (SIGKILL) at step 41"),
+    # its own error, from its last heartbeat
+    ({"a": told("a"), "b": told("b", (101, 1))}, {"failed_ranks": {1: False}, "failed_errors": {1: "ValueError: bad"}},
+     "rank_error", (1,), "rank 1 crashed at step 41: ValueError: bad"),
+    ({"a": told("a"), "b": told("b", (101, 3))}, {}, "rank_exit", (1,), "rank 1 exited with code 3 at step 41"),
+    ({"a": told("a"), "b": told("b", (101, 17))}, {}, "crash", (1,), "rank 1 crashed (exit 17) at step 41"),
+    # an agreed non-finite loss: the rank whose own loss it was is named
+    ({"a": told("a", (100, 18)), "b": told("b", (101, 18))}, {"nonfinite_ranks": [1]}, "nonfinite", (1,),
+     "rank 1: non-finite loss at step 41"),
+    # the victim that said a peer broke it is not the culprit; the SIGKILLed one is
+    ({"a": told("a", (100, 1)), "b": told("b", (101, -9))}, {"failed_ranks": {0: True}}, "rank_killed", (1,), None),
+    # only the victim so far: wait (its culprit shows, or the agents' exits tell)
+    ({"a": told("a", (100, 1)), "b": told("b")}, {"failed_ranks": {0: True}}, None, None, None),
+    # a sibling SIGTERMed by its agent stopping the others is not the culprit
+    ({"a": told("a", (100, -15), (101, 5))}, {"rank_nodes": {0: "a", 1: "a"}}, "rank_exit", (1,), None),
+    # finished, preempted (the gang may still be writing its emergency checkpoint), done: not early
+    ({"a": told("a"), "b": told("b", (101, 0))}, {}, None, None, None),
+    ({"a": told("a"), "b": told("b", (101, 143))}, {}, None, None, None),
+    ({"a": told("a"), "b": told("b", (101, -9))}, {"done_ranks": {1}}, None, None, None),
+    # a pid that is no rank of this gang (an earlier generation's) says nothing
+    ({"a": told("a"), "b": told("b", (77, -9))}, {}, None, None, None),
+    # an agent that exited, or that we are killing, is classify's and the teardown's business
+    ({"a": told("a"), "b": told("b", (101, -9), state=NodeState.EXITED)}, {}, None, None, None),
+    ({"a": told("a"), "b": told("b", (101, -9), ours=True)}, {}, None, None, None),
+])
+def test_a_rank_that_ended_is_a_fault_before_its_agent_exits(nodes, extra, kind, ranks, detail):
+    args = {"now": 50.0, "rank_pids": PIDS, "rank_nodes": RN, "rank_steps": {0: 41, 1: 41}, **extra}
+    fault = rank_ended(nodes, **args)
+    if kind is None:
+        assert fault is None
+        return
+    assert (fault.kind, fault.ranks, fault.rung, fault.node_failure, fault.step) == (kind, ranks, RUNG_TEARDOWN, False, 41)
+    assert fault.nodes == (args["rank_nodes"][ranks[0]],)
+    if detail is not None:
+        assert fault.detail == detail
+
+
 SAME = Relaunch(("a", "b"), "step-0000000010", ())
 RUNNING = {"a": agent("a"), "b": agent("b")}
 
@@ -580,3 +629,20 @@ def test_the_evidence_waits_only_for_ranks_that_can_answer(kind, ranks, rung, aw
 def test_the_ladder_starts_at_the_faults_rung_and_always_ends_in_a_teardown(rung, nodes, expected):
     fault = Fault("hang", (1,), nodes, "", rung, False, 0.0)
     assert list(ladder(fault, abort_grace_s=5.0)) == expected
+
+
+ABORT1 = Rung(ACTION_ABORT, ranks=(1,), nodes=("b",), wait_s=5.0)
+
+
+@pytest.mark.parametrize("rung, nodes, worked", [
+    (ABORT1, {"a": agent("a"), "b": agent("b")}, False),                         # nothing yet
+    (ABORT1, {"a": agent("a"), "b": agent("b", state=NodeState.EXITED)}, True),  # its node's agent exited
+    (ABORT1, {"a": agent("a"), "b": agent("b", exited=[101])}, True),            # the aborted rank ended
+    (ABORT1, {"a": agent("a", exited=[100]), "b": agent("b")}, False),           # another rank ended, not it
+    (ABORT1, {"a": agent("a"), "b": agent("b", exited=[77])}, False),            # an earlier generation's pid
+    # a node killed (rung 2) has worked only when its agent is gone
+    (Rung(ACTION_KILL_NODE, nodes=("b",), wait_s=5.0), {"b": agent("b", exited=[101])}, False),
+    (Rung(ACTION_KILL_NODE, nodes=("b",), wait_s=5.0), {"b": agent("b", state=NodeState.LOST)}, True),
+])
+def test_a_rung_has_worked_when_its_nodes_are_gone_or_the_ranks_it_aborted_ended(rung, nodes, worked):
+    assert rung_worked(rung, nodes, PIDS) is worked

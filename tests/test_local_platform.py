@@ -174,3 +174,62 @@ def test_a_warm_agent_imported_under_another_environment_becomes_a_cold_one_for_
     pid, status = launch_one_until_it_ends(platform, spec)
     assert pid == warm and status.state == NodeState.EXITED and status.exit_code == 0
     assert "on path True" in (tmp_path / "attempt-0" / "node0.log").read_text()
+
+
+RANKS_THAT_END = """
+import os, signal, sys, time
+from pathlib import Path
+here = Path(sys.argv[1])
+if os.environ["LOCAL_RANK"] == "0":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # its agent's stop cannot end it: the agent stays up
+    (here / "rank0.pid").write_text(str(os.getpid()))
+    time.sleep(300)
+else:
+    while not (here / "rank0.pid").exists():
+        time.sleep(0.02)
+    (here / "rank1.pid").write_text(str(os.getpid()))
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(7)
+"""
+
+
+@pytest.mark.parametrize("fork, how, status", [(True, "exit", 7), (True, "kill", -9), (False, "kill", -9)],
+                         ids=["forked-exit-7", "forked-sigkill", "new-interpreter-sigkill"])
+def test_the_agent_tells_how_a_rank_ended_while_it_still_runs(tmp_path, fork, how, status):
+    """A rank's end reaches the platform from its agent at once (``NodeStatus.exit_codes``), while
+    the agent itself still runs (here it waits on a sibling that ignores its SIGTERM, as a rank
+    stuck in a collective does): the controller names the fault from it without waiting for the
+    agent's exit, exactly as that exit would have named it."""
+    import sys
+
+    from supervisor.controller.decide import rank_ended
+    from supervisor.platforms.base import LaunchSpec, free_port
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS_THAT_END)
+    platform = LocalPlatform(1, tmp_path / "logs")
+    spec = LaunchSpec(attempt=0, nodes=["node0"], nnodes_min=1, nnodes_max=1, nproc_per_node=2,
+                      command=[sys.executable, str(script), str(tmp_path), how], env={"SUPERVISOR_JOB": "ends"},
+                      rdzv_endpoint=f"127.0.0.1:{free_port('127.0.0.1')}", rdzv_id="ends-0", fork_ranks=fork)
+
+    async def scenario():
+        await platform.launch(spec)
+        try:
+            for _ in range(1200):
+                node = (await platform.observe())["node0"]
+                assert node.state == NodeState.RUNNING, f"the agent ended first: {node}"
+                if node.exit_codes:
+                    return node
+                await asyncio.sleep(0.05)
+            raise AssertionError("no rank's end was told")
+        finally:
+            await platform.teardown(0.2)
+
+    node = asyncio.run(scenario())
+    pids = {r: int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)}
+    assert node.exit_codes == ((pids[1], status),)
+    assert pids[1] in node.exited_pids and pids[0] not in node.exited_pids
+    fault = rank_ended({"node0": node}, now=1.0, rank_pids=pids, rank_nodes={0: "node0", 1: "node0"})
+    assert fault is not None and fault.ranks == (1,) and fault.nodes == ("node0",)
+    assert fault.detail == ("rank 1 killed by signal 9 (SIGKILL)" if how == "kill" else "rank 1 exited with code 7")

@@ -51,6 +51,7 @@ from supervisor.controller.decide import (
     JobPhase,
     Relaunch,
     RestartTimer,
+    Rung,
     Stop,
     classify,
     completed,
@@ -61,9 +62,11 @@ from supervisor.controller.decide import (
     note_refusals,
     pick_checkpoint,
     plan_next,
+    rank_ended,
     restarted_in_place,
     restore_report,
     root_verdict,
+    rung_worked,
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.platforms.agent_output import read_tail
@@ -736,6 +739,9 @@ class Controller:
         if self.in_place_allowed and (fault := self._in_place_signal(now)) is not None:
             await self._recover(fault)
             return
+        if not self.in_place_allowed and (fault := self._rank_end_signal(now)) is not None:
+            await self._recover(fault)
+            return
         self.findings = detect(reg, now, self.timeouts, launched_at=self.launched_at)
         if not self.findings and all(n.state == NodeState.RUNNING for n in self.node_status.values()):
             return
@@ -787,16 +793,34 @@ class Controller:
             nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
             rank_steps=self._rank_steps())
 
+    def _rank_end_signal(self, now: float) -> Fault | None:
+        """A rank of the gang ended in failure and its agent (which may not restart it) told
+        how: the fault its agent's exit will name, ~1 s before that exit."""
+        if not any(st.exit_codes for st in self.node_status.values()):
+            return None
+        reg = self.registry
+        return rank_ended(
+            self.node_status, now=now, rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()},
+            rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
+            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_DONE},
+            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
+            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
+            nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
+            rank_steps=self._rank_steps())
+
     def _rank_steps(self) -> dict[int, int]:
-        """Each rank's step: its last heartbeat's, or, for a rank of a failed node, the one after
-        the last step its own log recorded in this attempt (heartbeats are sampled; a rank
-        killed mid-step leaves its log one step behind)."""
-        steps = {r: rec.hb.step for r, rec in self.registry.ranks.items()}
-        for st in self.node_status.values():
-            for f in st.failures:
-                logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{f.rank}.jsonl", self.attempt)
-                if logged is not None:
-                    steps[f.rank] = max(steps.get(f.rank, 0), logged + 1)
+        """Each rank's step: its last heartbeat's, or, for a rank that ended (its node's agent
+        failed, or recorded the end), the one after the last step its own log recorded in this
+        attempt (heartbeats are sampled; a rank killed mid-step leaves its log one step behind)."""
+        reg = self.registry
+        steps = {r: rec.hb.step for r, rec in reg.ranks.items()}
+        by_pid = {rec.hb.pid: r for r, rec in reg.ranks.items() if rec.hb.pid}
+        ended = {f.rank for st in self.node_status.values() for f in st.failures} | \
+            {by_pid[pid] for st in self.node_status.values() for pid, _ in st.exit_codes if pid in by_pid}
+        for rank in ended:
+            logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{rank}.jsonl", self.attempt)
+            if logged is not None:
+                steps[rank] = max(steps.get(rank, 0), logged + 1)
         return steps
 
     def _track_progress(self, now: float) -> None:
@@ -974,7 +998,7 @@ class Controller:
                 self.event("action", attempt=self.attempt, action=rung.action, reason=fault.kind)
                 self._check_lease()
                 await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-            worked = rung.wait_s > 0 and await self._nodes_exit(rung.nodes, rung.wait_s)
+            worked = rung.wait_s > 0 and await self._rung_works(rung)
         timer.torn_down_at = self.clock()
         if not fault.node_failure:
             # a platform may learn only while tearing down that a node cannot answer (Slurm: a
@@ -1129,11 +1153,12 @@ class Controller:
         self.event("launch_abandoned", attempt=self.attempt,
                    detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
 
-    async def _nodes_exit(self, nodes, timeout: float) -> bool:
-        deadline = self.clock() + timeout
+    async def _rung_works(self, rung: Rung) -> bool:
+        """Whether the rung's action takes within its ``wait_s`` (:func:`rung_worked`)."""
+        pids = {r: rec.hb.pid for r, rec in self.registry.ranks.items() if rec.hb.pid}
+        deadline = self.clock() + rung.wait_s
         while self.clock() < deadline:
-            status = await self.platform.observe()
-            if all(status.get(n) is None or status[n].state != NodeState.RUNNING for n in nodes):
+            if rung_worked(rung, await self.platform.observe(), pids):
                 return True
             await asyncio.sleep(0.05)
         return False

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import re
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -279,11 +280,7 @@ def classify(
                 own = f": {n.output_error}" if n.output_error else ""
                 detail = f"node {name}: exited with code {n.exit_code}{own}{suffix}" if own or suffix or not ranks \
                     else f"node {name}: a rank exited with code {n.exit_code}"
-            if nonfinite and kind in ("nonfinite", "rank_exit", "rank_error", "crash"):
-                # every rank stops on an agreed non-finite loss: name the rank whose own loss was
-                # not finite (its heartbeat says so), wherever its node is
-                bad = min(nonfinite)
-                kind, detail, culprits = "nonfinite", f"rank {bad}: non-finite loss at step {steps.get(bad, '?')}", (bad,)
+            kind, detail, culprits = _own_nonfinite(kind, detail, culprits, nonfinite, steps)
             step = next((steps[r] for r in culprits if r in steps), None)
             return Fault(kind, culprits, (name,), detail, RUNG_TEARDOWN, False, now, secondary=order == 2, step=step)
         # only peers of the culprit have failed, and the culprit is a silent rank (its whole
@@ -310,6 +307,62 @@ def classify(
     )
 
 
+def _own_nonfinite(kind: str, detail: str, culprits: tuple[int, ...], nonfinite: Iterable[int],
+                   steps: Mapping[int, int]) -> tuple[str, str, tuple[int, ...]]:
+    """Every rank stops on an agreed non-finite loss: name the rank whose own loss was not finite
+    (its heartbeat says so), wherever its node is, rather than the first rank that exited."""
+    bad = min(nonfinite, default=None)
+    if bad is None or kind not in ("nonfinite", "rank_exit", "rank_error", "crash"):
+        return kind, detail, culprits
+    return "nonfinite", f"rank {bad}: non-finite loss at step {steps.get(bad, '?')}", (bad,)
+
+
+def rank_ended(
+    nodes: Mapping[str, NodeStatus],
+    *,
+    now: float,
+    rank_pids: Mapping[int, int],
+    rank_nodes: Mapping[int, str],
+    done_ranks: frozenset[int] | set[int] = frozenset(),
+    failed_ranks: Mapping[int, bool] | None = None,
+    failed_errors: Mapping[int, str] | None = None,
+    rank_steps: Mapping[int, int] | None = None,
+    nonfinite_ranks: Iterable[int] = (),
+) -> Fault | None:
+    """The fault when a rank of the running gang ended in failure and its agent told how
+    (``NodeStatus.exit_codes``), for agents that may not restart in place: such an agent exits
+    because of it, and :func:`classify` would name the same fault from that exit ~1 s later
+    (the agent first stops its other ranks, closes its rendezvous and ends its interpreter).
+
+    Not taken early (None; the agents' exits tell, as before): a rank that finished (status 0,
+    or it said it was done); a rank stopped on SIGTERM for a preemption (``EXIT_PREEMPTED``: the
+    gang may still be writing its emergency checkpoint); a rank that said a peer broke it (the
+    culprit has not shown yet); a process that is no rank of this gang (``rank_pids``, from the
+    heartbeats: an earlier generation's). Among several, the culprit is one killed by a signal,
+    then one that exited with a failure, last one SIGTERMed (what an agent stopping its other
+    ranks sends); the earliest of a kind."""
+    failed = failed_ranks or {}
+    steps = rank_steps or {}
+    by_pid = {pid: r for r, pid in rank_pids.items() if pid}
+    ended = []
+    for name, n in sorted(nodes.items()):
+        if n.state != NodeState.RUNNING or n.killed_by_us:
+            continue
+        for order, (pid, code) in enumerate(n.exit_codes):
+            rank = by_pid.get(pid)
+            if rank is None or code in (0, EXIT_PREEMPTED) or rank in done_ranks or failed.get(rank, False):
+                continue
+            sigterm = code == -signal.SIGTERM
+            ended.append((2 if sigterm else 0 if code < 0 else 1, order, rank, code, name))
+    if not ended:
+        return None
+    _, _, rank, code, name = min(ended)
+    kind, detail = name_rank_failure(rank, code, (failed_errors or {}).get(rank, ""), steps.get(rank))
+    kind, detail, culprits = _own_nonfinite(kind, detail, (rank,), nonfinite_ranks, steps)
+    return Fault(kind, culprits, (rank_nodes.get(culprits[0], name),), detail, RUNG_TEARDOWN, False, now,
+                 step=next((steps[r] for r in culprits if r in steps), None))
+
+
 ACTION_ABORT, ACTION_KILL_NODE, ACTION_TEAR_DOWN = "abort_ranks", "kill_node", "tear_down"
 
 
@@ -324,7 +377,18 @@ class Rung:
     nodes: tuple[str, ...] = ()
     wait_s: float = 0.0
     """How long the nodes get to exit after the action. When they do, the cheaper rung worked:
-    the rungs left before the teardown are skipped."""
+    the rungs left before the teardown are skipped (:func:`rung_worked`)."""
+
+
+def rung_worked(rung: Rung, nodes: Mapping[str, NodeStatus], rank_pids: Mapping[int, int]) -> bool:
+    """Whether ``rung``'s action took: every node it acted on is no longer running, or, where
+    the platform sees rank processes end (``NodeStatus.exited_pids``), every rank it aborted has
+    ended (its agent's own exit follows ~1 s later, and the teardown ends it anyway)."""
+    if all(nodes.get(n) is None or nodes[n].state != NodeState.RUNNING for n in rung.nodes):
+        return True
+    pids = {rank_pids.get(r) for r in rung.ranks}
+    ended = {pid for st in nodes.values() for pid in st.exited_pids}
+    return bool(rung.ranks) and None not in pids and pids <= ended
 
 
 def ladder(fault: Fault, *, abort_grace_s: float) -> tuple[Rung, ...]:

@@ -37,12 +37,18 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import json
 import os
+import select
 import shutil
 import signal
 import sys
+import threading
+import time
 import uuid
 from typing import Sequence
+
+from supervisor.protocol import Env
 
 FORK_ENV = "SUPERVISOR_FORK_RANKS"
 PRELOAD_ENV = "SUPERVISOR_FORK_PRELOAD"
@@ -296,6 +302,71 @@ def _take_silent_exits_as_returns() -> None:
     api.MultiprocessContext._poll = _poll
 
 
+def _record_exit(directory: str, pid: int, code: int) -> None:
+    """Write one rank's end for the platform (:data:`~supervisor.protocol.Env.RANK_EXITS`),
+    whole or not at all."""
+    record = json.dumps({"pid": pid, "exit_code": code, "at": time.time()})
+    path = os.path.join(directory, str(pid))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(f"{path}.tmp", "w") as f:
+            f.write(record)
+        os.replace(f"{path}.tmp", path)
+    except OSError as exc:  # the agent's own exit still tells, later
+        print(f"forking_agent: cannot record the end of rank process {pid}: {exc}", file=sys.stderr, flush=True)
+
+
+def _watch_exits(pids: Sequence[int], directory: str) -> None:
+    """Record each of ``pids`` (this agent's rank processes) as it ends. A pidfd turns readable
+    the moment its process ends; ``WNOWAIT`` reads the status and leaves the process to torch to
+    reap, so its own monitoring sees exactly what it would have."""
+    poller = select.poll()
+    fds = {}
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # already reaped: torch's own account of it (the agent's exit) tells
+            continue
+        fds[fd] = pid
+        poller.register(fd, select.POLLIN)
+    while fds:
+        for fd, _ in poller.poll():
+            pid = fds.pop(fd)
+            poller.unregister(fd)
+            try:
+                info = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None  # torch reaped it first
+            finally:
+                os.close(fd)
+            if info is not None:
+                _record_exit(directory, pid, info.si_status if info.si_code == os.CLD_EXITED else -info.si_status)
+
+
+def _report_rank_exits(directory: str) -> None:
+    """Have every start of ranks (a launch, a restart in place) watched by :func:`_watch_exits`:
+    torch's agent notices a rank's end at its next monitoring round and then shuts itself down
+    before its exit says so (stopping its other ranks, closing its rendezvous: ~1 s); the
+    platform reads the end at once instead. Where pidfds are missing (Linux < 5.4) nothing is
+    watched and the agent's exit tells, as before."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = api.PContext.start
+    if getattr(original, "reports_exits", False) or not hasattr(os, "pidfd_open") or not hasattr(os, "P_PIDFD"):
+        return
+
+    def start(self) -> None:
+        original(self)
+        try:
+            pids = list(self.pids().values())
+        except Exception:  # noqa: BLE001 - no pids to watch: the agent's exit tells
+            return
+        threading.Thread(target=_watch_exits, args=(pids, directory), name="rank-exits", daemon=True).start()
+
+    start.reports_exits = True
+    api.PContext.start = start
+
+
 def _unbuffered_flag(cmd_args: Sequence[str]) -> bool:
     """``python -u ...`` (the flags :func:`forkable` lets through are leading ``-u``s)."""
     return list(cmd_args[:1]) == ["-u"]
@@ -308,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.launcher.api import elastic_launch
+
+    if os.environ.get(Env.RANK_EXITS):
+        _report_rank_exits(os.environ[Env.RANK_EXITS])
 
     @record
     def launch() -> None:

@@ -6,7 +6,9 @@ TCPStore (``--nnodes N:N``, ``--max-restarts 0``: recovery is the controller's j
 a new session so that a controller crash kills nothing. torchrun puts every rank in a session of its own,
 so the platform tracks each agent's descendants and signals the agent's group and every
 rank's: killing a node kills all its processes. Agents' output goes to
-``LOG_DIR/attempt-K/NODE.log``.
+``LOG_DIR/attempt-K/NODE.log``. Each agent records how each of its ranks ended the moment it
+ends (``LOG_DIR/attempt-K/NODE-exits/PID``, :data:`~supervisor.protocol.Env.RANK_EXITS`); a
+running node reports those as ``NodeStatus.exit_codes``, ~1 s before the agent's own exit.
 
 After a controller restart the gang is adopted from the state file: pids are checked in
 ``/proc`` (a zombie counts as gone; this machine's PID 1 reaps slowly) and exit codes of
@@ -36,6 +38,20 @@ from supervisor.protocol import Env
 log = logging.getLogger("supervisor.platform.local")
 
 
+def read_rank_exit(directory: Path, pid: int) -> tuple[float, int] | None:
+    """(when, exit status) of rank process ``pid`` as its agent recorded it, or None (not yet, or
+    not readable: the agent's exit tells then)."""
+    try:
+        with open(directory / str(pid), "rb") as f:
+            record = json.loads(f.read(4096))
+        code, at = record["exit_code"], record["at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(code, bool) or not isinstance(code, int) or not isinstance(at, (int, float)):
+        return None
+    return float(at), code
+
+
 class _Node:
     def __init__(self, name: str, attempt: int, pid: int, popen: subprocess.Popen | None,
                  started: int | None) -> None:
@@ -56,6 +72,8 @@ class _Node:
         # allowed to restart in place starts new ones
         self.workers: dict[int, int | None] = {}
         self.exited: list[int] = []
+        self.exit_dir: Path | None = None  # where the agent records its ranks' ends (Env.RANK_EXITS)
+        self.exit_codes: dict[int, tuple[float, int]] = {}  # pid -> (when, exit status), as the agent recorded them
 
     def agent_is_ours(self) -> bool:
         """The agent's pid still names the process this node started (running, or a zombie not
@@ -78,6 +96,14 @@ class _Node:
         for pid, started in self.workers.items():
             if pid not in self.exited and not (pid_alive(pid) and start_time(pid) == started):
                 self.exited.append(pid)
+        if self.exit_dir is not None:
+            for pid in self.exited:
+                if pid not in self.exit_codes and (told := read_rank_exit(self.exit_dir, pid)) is not None:
+                    self.exit_codes[pid] = told
+
+    def told_exits(self) -> tuple[tuple[int, int], ...]:
+        """(pid, exit status) of the ended ranks whose status the agent recorded, oldest first."""
+        return tuple((pid, code) for pid, (_, code) in sorted(self.exit_codes.items(), key=lambda kv: kv[1][0]))
 
     def live_ranks(self) -> list[int]:
         return [pid for pid, started in self.ranks.items()
@@ -168,7 +194,8 @@ class LocalPlatform(Platform):
         self.nodes = {}
         for name in spec.nodes:
             argv = torchrun_argv(self.python, spec)
-            env = dict(os.environ) | agent_env(spec, name, out_dir / f"{name}-tmp")
+            exit_dir = out_dir / f"{name}-exits"
+            env = dict(os.environ) | agent_env(spec, name, out_dir / f"{name}-tmp") | {Env.RANK_EXITS: str(exit_dir)}
             Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
             popen = self._hand_over(argv, env, out_dir / f"{name}.log")
             if popen is None:
@@ -182,6 +209,7 @@ class LocalPlatform(Platform):
                     out.close()
             # not reaped yet, so /proc still has it even if it already exited
             self.nodes[name] = _Node(name, spec.attempt, popen.pid, popen, start_time(popen.pid))
+            self.nodes[name].exit_dir = exit_dir
             log.info("event=node_launched node=%s attempt=%d pid=%d warm=%s", name, spec.attempt, popen.pid,
                      "yes" if popen.stdin is not None else "no")
 
@@ -206,6 +234,7 @@ class LocalPlatform(Platform):
             result[name] = NodeStatus(
                 name=name, attempt=node.attempt, state=state, exit_code=node.exit_code,
                 killed_by_us=node.killed_by_us, pid=node.pid, exited_pids=tuple(node.exited),
+                exit_codes=node.told_exits() if state == NodeState.RUNNING else (),
                 stopped=not node.gone and proc_state(node.pid) == "T",
                 **failure_fields(self.log_dir / f"attempt-{node.attempt}" / f"{name}.log",
                                  node.exit_code if node.gone else None, node.report),
@@ -262,23 +291,28 @@ class LocalPlatform(Platform):
         return True
 
     async def teardown(self, grace_s: float) -> None:
+        """SIGTERM every process of the gang; once its ranks have ended (or ``grace_s`` ran out)
+        SIGKILL what is left. The grace is the ranks' (an emergency checkpoint, a last heartbeat):
+        an agent whose ranks are gone has nothing left to do, and its orderly exit (closing its
+        rendezvous, ending an interpreter that imported torch) took ~1.2 s of every restart."""
         live = [n for n in self.nodes.values() if not n.gone]
         for node in live:
             node.killed_by_us = True
             self._signal_group(node, signal.SIGTERM)
             self._signal_group(node, signal.SIGCONT)
-        await self._wait_gone(live, timeout=grace_s)
+        await self._wait_gone(live, timeout=grace_s, agents=False)
         for node in live:
             self._signal_group(node, signal.SIGKILL)
         await self._wait_gone(live, timeout=10)
         for node in live:  # ranks that outlived their agent
             self._signal_group(node, signal.SIGKILL)
 
-    async def _wait_gone(self, nodes: list[_Node], timeout: float) -> None:
+    async def _wait_gone(self, nodes: list[_Node], timeout: float, *, agents: bool = True) -> None:
+        """Until every rank of ``nodes`` has ended, and their agents too unless ``agents`` is False."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await self.observe()
-            if all(n.gone and not n.live_ranks() for n in nodes):
+            if all((n.gone or not agents) and not n.live_ranks() for n in nodes):
                 return
             await asyncio.sleep(0.05)
 
