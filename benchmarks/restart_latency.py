@@ -1188,8 +1188,8 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
         if target is not None:
             parts.append(f"detection {f2(det)} s against <= {target:.1f} s: {det_ok}")
         else:
-            parts.append(f"detection {f2(det)} s (no timeout involved: the fault is a process exit, noticed when "
-                         "the node's torchrun agent has exited)")
+            parts.append(f"detection {f2(det)} s (no timeout involved: the fault is a process exit, which the "
+                         "node's agent records the moment the rank ends)")
         parts.append(f"overhead {f2(ovh)} s (paired {f2(paired)} s) against <= {OVERHEAD_TARGET_S:.0f} s: {ovh_ok}")
         td, sc = phases.get("teardown"), phases.get("schedule")
         if td is not None and sc is not None:
@@ -1209,8 +1209,7 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
              "exit on SIGTERM (it is blocked in a collective with the dead or stopped peer; the SDK's SIGTERM handler "
              "only asks for a checkpoint at the next step boundary) and was SIGKILLed when the grace ran out; "
              "*culprit* of 1-2 s after an abort is the aborted rank's torchrun agent noticing its death and exiting "
-             "(the controller waits for the node's agent, not for the rank). The same agent exit path is the "
-             "detection time of `kill`: the agent logs the dead worker within ~0.3 s, then takes the rest to exit.")
+             "(the controller waits for the node's agent, not for the rank).")
     late = [r.ctrl.get("late_s") for runs in sv.values() for r in runs if r.ctrl.get("late_s") is not None]
     missing = [r.name for runs in sv.values() for r in runs if not r.ctrl.get("phases")]
     if late and max(late) > 0.5 or missing:
@@ -1235,9 +1234,11 @@ def build_report(args, sv: dict[str, list[SvRun]], colds: list[SvRun], warms: li
             "collective returns, and the agent is SIGKILLed after the teardown grace).")
     kills = sv.get("kill", [])
     if kills and med(r.detect for r in kills):
-        L.append(f"* kill: the controller reports `detection_s` 0 (its fault time is when it saw the agent exit), but "
-                 f"the agent exits {f2(med(r.detect for r in kills))} s after the SIGKILL (it logs the dead worker "
-                 "within its 0.2 s monitor interval; the rest is its exit path).")
+        L.append(f"* kill: the controller reports `detection_s` 0 (its fault time is when it saw the rank's end), "
+                 f"{f2(med(r.detect for r in kills))} s after the SIGKILL: the node's agent records the end the moment "
+                 "it happens (`SUPERVISOR_RANK_EXITS`, through a pidfd) and the controller reads it at its next tick, "
+                 "where it used to wait for the agent's own exit (~1.3 s: its 0.2 s monitor interval, then stopping "
+                 "its other ranks, closing its rendezvous and ending its interpreter).")
     L.append("")
     # a summary at the top, from the same numbers
     S = ["## Summary", ""]

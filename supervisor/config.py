@@ -309,7 +309,8 @@ class RestartConfig:
     time enough for the ranks' emergency checkpoint."""
     teardown_grace_s: float = 2.0
     """Tearing down a gang broken by a fault: it cannot checkpoint (a collective save needs every
-    rank), so the SIGTERM grace before SIGKILL is short."""
+    rank), so the SIGTERM grace before SIGKILL is short. The grace is the ranks': on the local
+    platform an agent whose ranks have ended is SIGKILLed at once, not waited for."""
     exclude_node_after: int = 1
     """Node-level failures (node lost, frozen, unresponsive) before a node is excluded."""
     allow_fresh_start: bool = False
