@@ -25,15 +25,31 @@ if [ "$#" -gt 0 ] || [ "${SUPERVISOR_SLURM_TESTS:-1}" = 0 ] || [ "$(id -u)" != 0
 fi
 # The Slurm cluster tests (~7 minutes, mostly waiting on Slurm's daemons and timeouts) run
 # beside the others, in a pytest of their own; their output follows the others'. Both must pass.
+# Both run in the background so that a SIGTERM or Ctrl-C of this script ends both (bash runs a
+# trap only between commands, and a background job ignores SIGINT): no pytest is left driving
+# the cluster.
 slurm_log="$(mktemp)"
-trap 'rm -f "$slurm_log"' EXIT
 python -m pytest -p no:cacheprovider -q --durations=10 tests/test_slurm.py >"$slurm_log" 2>&1 &
 slurm_pid=$!
+python -m pytest -p no:cacheprovider -q --durations=25 --ignore=tests/test_slurm.py &
+main_pid=$!
+stop_both() {
+    trap - INT TERM
+    kill -TERM "$main_pid" "$slurm_pid" 2>/dev/null || true
+    wait "$main_pid" "$slurm_pid" 2>/dev/null || true
+    tail -n 30 "$slurm_log"
+    rm -f "$slurm_log"
+    echo "test.sh: stopped" >&2
+    exit 130
+}
+trap stop_both INT TERM
 rc=0
-python -m pytest -p no:cacheprovider -q --durations=25 --ignore=tests/test_slurm.py || rc=$?
+wait "$main_pid" || rc=$?
 slurm_rc=0
 wait "$slurm_pid" || slurm_rc=$?
+trap - INT TERM
 echo "---------------- tests/test_slurm.py (run beside the others) ----------------"
 cat "$slurm_log"
+rm -f "$slurm_log"
 echo "test.sh: the others exited $rc, the Slurm cluster tests $slurm_rc"
 [ "$rc" = 0 ] && [ "$slurm_rc" = 0 ]

@@ -509,38 +509,47 @@ def test_a_restart_in_place_is_seen_from_the_ranks_that_ended_or_the_ranks_ahead
 
 
 def told(name, *ends, state=NodeState.RUNNING, ours=False):
-    """A node whose agent recorded how its ranks ended: ``ends`` are (pid, exit status)."""
+    """A node whose agent recorded how its ranks ended: ``ends`` are (pid, exit status), in order."""
     return NodeStatus(name=name, attempt=0, state=state, killed_by_us=ours,
-                      exited_pids=tuple(pid for pid, _ in ends), exit_codes=tuple(ends))
+                      exited_pids=tuple(pid for pid, _ in ends),
+                      exit_codes=tuple((pid, code, 1000.0 + i) for i, (pid, code) in enumerate(ends)))
+
+
+OWN = {"failed_ranks": {1: False}}  # rank 1's last heartbeat said it failed on its own error
 
 
 @pytest.mark.parametrize("nodes, extra, kind, ranks, detail", [
     # nothing ended: no fault
     ({"a": told("a"), "b": told("b")}, {}, None, None, None),
-    # rank 1 SIGKILLed under its running agent: named at once, as the agent's exit would name it
+    # rank 1 SIGKILLed under its running agent: named at once (no last words to wait for)
     ({"a": told("a"), "b": told("b", (101, -9))}, {}, "rank_killed", (1,), "rank 1 killed by signal 9 (SIGKILL) at step 41"),
-    # its own error, from its last heartbeat
-    ({"a": told("a"), "b": told("b", (101, 1))}, {"failed_ranks": {1: False}, "failed_errors": {1: "ValueError: bad"}},
+    # a failure code once its own last words are in, named from them
+    ({"a": told("a"), "b": told("b", (101, 1))}, {**OWN, "failed_errors": {1: "ValueError: bad"}},
      "rank_error", (1,), "rank 1 crashed at step 41: ValueError: bad"),
-    ({"a": told("a"), "b": told("b", (101, 3))}, {}, "rank_exit", (1,), "rank 1 exited with code 3 at step 41"),
-    ({"a": told("a"), "b": told("b", (101, 17))}, {}, "crash", (1,), "rank 1 crashed (exit 17) at step 41"),
-    # an agreed non-finite loss: the rank whose own loss it was is named
-    ({"a": told("a", (100, 18)), "b": told("b", (101, 18))}, {"nonfinite_ranks": [1]}, "nonfinite", (1,),
-     "rank 1: non-finite loss at step 41"),
+    ({"a": told("a"), "b": told("b", (101, 3))}, OWN, "rank_exit", (1,), "rank 1 exited with code 3 at step 41"),
+    ({"a": told("a"), "b": told("b", (101, 17))}, OWN, "crash", (1,), "rank 1 crashed (exit 17) at step 41"),
+    # ... and not before (they may be on their way, or lost): the agent's exit tells then
+    ({"a": told("a"), "b": told("b", (101, 3))}, {}, None, None, None),
     # the victim that said a peer broke it is not the culprit; the SIGKILLed one is
     ({"a": told("a", (100, 1)), "b": told("b", (101, -9))}, {"failed_ranks": {0: True}}, "rank_killed", (1,), None),
     # only the victim so far: wait (its culprit shows, or the agents' exits tell)
     ({"a": told("a", (100, 1)), "b": told("b")}, {"failed_ranks": {0: True}}, None, None, None),
-    # a sibling SIGTERMed by its agent stopping the others is not the culprit
-    ({"a": told("a", (100, -15), (101, 5))}, {"rank_nodes": {0: "a", 1: "a"}}, "rank_exit", (1,), None),
-    # finished, preempted (the gang may still be writing its emergency checkpoint), done: not early
+    # a sibling SIGTERMed by its agent stopping the others is not the culprit, though it ended first
+    ({"a": told("a", (100, -15), (101, 5))}, {**OWN, "rank_nodes": {0: "a", 1: "a"}}, "rank_exit", (1,), None),
+    # of two of a kind, the earlier one
+    ({"a": told("a", (100, -9)), "b": told("b", (101, -9))}, {}, "rank_killed", (0,), None),
+    # finished, preempted (the gang may still be writing its emergency checkpoint), done (an agreed
+    # non-finite loss: every rank closes its SDK, then exits 18): not early
     ({"a": told("a"), "b": told("b", (101, 0))}, {}, None, None, None),
-    ({"a": told("a"), "b": told("b", (101, 143))}, {}, None, None, None),
-    ({"a": told("a"), "b": told("b", (101, -9))}, {"done_ranks": {1}}, None, None, None),
+    ({"a": told("a"), "b": told("b", (101, 143))}, OWN, None, None, None),
+    ({"a": told("a", (100, 18)), "b": told("b", (101, 18))}, {"done_ranks": {0, 1}, "nonfinite_ranks": [1]},
+     None, None, None),
     # a pid that is no rank of this gang (an earlier generation's) says nothing
     ({"a": told("a"), "b": told("b", (77, -9))}, {}, None, None, None),
-    # an agent that exited, or that we are killing, is classify's and the teardown's business
+    # an agent that exited or vanished on its own is a node failure: classify's, and it wins
     ({"a": told("a"), "b": told("b", (101, -9), state=NodeState.EXITED)}, {}, None, None, None),
+    ({"a": told("a", state=NodeState.LOST), "b": told("b", (101, -9))}, {}, None, None, None),
+    # nodes we are killing are the teardown's business
     ({"a": told("a"), "b": told("b", (101, -9), ours=True)}, {}, None, None, None),
 ])
 def test_a_rank_that_ended_is_a_fault_before_its_agent_exits(nodes, extra, kind, ranks, detail):
@@ -553,6 +562,22 @@ def test_a_rank_that_ended_is_a_fault_before_its_agent_exits(nodes, extra, kind,
     assert fault.nodes == (args["rank_nodes"][ranks[0]],)
     if detail is not None:
         assert fault.detail == detail
+
+
+@pytest.mark.parametrize("code, last_words", [(-9, ""), (-11, ""), (1, "ValueError: bad batch"), (17, "RuntimeError: x"),
+                                              (3, "")])
+def test_a_rank_end_told_early_is_named_as_its_agents_exit_names_it(code, last_words):
+    """The same end seen twice: from the agent's record while it runs (rank_ended), and from its
+    exit ~1 s later (classify, the rank's failure read from the agent's summary)."""
+    said = {} if code < 0 else {"failed_ranks": {1: False}, "failed_errors": {1: last_words}}
+    early = rank_ended({"a": told("a"), "b": told("b", (101, code))}, now=50.0, rank_pids=PIDS, rank_nodes=RN,
+                       rank_steps={0: 41, 1: 41}, **said)
+    exited = NodeStatus(name="b", attempt=0, state=NodeState.EXITED, exit_code=1,
+                        failures=(RankFailure(1, code, last_words, True),))
+    late = classify({"a": node("a"), "b": exited}, [], **{**KW, "now": 50.0}, rank_steps={0: 41, 1: 41}, **said)
+    assert early is not None and late is not None
+    assert (early.kind, early.ranks, early.nodes, early.detail, early.step, early.rung, early.node_failure) == \
+        (late.kind, late.ranks, late.nodes, late.detail, late.step, late.rung, late.node_failure)
 
 
 SAME = Relaunch(("a", "b"), "step-0000000010", ())

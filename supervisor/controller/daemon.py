@@ -816,7 +816,7 @@ class Controller:
         steps = {r: rec.hb.step for r, rec in reg.ranks.items()}
         by_pid = {rec.hb.pid: r for r, rec in reg.ranks.items() if rec.hb.pid}
         ended = {f.rank for st in self.node_status.values() for f in st.failures} | \
-            {by_pid[pid] for st in self.node_status.values() for pid, _ in st.exit_codes if pid in by_pid}
+            {by_pid[pid] for st in self.node_status.values() for pid, _, _ in st.exit_codes if pid in by_pid}
         for rank in ended:
             logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{rank}.jsonl", self.attempt)
             if logged is not None:

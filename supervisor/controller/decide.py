@@ -334,26 +334,33 @@ def rank_ended(
     because of it, and :func:`classify` would name the same fault from that exit ~1 s later
     (the agent first stops its other ranks, closes its rendezvous and ends its interpreter).
 
-    Not taken early (None; the agents' exits tell, as before): a rank that finished (status 0,
-    or it said it was done); a rank stopped on SIGTERM for a preemption (``EXIT_PREEMPTED``: the
-    gang may still be writing its emergency checkpoint); a rank that said a peer broke it (the
-    culprit has not shown yet); a process that is no rank of this gang (``rank_pids``, from the
-    heartbeats: an earlier generation's). Among several, the culprit is one killed by a signal,
-    then one that exited with a failure, last one SIGTERMed (what an agent stopping its other
-    ranks sends); the earliest of a kind."""
+    Taken early only when it is named exactly as :func:`classify` would name it then: a rank
+    killed by a signal (it has no last words to wait for), or a rank that exited with a failure
+    code after its own last heartbeat said why (``failed_ranks`` False for it: its own error, not
+    a peer's). Not taken early (None; the agents' exits tell, as before): a failure code whose
+    last words have not arrived (yet, or ever: UDP); a rank that finished (status 0, or it said it
+    was done); a rank stopped on SIGTERM for a preemption (``EXIT_PREEMPTED``: the gang may still
+    be writing its emergency checkpoint); a rank that said a peer broke it; a process that is no
+    rank of this gang (``rank_pids``, from the heartbeats: an earlier generation's); anything
+    while a node has ended or vanished on its own (node failures are :func:`classify`'s: they win).
+    Among several, the culprit is one killed by a signal, then one that exited with a failure,
+    last one SIGTERMed (what an agent stopping its other ranks sends); the earliest of a kind."""
     failed = failed_ranks or {}
     steps = rank_steps or {}
+    if any(n.state != NodeState.RUNNING and not n.killed_by_us for n in nodes.values()):
+        return None
     by_pid = {pid: r for r, pid in rank_pids.items() if pid}
     ended = []
     for name, n in sorted(nodes.items()):
-        if n.state != NodeState.RUNNING or n.killed_by_us:
+        if n.killed_by_us:
             continue
-        for order, (pid, code) in enumerate(n.exit_codes):
+        for pid, code, at in n.exit_codes:
             rank = by_pid.get(pid)
-            if rank is None or code in (0, EXIT_PREEMPTED) or rank in done_ranks or failed.get(rank, False):
+            if rank is None or code in (0, EXIT_PREEMPTED) or rank in done_ranks:
                 continue
-            sigterm = code == -signal.SIGTERM
-            ended.append((2 if sigterm else 0 if code < 0 else 1, order, rank, code, name))
+            if code > 0 and failed.get(rank, True):
+                continue  # a peer's victim, or its own last words are not in
+            ended.append((2 if code == -signal.SIGTERM else 0 if code < 0 else 1, at, rank, code, name))
     if not ended:
         return None
     _, _, rank, code, name = min(ended)

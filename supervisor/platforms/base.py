@@ -56,11 +56,11 @@ class NodeStatus:
     exited_pids: tuple[int, ...] = ()
     """Rank processes of this node that ended while its agent runs on (an agent allowed to
     restart in place restarts them), where the platform can see them; oldest first."""
-    exit_codes: tuple[tuple[int, int], ...] = ()
-    """``(pid, exit status)`` of those ended rank processes whose agent recorded how they ended
-    (:data:`~supervisor.protocol.Env.RANK_EXITS`; the local platform), oldest first; a status
-    below 0 is the signal that killed it. An agent that may not restart in place exits because
-    of such an end, ~1 s later."""
+    exit_codes: tuple[tuple[int, int, float], ...] = ()
+    """``(pid, exit status, when)`` of those ended rank processes whose agent recorded how they
+    ended (:data:`~supervisor.protocol.Env.RANK_EXITS`; the local platform), oldest first; a
+    status below 0 is the signal that killed it; ``when`` is the agent's wall clock. An agent
+    that may not restart in place exits because of such an end, ~1 s later."""
 
 
 @dataclass(frozen=True)

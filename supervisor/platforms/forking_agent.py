@@ -335,8 +335,8 @@ def _watch_exits(pids: Sequence[int], directory: str) -> None:
             poller.unregister(fd)
             try:
                 info = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:
-                info = None  # torch reaped it first
+            except OSError:  # torch reaped it first (ECHILD), or the kernel cannot wait on a pidfd
+                info = None
             finally:
                 os.close(fd)
             if info is not None:

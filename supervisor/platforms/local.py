@@ -101,9 +101,9 @@ class _Node:
                 if pid not in self.exit_codes and (told := read_rank_exit(self.exit_dir, pid)) is not None:
                     self.exit_codes[pid] = told
 
-    def told_exits(self) -> tuple[tuple[int, int], ...]:
-        """(pid, exit status) of the ended ranks whose status the agent recorded, oldest first."""
-        return tuple((pid, code) for pid, (_, code) in sorted(self.exit_codes.items(), key=lambda kv: kv[1][0]))
+    def told_exits(self) -> tuple[tuple[int, int, float], ...]:
+        """(pid, exit status, when) of the ended ranks whose status the agent recorded, oldest first."""
+        return tuple(sorted(((pid, code, at) for pid, (at, code) in self.exit_codes.items()), key=lambda e: e[2]))
 
     def live_ranks(self) -> list[int]:
         return [pid for pid, started in self.ranks.items()
