@@ -796,8 +796,8 @@ class Controller:
     def _rank_end_signal(self, now: float) -> Fault | None:
         """A rank of the gang ended in failure and its agent (which may not restart it) told
         how: the fault its agent's exit will name, ~1 s before that exit."""
-        if not any(st.exit_codes for st in self.node_status.values()):
-            return None
+        if not any(code for st in self.node_status.values() for _, code, _ in st.exit_codes):
+            return None  # nothing ended, or only ranks that finished: nothing to read per tick
         reg = self.registry
         return rank_ended(
             self.node_status, now=now, rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()},
