@@ -749,12 +749,7 @@ class Controller:
             self.node_status, self.findings, now=now,
             last_heard={r: rec.received for r, rec in reg.ranks.items()},
             phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
-            rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
-            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_DONE},
-            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
-            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
-            rank_steps=self._rank_steps(),
-            nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
+            **self._ranks_said(),
             stopped_ranks={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.outcome == OUTCOME_STOPPED},
         )
         if fault is not None and fault.secondary:
@@ -783,30 +778,30 @@ class Controller:
             return Fault("startup_stall", tuple(missing), tuple(self.nodes),
                          f"the restart in place did not report in within {self.cfg.restart.in_place_timeout_s:g} s "
                          f"(ranks {missing} silent): tearing the gang down", RUNG_TEARDOWN, False, now)
-        return restarted_in_place(
-            self.node_status, now=now, rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()},
-            rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
-            ahead_attempt=ahead,
-            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_DONE},
-            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
-            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
-            nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
-            rank_steps=self._rank_steps())
+        return restarted_in_place(self.node_status, now=now, ahead_attempt=ahead,
+                                  rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()}, **self._ranks_said())
 
     def _rank_end_signal(self, now: float) -> Fault | None:
         """A rank of the gang ended in failure and its agent (which may not restart it) told
         how: the fault its agent's exit will name, ~1 s before that exit."""
         if not any(code for st in self.node_status.values() for _, code, _ in st.exit_codes):
             return None  # nothing ended, or only ranks that finished: nothing to read per tick
-        reg = self.registry
-        return rank_ended(
-            self.node_status, now=now, rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()},
-            rank_nodes={r: rec.hb.node for r, rec in reg.ranks.items()},
-            done_ranks={r for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_DONE},
-            failed_ranks={r: rec.hb.error_peer for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
-            failed_errors={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.phase == PHASE_FAILED},
-            nonfinite_ranks=[r for r, rec in reg.ranks.items() if not rec.hb.loss_ok],
-            rank_steps=self._rank_steps())
+        return rank_ended(self.node_status, now=now,
+                          rank_pids={r: rec.hb.pid for r, rec in self.registry.ranks.items()}, **self._ranks_said())
+
+    def _ranks_said(self) -> dict[str, Any]:
+        """What the ranks' last heartbeats say, as the pure decisions (classify, restarted_in_place,
+        rank_ended) take it: where each rank runs, which are done, which failed (and whether a peer
+        broke them, and their error), whose loss was not finite, and each rank's step."""
+        ranks = self.registry.ranks
+        return {
+            "rank_nodes": {r: rec.hb.node for r, rec in ranks.items()},
+            "done_ranks": {r for r, rec in ranks.items() if rec.hb.phase == PHASE_DONE},
+            "failed_ranks": {r: rec.hb.error_peer for r, rec in ranks.items() if rec.hb.phase == PHASE_FAILED},
+            "failed_errors": {r: rec.hb.error for r, rec in ranks.items() if rec.hb.phase == PHASE_FAILED},
+            "nonfinite_ranks": [r for r, rec in ranks.items() if not rec.hb.loss_ok],
+            "rank_steps": self._rank_steps(),
+        }
 
     def _rank_steps(self) -> dict[int, int]:
         """Each rank's step: its last heartbeat's, or, for a rank that ended (its node's agent
