@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
+from typing import Iterator
+
+TMP_RANDOM_BYTES = 8
+"""Random bytes in a temporary file's name (hex): two writers, even with the same pid (two
+containers' PID 1 on one shared volume), never share one."""
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -29,3 +35,83 @@ def set_aside(path: Path, label: str, *, when: float | None = None) -> Path:
     os.rename(path, dest)
     fsync_dir(path.parent)
     return dest
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so that a reader (or a crash) at any instant finds the old file
+    or the new one, whole, never a torn or empty one, whatever other writers do meanwhile.
+
+    The bytes go to a temporary file beside ``path`` under a name no other writer can hold
+    (``.NAME.<random>.tmp``, created with ``O_EXCL|O_NOFOLLOW``: never an existing file, never
+    through a planted symlink), fsynced, renamed over ``path`` (a symlink at ``path`` itself is
+    replaced, its target untouched), and the directory fsynced. Concurrent writers each rename
+    a whole file of their own: the last rename wins."""
+    path = Path(path)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(TMP_RANDOM_BYTES)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            break
+        except FileExistsError:  # 2**-64: another name
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def rotated(path: str | os.PathLike, n: int) -> Path:
+    """The ``n``-th archived generation of a rotated file: ``NAME.n`` (1 is the newest)."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.{n}")
+
+
+def rotate(path: str | os.PathLike, keep: int) -> None:
+    """Archive ``path`` as ``NAME.1`` (``NAME.1`` becoming ``NAME.2``, and so on), keeping at
+    most ``keep`` archived generations (the oldest beyond them is removed). The next write
+    starts a new ``path``."""
+    path = Path(path)
+    try:
+        os.unlink(rotated(path, keep))
+    except FileNotFoundError:
+        pass
+    for n in range(keep - 1, 0, -1):
+        try:
+            os.rename(rotated(path, n), rotated(path, n + 1))
+        except FileNotFoundError:
+            pass
+    if keep > 0:
+        os.rename(path, rotated(path, 1))
+    else:
+        os.unlink(path)
+
+
+def generations(path: str | os.PathLike) -> list[Path]:
+    """A rotated file's generations that exist, oldest first, ``path`` itself last."""
+    path = Path(path)
+    older = []
+    n = 1
+    while os.path.lexists(rotated(path, n)):
+        older.append(rotated(path, n))
+        n += 1
+    return [*reversed(older), *([path] if os.path.lexists(path) else [])]
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """Every line of a rotated file (see :func:`rotate`), oldest first: its archived generations,
+    then the file itself. A generation rotated away while it is read is skipped."""
+    for gen in generations(path):
+        try:
+            with open(gen, errors="replace") as f:
+                yield from (line.rstrip("\n") for line in f)
+        except FileNotFoundError:
+            continue

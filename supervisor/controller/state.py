@@ -3,7 +3,8 @@
 ``LOG_DIR/supervisor-state.json`` is what a restarted controller adopts a running gang from,
 so it must survive a crash at any instant and must never be misread:
 
-* written durably: a temporary file, fsync, rename over the old one, fsync of the directory
+* written durably: a temporary file of its own (a random name, ``O_EXCL``), fsync, rename over
+  the old one, fsync of the directory
   (a power loss leaves the old state or the new one, never a truncated file);
 * read with a size bound and checked against its schema: a file that does not parse, or
   holds a field of another version or of the wrong type, is refused with a message that says
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.controller.decide import History, JobPhase
-from supervisor.files import fsync_dir, set_aside
+from supervisor.files import fsync_dir, set_aside, write_atomic
 from supervisor.procfs import pid_alive, start_time
 
 STATE_FILE = "supervisor-state.json"
@@ -186,22 +187,9 @@ def to_json(state: dict[str, Any]) -> dict[str, Any]:
 
 def save(path: Path, state: dict[str, Any]) -> None:
     """Write ``state`` so that a crash at any instant leaves the old file or the new one."""
-    data = json.dumps(to_json(state), indent=1).encode()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(path.parent)
+    # a temporary name of its own (random, O_EXCL): two controllers that are both PID 1 (two
+    # pods on one shared volume) never write into the same temporary file
+    write_atomic(path, json.dumps(to_json(state), indent=1).encode())
 
 
 def archive(path: Path, label: str) -> Path:
