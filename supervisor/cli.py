@@ -522,6 +522,9 @@ def render_status(st: dict) -> str:
           f"{r['coll_seq']}{'*' if r['coll_inside'] else ''}", f"{r['straggler_score']:.2f}", r["watchdog"][:40]]
          for r in st["ranks"]],
         ["RANK", "NODE", "STEP", "PHASE", "IN PHASE", "HB AGE", "COLL", "STRAGGLER", "WATCHDOG"]))
+    left_out = _ranks_left_out(st.get("ranks_summary"))
+    if left_out:
+        lines.append(left_out)
     if st["restarts"]:
         lines.append("")
         lines.append(_table(
@@ -540,6 +543,22 @@ def render_status(st: dict) -> str:
     return "\n".join(lines)
 
 
+def _ranks_left_out(summary: dict | None) -> str:
+    """What the rank table above leaves out (``/status`` caps per-rank detail), and how to see it."""
+    if not summary or not summary.get("omitted"):
+        return ""
+    phases = ", ".join(f"{n} {p}" for p, n in sorted(summary.get("by_phase", {}).items()))
+    which = {"stalest_and_slowest": f"the {summary.get('worst')} stalest and the {summary.get('worst')} slowest",
+             "page": f"ranks from #{summary.get('offset')} ({summary.get('limit')} a page)"}.get(
+        summary.get("selection"), "some")
+    more = (f"; next page: --ranks-from {summary['next_offset']}" if summary.get("next_offset") is not None else
+            "" if summary.get("selection") == "page" else "; every rank: --ranks-from 0 (pages of at most "
+            f"{summary.get('page_max')})")
+    return (f"{summary['omitted']} of {summary['heard']} ranks not listed (shown: {which}). All ranks: {phases}; "
+            f"steps {summary.get('step_min')}..{summary.get('step_max')}; {summary.get('stale')} stale, "
+            f"{summary.get('stragglers')} stragglers, oldest heartbeat {summary.get('heartbeat_age_max_s')}s{more}")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Ask the running supervisor; when none answers, show the job's final (or last known)
     state from its state file and events instead of an error."""
@@ -556,7 +575,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         st, error = None, "no HTTP port recorded"
         if url is not None:
             try:
-                with urllib.request.urlopen(f"{url}/status", timeout=5) as resp:
+                page = "&".join(f"{k}={v}" for k, v in (("offset", getattr(args, "ranks_from", None)),
+                                                             ("limit", getattr(args, "ranks_limit", None)))
+                                if v is not None)
+                with urllib.request.urlopen(f"{url}/status" + (f"?{page}" if page else ""), timeout=5) as resp:
                     st = json.loads(resp.read())
             except (urllib.error.URLError, OSError, ValueError) as exc:
                 error = str(exc)
@@ -694,6 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="refresh until interrupted")
     p.add_argument("--interval", type=float, default=2.0, help="refresh period for --watch")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.add_argument("--ranks-from", type=int, metavar="K", help="list the ranks from rank #K in rank order (a page; "
+                   "without it a large job lists only its stalest and slowest ranks)")
+    p.add_argument("--ranks-limit", type=int, metavar="N", help="ranks in that page (at most 1024)")
     p.set_defaults(func=cmd_status)
 
     sub.add_parser(

@@ -20,6 +20,7 @@ import asyncio
 import collections
 import copy
 import dataclasses
+import heapq
 import json
 import logging
 import os
@@ -69,6 +70,7 @@ from supervisor.controller.decide import (
     rung_worked,
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
+from supervisor.metrics import MetricsState, Snapshot, take_snapshot
 from supervisor.platforms.agent_output import read_tail
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
@@ -103,6 +105,13 @@ LEASE_RENEW_S = 10.0  # the job's owner lease (controller.state.JobLock) is rene
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = state_file.STATE_FILE
 EVENTS_FILE = "events.jsonl"
+STATUS_ALL_RANKS = 256
+"""``/status`` lists every rank of a job of at most this many ranks (as ``/metrics`` does)."""
+STATUS_WORST_RANKS = 16
+"""Above :data:`STATUS_ALL_RANKS`: ``/status`` lists this many stalest and this many slowest ranks
+(``?offset=K&limit=N`` pages through the others)."""
+STATUS_PAGE_MAX = 1024
+"""Ranks in one page of ``/status?offset=K`` at most."""
 
 
 DRAIN_MAX = 256
@@ -1281,39 +1290,25 @@ class Controller:
         (t0, s0), (t1, s1) = self._step_marks[0], self._step_marks[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
-    def status(self) -> dict[str, Any]:
-        now = self.clock()
-        budget = self.cfg.restart.budget_s
-        ranks = []
-        for r, rec in sorted(self.registry.ranks.items()):
-            hb = rec.hb
-            ranks.append({
-                "rank": r, "node": hb.node, "step": hb.step, "phase": hb.phase,
-                "phase_s": round(hb.phase_s + max(0.0, now - rec.received), 2),
-                "heartbeat_age_s": round(now - rec.received, 2), "coll_seq": hb.coll_seq,
-                "coll_inside": hb.coll_inside, "straggler_score": round(self.stragglers.get(r, 1.0), 3),
-                "watchdog": hb.watchdog, "loss_ok": hb.loss_ok,
-            })
-        return {
-            "job": self.cfg.job, "phase": self.phase.value, "attempt": self.attempt,
-            "world_size": self.registry.world_size, "alive_ranks": self.alive_ranks(now),
-            "nodes": [{"name": n, "state": s.state.value, "pid": s.pid, "exit_code": s.exit_code, "stopped": s.stopped}
-                      for n, s in sorted(self.node_status.items())],
-            "excluded_nodes": list(self.history.excluded), "suspect_checkpoints": list(self.history.suspects),
-            "suspect_why": dict(self.history.suspect_why), "checkpoint_root": str(self.ckpt_root),
-            "restored": self.restored, "restore_refused": dict(self.report.refused) if self.report else {},
-            "run": self.run_no, "log_dir": str(self.log_dir),
-            "ranks": ranks, "step_rate": round(self.step_rate(), 3),
-            "last_checkpoint": None if not self.latest_ckpt else self.latest_ckpt | {
-                "age_s": round(time.time() - self.latest_ckpt["created_unix"], 1)},
-            "restore_from": self.restore_from,
-            "restarts": [t.to_dict(now, budget) for t in self.timers],
-            "findings": [f.to_dict() for f in self.findings],
-            "timeouts": asdict(self.timeouts), "budget_s": budget, "budget_remaining_s": self.budget_remaining(now),
-            "budget_exceeded": self.budget_exceeded, "rejected_heartbeats": dict(self.rejected),
-            "heartbeats_received": self.received, "stop_reason": self.stop_reason,
-            "exit_code": EXIT_CODES.get(self.phase),
-        }
+    def status_snapshot(self) -> "StatusSnapshot":
+        """What one ``/status`` rendering needs, taken on the event loop the way ``/metrics``
+        takes its own (:func:`supervisor.metrics.take_snapshot`: references and list copies,
+        no per-rank object made here); :func:`render_status` turns it into the document
+        anywhere (``/status`` does it in a worker thread)."""
+        snap = take_snapshot(self, MetricsState())
+        return StatusSnapshot(snap, {
+            "nodes": dict(self.node_status), "excluded_nodes": list(self.history.excluded),
+            "suspect_checkpoints": list(self.history.suspects), "suspect_why": dict(self.history.suspect_why),
+            "checkpoint_root": str(self.ckpt_root), "restored": self.restored,
+            "restore_refused": dict(self.report.refused) if self.report else {},
+            "run": self.run_no, "log_dir": str(self.log_dir), "restore_from": self.restore_from,
+            "timers": list(self.timers), "findings": list(self.findings), "timeouts": asdict(self.timeouts),
+            "stop_reason": self.stop_reason, "exit_code": EXIT_CODES.get(self.phase),
+        })
+
+    def status(self, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
+        """The state as ``supervisor status`` shows it (:func:`render_status` of a snapshot taken now)."""
+        return render_status(self.status_snapshot(), offset=offset, limit=limit)
 
     def alive_ranks(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now
@@ -1352,6 +1347,95 @@ class Controller:
             "launch_attempt": self.launch_attempt, "in_place_allowed": self.in_place_allowed,
             "in_place_used": self.in_place_used,
         } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
+
+
+@dataclasses.dataclass
+class StatusSnapshot:
+    """One ``/status`` snapshot: the metrics' snapshot of the ranks and the job, and the
+    status-only fields (plain values and references to objects the controller replaces)."""
+
+    metrics: Snapshot
+    extra: dict[str, Any]
+
+
+def render_status(snap: StatusSnapshot, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
+    """The ``/status`` document of ``snap``; safe off the event loop (it reads the ranks' records
+    once). Per-rank detail is capped: every rank of a job of at most :data:`STATUS_ALL_RANKS`
+    ranks; above it the :data:`STATUS_WORST_RANKS` stalest (oldest heartbeat) and the
+    :data:`STATUS_WORST_RANKS` slowest (highest straggler score); with ``offset`` (and
+    ``limit``, at most :data:`STATUS_PAGE_MAX`) one page of ranks in rank order. ``ranks_summary``
+    says which were listed and sums up the others (phases, steps, stale ranks, stragglers)."""
+    m, x = snap.metrics, snap.extra
+    now, timeout = m.now, m.timeout_s
+    recs = m.ranks
+    scores = m.stragglers
+    rows: dict[int, Any] = {rec.hb.rank: rec for rec in recs}
+    ages = {r: now - rec.received for r, rec in rows.items()}
+    phases = collections.Counter(rec.hb.phase for rec in recs)
+    steps = [rec.hb.step for rec in recs]
+    active = [r for r, rec in rows.items() if rec.hb.phase != PHASE_DONE]
+    stale = [r for r in active if ages[r] > timeout]
+    over = [r for r, score in scores.items() if score > m.straggler_threshold and r in rows]
+    if offset is not None or limit is not None:
+        start = max(0, offset or 0)
+        count = min(STATUS_PAGE_MAX, STATUS_PAGE_MAX if limit is None else max(0, limit))
+        shown = sorted(rows)[start:start + count]
+        selection = "page"
+    elif len(rows) <= STATUS_ALL_RANKS:
+        start, count, shown, selection = 0, len(rows), sorted(rows), "all"
+    else:
+        stalest = heapq.nlargest(STATUS_WORST_RANKS, active, key=ages.__getitem__)
+        slowest = heapq.nlargest(STATUS_WORST_RANKS, scores, key=scores.__getitem__)
+        start, count, selection = 0, 0, "stalest_and_slowest"
+        shown = sorted(set(stalest) | {r for r in slowest if r in rows})
+    ranks = []
+    for r in shown:
+        rec = rows[r]
+        hb = rec.hb
+        age = max(0.0, now - rec.received)
+        ranks.append({
+            "rank": r, "node": hb.node, "step": hb.step, "phase": hb.phase,
+            "phase_s": round(hb.phase_s + age, 2), "heartbeat_age_s": round(age, 2), "coll_seq": hb.coll_seq,
+            "coll_inside": hb.coll_inside, "straggler_score": round(scores.get(r, 1.0), 3),
+            "watchdog": hb.watchdog, "loss_ok": hb.loss_ok,
+        })
+    summary = {
+        "heard": len(rows), "listed": len(ranks), "omitted": len(rows) - len(ranks), "selection": selection,
+        "by_phase": dict(phases), "step_min": min(steps, default=0), "step_max": max(steps, default=0),
+        "heartbeat_age_max_s": round(max((max(0.0, ages[r]) for r in active), default=0.0), 2),
+        "stale": len(stale), "stragglers": len(over), "page_max": STATUS_PAGE_MAX,
+    }
+    if selection == "page":
+        summary |= {"offset": start, "limit": count,
+                    "next_offset": start + count if start + count < len(rows) else None}
+    elif selection == "stalest_and_slowest":
+        summary["worst"] = STATUS_WORST_RANKS
+    budget = m.budget_s
+    return {
+        "job": m.job, "phase": m.phase, "attempt": m.attempt, "as_of_unix": round(m.unix, 3),
+        "world_size": m.world_size, "alive_ranks": len(active) - len(stale),
+        "nodes": [{"name": n, "state": st.state.value, "pid": st.pid, "exit_code": st.exit_code, "stopped": st.stopped}
+                  for n, st in sorted(x["nodes"].items())],
+        "excluded_nodes": x["excluded_nodes"], "suspect_checkpoints": x["suspect_checkpoints"],
+        "suspect_why": x["suspect_why"], "checkpoint_root": x["checkpoint_root"],
+        "restored": x["restored"], "restore_refused": x["restore_refused"],
+        "run": x["run"], "log_dir": x["log_dir"],
+        "ranks": ranks, "ranks_summary": summary, "step_rate": round(m.step_rate, 3),
+        "last_checkpoint": None if not m.checkpoint else m.checkpoint | {
+            "age_s": round(m.unix - m.checkpoint["created_unix"], 1)},
+        "restore_from": x["restore_from"],
+        "restarts": [t.to_dict(now, budget) for t in x["timers"]],
+        "findings": [f.to_dict() for f in x["findings"]],
+        "timeouts": x["timeouts"], "budget_s": budget, "budget_remaining_s": m.budget_remaining_s,
+        "budget_exceeded": m.budget_exceeded, "rejected_heartbeats": m.rejected,
+        "heartbeats_received": m.received, "stop_reason": x["stop_reason"],
+        "exit_code": x["exit_code"],
+    }
+
+
+def status_json(snap: StatusSnapshot, *, offset: int | None = None, limit: int | None = None) -> bytes:
+    """:func:`render_status` encoded (what ``/status`` serves; off the event loop)."""
+    return json.dumps(render_status(snap, offset=offset, limit=limit)).encode()
 
 
 def _launched_as(saved: dict) -> int:

@@ -4,7 +4,10 @@
   secret and changes nothing). Rendered off the event loop from a snapshot
   (:class:`supervisor.metrics.Exporter`), gzip-compressed when the scraper accepts it.
 * ``GET /healthz``: the process is up. ``GET /readyz``: the gang is launched or adopted.
-* ``GET /status``: the state as JSON (what ``supervisor status`` renders).
+* ``GET /status``: the state as JSON (what ``supervisor status`` renders), from a snapshot taken at
+  most once a second and rendered off the event loop (:class:`StatusView`). Per-rank detail is
+  capped above 256 ranks (the stalest and the slowest; ``ranks_summary`` sums up the rest);
+  ``?offset=K&limit=N`` pages through every rank in rank order (``N`` at most 1,024).
 * ``GET /v1/restore-point?attempt=K``: which checkpoint attempt K resumes from. Requires
   ``Authorization: Bearer <job token>``; an attempt other than the current one gets 409. A
   rank restarted in place may ask for the next attempt before the controller has caught up
@@ -14,8 +17,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -30,12 +35,61 @@ IN_PLACE_WAIT_S = 4.0
 """Below the ranks' own 5 s request timeout: a rank asks again (3 tries) if it is not enough."""
 EXPORTER = web.AppKey("exporter", Exporter)
 """The app's /metrics exporter (its ``last`` rendering: render time, bytes)."""
+STATUS_SNAPSHOT_S = 1.0
+"""``/status`` takes a new snapshot of the controller at most this often; requests meanwhile are
+answered from the last one (each distinct page rendered once per snapshot)."""
+STATUS_PAGES_KEPT = 16
+"""Renderings of one snapshot kept for the requests that follow (distinct ``offset``/``limit``)."""
+
+
+class StatusView:
+    """``/status`` for a controller, as ``/metrics`` is served (:class:`Exporter`): a snapshot on
+    the event loop (:meth:`Controller.status_snapshot`: references and list copies), taken at
+    most every :data:`STATUS_SNAPSHOT_S`; the document built and JSON-encoded in one worker
+    thread (:func:`supervisor.controller.daemon.status_json`), one rendering per page per
+    snapshot shared by every request that asks for it meanwhile. A flood of requests at 16,384
+    ranks costs the loop a dictionary lookup each."""
+
+    def __init__(self, controller: "Controller") -> None:
+        self.c = controller
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="status-render")
+        self._snap = None
+        self._taken = -float("inf")
+        self._bodies: dict[tuple, asyncio.Future] = {}
+        self.snapshots = 0
+        """Snapshots taken so far."""
+
+    async def render(self, offset: int | None, limit: int | None) -> bytes:
+        from supervisor.controller.daemon import status_json
+
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._snap is None or now - self._taken >= STATUS_SNAPSHOT_S:
+            self._snap, self._taken, self._bodies = self.c.status_snapshot(), now, {}
+            self.snapshots += 1
+        key = (offset, limit)
+        fut = self._bodies.get(key)
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+            fut = loop.run_in_executor(self._pool, functools.partial(status_json, self._snap, offset=offset,
+                                                                     limit=limit))
+            if len(self._bodies) < STATUS_PAGES_KEPT:
+                self._bodies[key] = fut
+        return await asyncio.shield(fut)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+STATUS = web.AppKey("status", StatusView)
+"""The app's /status view (``snapshots``: how many it took)."""
 
 
 def build_app(controller: "Controller") -> web.Application:
     exporter = Exporter(controller)
+    status_view = StatusView(controller)
     app = web.Application(client_max_size=64 * 1024)
     app[EXPORTER] = exporter
+    app[STATUS] = status_view
 
     async def metrics(request: web.Request) -> web.Response:
         controller.scrapes += 1  # a scraper is watching: after the job ends, linger for its last scrape
@@ -55,8 +109,18 @@ def build_app(controller: "Controller") -> web.Application:
         ready = controller.ready
         return web.json_response({"ready": ready, "phase": controller.phase.value}, status=200 if ready else 503)
 
-    async def status(_request: web.Request) -> web.Response:
-        return web.json_response(controller.status())
+    async def status(request: web.Request) -> web.Response:
+        try:
+            page = {k: int(request.query[k]) for k in ("offset", "limit") if k in request.query}
+        except ValueError:
+            return web.json_response({"error": "offset and limit must be integers"}, status=400)
+        if any(v < 0 for v in page.values()):
+            return web.json_response({"error": "offset and limit must not be negative"}, status=400)
+        body = await status_view.render(page.get("offset"), page.get("limit"))
+        return web.Response(body=body, content_type="application/json")
+
+    async def close_status(_app: web.Application) -> None:
+        status_view.close()
 
     async def restore_point(request: web.Request) -> web.Response:
         auth = request.headers.get("Authorization", "")
@@ -87,6 +151,7 @@ def build_app(controller: "Controller") -> web.Application:
     app.router.add_get("/status", status)
     app.router.add_get("/v1/restore-point", restore_point)
     app.on_cleanup.append(close_exporter)
+    app.on_cleanup.append(close_status)
     return app
 
 
