@@ -44,8 +44,9 @@ Level = Literal["fast", "full"]
 LEVELS: tuple[Level, ...] = ("fast", "full")
 TMP_PREFIX = ".tmp-"
 OWNER_NAME = "OWNER.json"
-_NAME = re.compile(r"^step-(\d{10,})(?:-(\d+))?$")
-_TMP_NAME = re.compile(r"^\.tmp-step-(\d{10,})-[0-9a-f]+$")
+# ASCII digits only (``\\d`` takes any script's), and no more than a 64-bit step needs
+_NAME = re.compile(r"^step-([0-9]{10,20})(?:-([0-9]{1,9}))?$")
+_TMP_NAME = re.compile(r"^\.tmp-step-([0-9]{10,20})-[0-9a-f]+$")
 
 
 def checkpoint_name(step: int, generation: int = 0) -> str:
@@ -120,6 +121,8 @@ def candidates(root: str | os.PathLike) -> list[Candidate]:
         return []
     except NotADirectoryError:
         raise CheckpointError("checkpoint root is not a directory", path=str(root)) from None
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint root cannot be listed: {exc.strerror or exc}", path=str(root)) from None
     found = []
     for entry in entries:
         parsed = parse_name(entry.name)
@@ -135,6 +138,8 @@ def in_flight(root: str | os.PathLike) -> list[Path]:
         return sorted(Path(e.path) for e in os.scandir(root) if _TMP_NAME.match(e.name))
     except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint root cannot be listed: {exc.strerror or exc}", path=str(root)) from None
 
 
 def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
@@ -250,14 +255,22 @@ def latest_complete(
             continue
         try:
             manifest = verify(cand.path, level)
-        except CheckpointError as exc:
-            skipped.append(Skipped(cand.name, exc.reason))
-            continue
-        except OSError as exc:
-            skipped.append(Skipped(cand.name, f"unreadable: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a damaged checkpoint is passed over, never raised
+            skipped.append(Skipped(cand.name, refusal(exc)))
             continue
         return Discovery(Verified(cand.path, manifest, level), skipped)
     return Discovery(None, skipped)
+
+
+def refusal(exc: BaseException) -> str:
+    """Why a checkpoint was refused, in one line: a :class:`CheckpointError`'s reason, an I/O
+    error as unreadable, anything else (a defect of this reader, never the caller's problem:
+    discovery moves on) with its type."""
+    if isinstance(exc, CheckpointError):
+        return exc.reason
+    if isinstance(exc, OSError):
+        return f"unreadable: {exc}"
+    return f"unexpected {type(exc).__name__} while verifying: {str(exc)[:200]}"
 
 
 def require_latest(root: str | os.PathLike, level: Level = "fast", **kw) -> Verified:
@@ -327,9 +340,9 @@ def prune(
             level: Level = "fast" if name in vouched else "full"
             try:
                 verify(cand.path, level)
-            except (CheckpointError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - kept as evidence, never raised
                 result.kept.append(name)
-                result.failed.append(Skipped(name, getattr(exc, "reason", None) or f"unreadable: {exc}"))
+                result.failed.append(Skipped(name, refusal(exc)))
                 continue
             counted += 1
             result.kept.append(name)
@@ -341,9 +354,9 @@ def prune(
             continue
         try:
             verify(cand.path, "fast")
-        except (CheckpointError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - kept as evidence, never raised
             result.kept.append(name)
-            result.failed.append(Skipped(name, getattr(exc, "reason", None) or f"unreadable: {exc}"))
+            result.failed.append(Skipped(name, refusal(exc)))
             continue
         if not dry_run:
             try:
@@ -401,7 +414,8 @@ def _partial_is_stale(tmp: Path, now: float, grace_s: float) -> bool:
     try:
         owner = _read_owner(tmp)
         host, pid, created = owner["host"], int(owner["pid"]), float(owner["created_unix"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        # unreadable, or not what a writer leaves (a 400-digit time, 64 KiB of '['): judged by its age
         try:
             return now - os.lstat(tmp).st_mtime > grace_s
         except OSError:

@@ -31,6 +31,14 @@ STATUS_COMPLETE = "complete"
 # any real job (DCP writes thread_count files per rank), and small enough to parse safely.
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_PATH_CHARS = 1024
+MAX_DEPTH = 64
+"""Nesting of the whole document (a real manifest nests 5 deep; ``config`` is the job's own)."""
+MAX_INT = (1 << 63) - 1
+"""Steps, sizes, world sizes and attempts: a 64-bit count at most (what ``st_size`` and every
+consumer can hold); a larger integer is refused, never converted."""
+MAX_CURSOR_INT = (1 << 128) - 1
+"""The data cursor's fields (its seed may be any large integer the job chose)."""
+MAX_CREATED_UNIX = 1e11
 _HEX = re.compile(r"^[0-9a-f]{8,128}$")
 
 
@@ -92,6 +100,7 @@ class Manifest:
     def from_dict(cls, raw: Any) -> "Manifest":
         if not isinstance(raw, dict):
             raise ManifestError(f"manifest must be a mapping, got {type(raw).__name__}")
+        check_plain(raw)
         version = raw.get("format_version")
         if not _is_int(version):
             raise ManifestError("manifest has no integer format_version")
@@ -99,21 +108,22 @@ class Manifest:
             newest = max(SUPPORTED_FORMAT_VERSIONS)
             hint = " (written by a newer supervisor: upgrade to read it)" if version > newest else ""
             raise ManifestError(
-                f"unknown manifest format_version {version}; this reader supports "
+                f"unknown manifest format_version {_short(version)}; this reader supports "
                 f"{sorted(SUPPORTED_FORMAT_VERSIONS)}{hint}"
             )
         status = raw.get("status")
         if status != STATUS_COMPLETE:
-            raise ManifestError(f"manifest status is {status!r}, not {STATUS_COMPLETE!r}")
+            raise ManifestError(f"manifest status is {_short(status)}, not {STATUS_COMPLETE!r}")
         step = _int_field(raw, "global_step", minimum=0)
         world = _int_field(raw, "writer_world_size", minimum=1)
         checksums = raw.get("checksums")
         if not isinstance(checksums, dict):
             raise ManifestError("manifest has no checksums mapping")
         algorithm = checksums.get("algorithm")
-        if algorithm not in ALGORITHMS:
+        if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
             raise ManifestError(
-                f"unknown checksum algorithm {algorithm!r}; known: {', '.join(sorted(ALGORITHMS))}"
+                f"unknown checksum algorithm {_short(algorithm)} (checksums.algorithm); known: "
+                f"{', '.join(sorted(ALGORITHMS))}"
             )
         raw_files = checksums.get("files")
         if not isinstance(raw_files, dict) or not raw_files:
@@ -125,7 +135,7 @@ class Manifest:
                 raise ManifestError(f"file entry for {path!r} is not a mapping")
             size = entry.get("size")
             digest = entry.get("digest")
-            if not _is_int(size) or size < 0:
+            if not _is_int(size) or not 0 <= size <= MAX_INT:
                 raise ManifestError(f"file entry for {path!r} has no valid size")
             if not isinstance(digest, str) or not _HEX.match(digest):
                 raise ManifestError(f"file entry for {path!r} has no valid hex digest")
@@ -135,9 +145,15 @@ class Manifest:
             check_relative_path(ref)
             if ref not in files:
                 raise ManifestError(f"trainer_state refers to {ref!r}, which is not checksummed")
+        if "data_cursor" in trainer_state:
+            _check_cursor(trainer_state["data_cursor"])
         created_unix = raw.get("created_unix", 0.0)
-        if not isinstance(created_unix, (int, float)) or isinstance(created_unix, bool) or not math.isfinite(created_unix):
-            raise ManifestError("created_unix is not a finite number")
+        # an integer is compared before any float(): a 400-digit one does not fit a float
+        if (not isinstance(created_unix, (int, float)) or isinstance(created_unix, bool)
+                or not 0 <= created_unix < MAX_CREATED_UNIX or not math.isfinite(created_unix)):
+            raise ManifestError(f"created_unix must be a finite number in [0, {MAX_CREATED_UNIX:g}), got "
+                                f"{_short(created_unix)}")
+        attempt = raw.get("attempt", 0)
         return cls(
             format_version=version,
             status=status,
@@ -149,7 +165,7 @@ class Manifest:
             created_unix=float(created_unix),
             torch_version=str(raw.get("torch_version", "")),
             supervisor_version=str(raw.get("supervisor_version", "")),
-            attempt=raw.get("attempt", 0) if _is_int(raw.get("attempt", 0)) else 0,
+            attempt=attempt if _is_int(attempt) and 0 <= attempt <= MAX_INT else 0,
             states=_mapping(raw, "states"),
             trainer_state=trainer_state,
             config=_mapping(raw, "config"),
@@ -169,6 +185,48 @@ def parse(data: bytes) -> Manifest:
     except RecursionError:
         raise ManifestError("manifest nests too deeply") from None
     return Manifest.from_dict(raw)
+
+
+def check_plain(raw: Any) -> None:
+    """Bounds every manifest holds, checked without recursion before any field is read: at most
+    :data:`MAX_DEPTH` levels of nesting, only finite numbers, and only strings that are valid
+    Unicode (a lone surrogate, which JSON's ``\\ud800`` escape makes, cannot be printed, logged
+    or used as a path). The error names the field."""
+    # (value, depth, where): ``where`` is (parent's where, key), rendered only for an error
+    stack: list[tuple[Any, int, Any]] = [(raw, 1, None)]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where)
+        elif isinstance(value, dict):
+            if depth > MAX_DEPTH:
+                raise ManifestError(f"{_field(where)}: nests deeper than {MAX_DEPTH} levels")
+            for k, v in value.items():
+                _check_text(k, where)
+                stack.append((v, depth + 1, (where, k)))
+        elif isinstance(value, list):
+            if depth > MAX_DEPTH:
+                raise ManifestError(f"{_field(where)}: nests deeper than {MAX_DEPTH} levels")
+            stack.extend((v, depth + 1, (where, i)) for i, v in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ManifestError(f"{_field(where)}: {value} is not a finite number")
+
+
+def _field(where: Any) -> str:
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}"[:100])
+    return "manifest field " + ("".join(reversed(parts)).lstrip(".") or "(top level)")
+
+
+def _check_text(s: str, where: Any) -> None:
+    if not s.isascii():
+        try:
+            s.encode()
+        except UnicodeEncodeError as exc:
+            raise ManifestError(f"{_field(where)}: a string that is not valid Unicode ({exc.reason} at "
+                                f"character {exc.start})") from None
 
 
 def check_relative_path(path: Any) -> str:
@@ -217,11 +275,29 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _short(v: Any) -> str:
+    """``repr`` for an error message, bounded (a value may be a 4,000-digit integer or a long list)."""
+    if _is_int(v) and not -(10**30) < v < 10**30:
+        return f"an integer of {len(str(abs(v)))} digits"
+    text = repr(v) if not isinstance(v, (dict, list)) else f"a {type(v).__name__} of {len(v)} items"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _int_field(raw: dict, key: str, minimum: int) -> int:
     v = raw.get(key)
-    if not _is_int(v) or v < minimum:
-        raise ManifestError(f"manifest field {key} must be an integer >= {minimum}, got {v!r}")
+    if not _is_int(v) or not minimum <= v <= MAX_INT:
+        raise ManifestError(f"manifest field {key} must be an integer >= {minimum} (below 2**63), got {_short(v)}")
     return v
+
+
+def _check_cursor(cursor: Any) -> None:
+    """``trainer_state.data_cursor`` is applied by a restore: refused here, before anything loads."""
+    if not isinstance(cursor, dict):
+        raise ManifestError(f"trainer_state.data_cursor must be a mapping, got {type(cursor).__name__}")
+    for key in ("seed", "epoch", "position", "total"):
+        v = cursor.get(key)
+        if not _is_int(v) or not 0 <= v <= MAX_CURSOR_INT:
+            raise ManifestError(f"trainer_state.data_cursor.{key} must be an integer in [0, 2**128), got {_short(v)}")
 
 
 def _mapping(raw: dict, key: str) -> dict[str, Any]:
