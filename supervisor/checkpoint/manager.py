@@ -84,13 +84,16 @@ from supervisor.checkpoint.fsutil import HashingFile, dump_json, fsync_dir, remo
 from supervisor.checkpoint.dcp_io import HashingWriter, ManifestReader, read_dcp_metadata
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
 from supervisor.checkpoint.state import (
+    MAX_RNG_BYTES,
     RNG_DERIVED,
     RNG_EXACT,
     RNG_GUARANTEE,
     DataCursor,
+    PreparedRng,
+    apply_rng,
     capture_rng,
     derived_seed,
-    restore_rng,
+    prepare_rng,
     seed_all,
 )
 
@@ -613,6 +616,15 @@ class CheckpointManager:
                     continue
             try:
                 rng_mode = self._load(ckpt_path, manifest)
+            except _Refused as exc:
+                # refused before the live model, optimizer and trainer objects were touched
+                skipped.append(Skipped(ckpt_path.name, exc.reason))
+                if self.rank == 0:
+                    log.warning("event=checkpoint_skipped name=%s reason=%s", ckpt_path.name, exc.reason)
+                if is_explicit:
+                    raise CheckpointLoadError(exc.reason, path=str(ckpt_path), skipped=skipped) from None
+                excluded.add(ckpt_path.name)
+                continue
             except _CorruptWhileLoading as exc:
                 # some tensors now hold bytes of a corrupt file: only a full load of another
                 # checkpoint may follow (it overwrites every tensor), never a fresh start
@@ -659,6 +671,28 @@ class CheckpointManager:
         return (str(found.checkpoint.path), found.checkpoint.manifest.to_dict(), False)
 
     def _load(self, ckpt_path: Path, manifest: Manifest) -> str:
+        """Load one checkpoint into the live objects. Everything but the tensors is read and
+        checked first (the cursor, every trainer file, the RNG state), and the trainer objects
+        take their state with an undo, before a tensor is touched: a checkpoint refused then
+        (:class:`_Refused`, on any rank) leaves the model, optimizer, scheduler, scaler,
+        registered objects, cursor and generators as they were."""
+        refusal: tuple[bool, str] | None = None
+        undo: list[tuple[Stateful, Any]] = []
+        try:
+            cursor, objects = self._prepare_trainer_state(ckpt_path, manifest)
+            undo = self._apply_with_undo(objects)
+        except _Mismatch as exc:
+            refusal = (True, exc.reason)
+        except _Refused as exc:
+            refusal = (False, exc.reason)
+        refusals = [r for r in self._all_gather(refusal) if r]
+        if refusals:
+            _undo(undo)
+            mismatch = [reason for is_mismatch, reason in refusals if is_mismatch]
+            if mismatch:  # the job registers what the checkpoint does not hold: an error, not a damaged file
+                raise CheckpointLoadError(mismatch[0], path=str(ckpt_path))
+            raise _Refused(refusals[0][1], path=str(ckpt_path))
+        rng = self._prepare_rng(ckpt_path, manifest)
         error: str | None = None
         corrupt: str | None = None
         try:
@@ -685,44 +719,91 @@ class CheckpointManager:
             raise
         except BaseException as exc:  # noqa: BLE001 - CheckpointException is a BaseException
             error = f"model/optimizer state: {_describe(exc)}"
-        if error is None:
-            try:
-                self._load_trainer_state(ckpt_path, manifest)
-            except (CheckpointError, OSError, ValueError, KeyError, RuntimeError) as exc:
-                error = f"trainer state: {_describe(exc)}"
         outcomes = [o for o in self._all_gather((error, corrupt)) if o[0]]
         if outcomes:
+            _undo(undo)
             bad = [o for o in outcomes if o[1]]
             if bad:
                 raise _CorruptWhileLoading(bad[0][1], path=str(ckpt_path))
             raise CheckpointLoadError(outcomes[0][0], path=str(ckpt_path))
-        return self._restore_rng(ckpt_path, manifest)
+        if cursor is not None:
+            self.cursor.load_state_dict(cursor)  # checked above: cannot fail
+        return self._restore_rng(manifest, rng)
 
-    def _load_trainer_state(self, ckpt_path: Path, manifest: Manifest) -> None:
+    def _prepare_trainer_state(self, ckpt_path: Path, manifest: Manifest) -> tuple[dict | None, list]:
+        """The cursor and each registered trainer object's state, read and type-checked;
+        :class:`_Refused` naming the field or file that is wrong. Touches nothing live."""
         ts = manifest.trainer_state
+        cursor = ts.get("data_cursor") if "data_cursor" in ts else None
         if "data_cursor" in ts:
-            self.cursor.load_state_dict(ts["data_cursor"])
+            try:
+                DataCursor().load_state_dict(cursor)
+            except ValueError as exc:
+                raise _Refused(f"trainer_state.data_cursor: {exc}") from None
+        objects: list[tuple[str, Stateful, dict]] = []
         for attr, key in (("scheduler", "scheduler"), ("grad_scaler", "grad_scaler")):
             obj = getattr(self, attr)
             if obj is None:
                 continue
             if ts.get(key) is None:
-                raise CheckpointLoadError(f"the checkpoint holds no {key} state but one is registered")
-            obj.load_state_dict(_from_file(ckpt_path / ts[key]))
+                raise _Mismatch(f"the checkpoint holds no {key} state but one is registered")
+            objects.append((key, obj, _read_state_file(ckpt_path, ts[key])))
         saved_extras = ts.get("extras") or {}
         for name, obj in self._extras.items():
             if name not in saved_extras:
-                raise CheckpointLoadError(f"the checkpoint holds no state for registered object {name!r}")
-            obj.load_state_dict(_from_file(ckpt_path / saved_extras[name]))
+                raise _Mismatch(f"the checkpoint holds no state for registered object {name!r}")
+            objects.append((f"extra {name!r}", obj, _read_state_file(ckpt_path, saved_extras[name])))
+        return cursor, objects
 
-    def _restore_rng(self, ckpt_path: Path, manifest: Manifest) -> str:
-        rel = f"rng/rank-{self.rank:05d}.json"
-        if manifest.writer_world_size == self.world_size and rel in manifest.files:
+    @staticmethod
+    def _apply_with_undo(objects: list[tuple[str, Stateful, dict]]) -> list[tuple[Stateful, Any]]:
+        """``load_state_dict`` each object, keeping a copy of its state before: one that raises
+        is a refusal, and every object applied so far gets its old state back."""
+        undo: list[tuple[Stateful, Any]] = []
+        for what, obj, sd in objects:
+            old = obj.state_dict()
             try:
-                restore_rng(json.loads((ckpt_path / rel).read_bytes()))
+                old = copy.deepcopy(old)
+            except Exception:  # noqa: BLE001 - an object whose state cannot be copied is restored from its own dict
+                pass
+            try:
+                obj.load_state_dict(sd)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - any refusal of the object's own loader
+                _undo(undo + [(obj, old)])
+                raise _Refused(f"{what} state: {_describe(exc)}") from None
+            undo.append((obj, old))
+        return undo
+
+    def _prepare_rng(self, ckpt_path: Path, manifest: Manifest) -> PreparedRng | None:
+        """This rank's saved generators, checked (None: the derived seed will be used, and why is
+        logged). Any way the file can be wrong (unreadable, too large, not JSON, nested 5,000
+        deep, wrong-sized or out-of-range states) falls back; it never refuses the checkpoint."""
+        rel = f"rng/rank-{self.rank:05d}.json"
+        if manifest.writer_world_size != self.world_size or rel not in manifest.files:
+            return None
+        try:
+            with open(ckpt_path / rel, "rb") as f:
+                data = f.read(MAX_RNG_BYTES + 1)
+            if len(data) > MAX_RNG_BYTES:
+                raise ValueError(f"{rel} is over {MAX_RNG_BYTES} bytes")
+            return prepare_rng(json.loads(data))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - OSError, ValueError, RecursionError...: the fallback
+            log.warning("event=rng_not_restored rank=%d reason=%s (using the derived seed)", self.rank,
+                        _describe(exc))
+            return None
+
+    def _restore_rng(self, manifest: Manifest, prepared: PreparedRng | None) -> str:
+        if prepared is not None:
+            try:
+                apply_rng(prepared)
                 return RNG_EXACT
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("event=rng_not_restored rank=%d reason=%s (using the derived seed)", self.rank, exc)
+            except Exception as exc:  # noqa: BLE001 - e.g. another CUDA device count: the fallback
+                log.warning("event=rng_not_restored rank=%d reason=%s (using the derived seed)", self.rank,
+                            _describe(exc))
         seed_all(derived_seed(self.seed, manifest.global_step, self.rank))
         return RNG_DERIVED
 
@@ -792,8 +873,40 @@ def _from_file(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def _read_state_file(ckpt_path: Path, rel: str) -> dict:
+    """A trainer file's state dict, or :class:`_Refused` saying why not: not a weights-only
+    torch file (any error of the loader), or not a mapping."""
+    try:
+        sd = _from_file(ckpt_path / rel)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - UnpicklingError, EOFError, RuntimeError...: one refusal
+        raise _Refused(f"{rel} is not a weights-only torch file: {_describe(exc)}") from None
+    if not isinstance(sd, dict):
+        raise _Refused(f"{rel} holds a {type(sd).__name__}, not a state dict")
+    return sd
+
+
+def _undo(undo: list[tuple[Stateful, Any]]) -> None:
+    for obj, old in reversed(undo):
+        try:
+            obj.load_state_dict(old)
+        except Exception as exc:  # noqa: BLE001 - the object's own state, taken a moment ago
+            log.error("event=trainer_state_not_undone object=%s error=%s", type(obj).__name__, _describe(exc))
+
+
 class _CorruptWhileLoading(CheckpointLoadError):
     """A tensor file failed its checksum during the load: the model holds some of its bytes."""
+
+
+class _Refused(CheckpointLoadError):
+    """A checkpoint refused before anything live was touched (its trainer state is unusable):
+    the next older one may be tried as if it had failed verification."""
+
+
+class _Mismatch(_Refused):
+    """The job registers an object (scheduler, scaler, extra) the checkpoint holds no state for:
+    raised to the caller (before anything live was touched), not passed over for an older one."""
 
 
 def _is_tensor_file(rel: str) -> bool:

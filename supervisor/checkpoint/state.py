@@ -57,23 +57,65 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    npst = state["numpy"]
-    keys = np.frombuffer(base64.b64decode(npst["keys"]), dtype="<u4").astype(np.uint32)
-    np.random.set_state(
-        (npst["kind"], keys, npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
-    )
-    torch.set_rng_state(_bytes_tensor(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        saved = [_bytes_tensor(s) for s in state["cuda"]]
-        if len(saved) != torch.cuda.device_count():
+MAX_RNG_BYTES = 1 << 20
+"""An RNG file is ~20 KiB (Python's 625 words, NumPy's 624, torch's 5 KiB, per CUDA device 16 B)."""
+
+
+@dataclass(frozen=True)
+class PreparedRng:
+    """RNG state checked against fresh generators of each kind: applying it cannot fail."""
+
+    python: tuple
+    numpy: tuple
+    torch: torch.Tensor
+    cuda: tuple[torch.Tensor, ...] | None
+
+
+def prepare_rng(state: Any) -> PreparedRng:
+    """Check saved RNG state (as :func:`capture_rng` makes it) by loading it into fresh
+    generators, never the live ones. Raises :class:`ValueError` for any way it can be wrong
+    (missing keys, wrong types, out-of-range words, a wrong-sized torch state)."""
+    try:
+        py = state["python"]
+        py_state = (py["version"], tuple(py["state"]), py["gauss"])
+        random.Random().setstate(py_state)
+        npst = state["numpy"]
+        keys = np.frombuffer(base64.b64decode(npst["keys"], validate=True), dtype="<u4").astype(np.uint32)
+        np_state = (npst["kind"], keys, npst["pos"], npst["has_gauss"], npst["cached_gaussian"])
+        np.random.RandomState().set_state(np_state)
+        cpu = _bytes_tensor(state["torch"])
+        torch.Generator().set_state(cpu)
+        cuda = None
+        if "cuda" in state:
+            if not isinstance(state["cuda"], list):
+                raise ValueError("cuda is not a list")
+            cuda = tuple(_bytes_tensor(s) for s in state["cuda"])
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - every way the state can be wrong is one ValueError
+        text = str(exc).strip().splitlines()
+        raise ValueError(f"RNG state is unusable: {type(exc).__name__}: {text[0][:200] if text else ''}") from None
+    return PreparedRng(py_state, np_state, cpu, cuda)
+
+
+def apply_rng(prepared: PreparedRng) -> None:
+    """Make the live generators what ``prepared`` holds."""
+    random.setstate(prepared.python)
+    np.random.set_state(prepared.numpy)
+    torch.set_rng_state(prepared.torch)
+    if prepared.cuda is not None and torch.cuda.is_available():
+        if len(prepared.cuda) != torch.cuda.device_count():
             raise ValueError(
-                f"RNG state holds {len(saved)} CUDA generators, this process sees "
+                f"RNG state holds {len(prepared.cuda)} CUDA generators, this process sees "
                 f"{torch.cuda.device_count()} devices"
             )
-        torch.cuda.set_rng_state_all(saved)
+        torch.cuda.set_rng_state_all(list(prepared.cuda))
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """:func:`prepare_rng` then :func:`apply_rng` (ValueError, the live generators untouched,
+    when the state is unusable)."""
+    apply_rng(prepare_rng(state))
 
 
 def seed_all(seed: int) -> None:
@@ -83,7 +125,10 @@ def seed_all(seed: int) -> None:
 
 
 def _bytes_tensor(b64: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(b64)), dtype=torch.uint8).clone()
+    raw = bytearray(base64.b64decode(b64, validate=True))
+    if not raw:
+        raise ValueError("empty generator state")
+    return torch.frombuffer(raw, dtype=torch.uint8).clone()
 
 
 @dataclass
@@ -115,8 +160,10 @@ class DataCursor:
         return asdict(self)
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if not isinstance(sd, dict):
+            raise ValueError(f"data cursor state must be a mapping, got {type(sd).__name__}")
         for key in ("seed", "epoch", "position", "total"):
             v = sd.get(key)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"data cursor field {key} must be an integer >= 0, got {v!r}")
+                raise ValueError(f"data cursor field {key} must be an integer >= 0, got {v!r:.80}")
         self.seed, self.epoch, self.position, self.total = sd["seed"], sd["epoch"], sd["position"], sd["total"]
