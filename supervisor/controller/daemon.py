@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
+from supervisor.checkpoint.cache import Scan, VerifiedCache
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller import preflight
 from supervisor.controller import state as state_file
@@ -338,6 +338,10 @@ class Controller:
             self._lock.release()
 
     async def _run_locked(self) -> int:
+        self._ckpt_cache = VerifiedCache()  # fast verifications by checkpoint name (published ones never change)
+        self._ckpt_scan: asyncio.Future | None = None  # a look at the checkpoint root under way (a worker thread)
+        self._usable: list[str] = []  # the checkpoints that verified at the last full look, newest first
+        self._ckpt_rebase = False  # a root adopted: count this attempt's progress from its newest checkpoint
         if self._lock.took_over:
             self.event("job_lease_taken_over", previous=self._lock.took_over)
             log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
@@ -603,7 +607,7 @@ class Controller:
                          f"{len(slots)} node slots and no node count in [{n.min}, {n.max}] with a world size the job "
                          f"accepts (world_sizes={list(n.world_sizes)}, multiple of {n.world_size_multiple_of})")
             return
-        self._poll_checkpoints(force=True)
+        await self._scan_checkpoints()
         pick = pick_checkpoint(self._usable_checkpoints(), self.history, self.cfg.restart.allow_fresh_start)
         if isinstance(pick, Stop):
             self._finish(pick.phase, pick.reason)
@@ -649,7 +653,7 @@ class Controller:
                 before = self.latest_ckpt["step"] if self.latest_ckpt else -1
                 self._check_lease()
                 await self.platform.teardown(self.cfg.restart.kill_grace_s)
-                self._poll_checkpoints(force=True)
+                await self._scan_checkpoints()
                 if self.latest_ckpt and self.latest_ckpt["step"] > before:
                     self.event("emergency_checkpoint", name=self.latest_ckpt["name"], step=self.latest_ckpt["step"],
                                detail="written by the ranks on the way out; the next run resumes from it")
@@ -914,8 +918,8 @@ class Controller:
             self.event("checkpoint_root_adopted", watched=str(self.ckpt_root), root=detail,
                        detail="the ranks save checkpoints here, not where the supervisor was told to look")
             self.ckpt_root = Path(detail)
-            self._poll_checkpoints(force=True)
-            self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
+            # looked at off the loop at the next tick; progress counts from what it holds then
+            self._ckpt_rebase, self._last_ckpt_poll = True, -CHECKPOINT_POLL_S
         elif verdict == "conflict":
             self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
             # the gang is torn down before the verdict (_tick): nothing may keep training unwatched
@@ -926,38 +930,33 @@ class Controller:
 
     def _poll_checkpoints(self, force: bool = False) -> None:
         now = self.clock()
-        if not force and now - self._last_ckpt_poll < CHECKPOINT_POLL_S:
+        if self._ckpt_scan is not None or now - self._last_ckpt_poll < CHECKPOINT_POLL_S:
             return
         self._last_ckpt_poll = now
         try:
-            found = latest_complete(self.ckpt_root, "fast", exclude=self.history.suspects).checkpoint
+            scan = await asyncio.to_thread(self._ckpt_cache.scan, self.ckpt_root,
+                                           exclude=list(self.history.suspects), usable=True)
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
             log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
             return
         if found is None:
             self.latest_ckpt = None
-            return
-        self.history.had_checkpoint = True
-        if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
-            self.event("checkpoint_complete", name=found.name, step=found.step)
-            self.checkpoint_times.append(found.manifest.created_unix)
-        self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
-                            "writer_world_size": found.manifest.writer_world_size}
+        else:
+            self.history.had_checkpoint = True
+            if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
+                self.event("checkpoint_complete", name=found.name, step=found.step)
+                self.checkpoint_times.append(found.manifest.created_unix)
+            self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
+                                "writer_world_size": found.manifest.writer_world_size}
+        if self._ckpt_rebase:  # a root adopted: progress in this attempt counts from what it holds
+            self._ckpt_rebase = False
+            self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
 
     def _usable_checkpoints(self) -> list[str]:
         """Every checkpoint that passes fast verification, newest first (suspects included:
-        the decision skips them, and needs to know one exists)."""
-        out = []
-        try:
-            for cand in candidates(self.ckpt_root):
-                try:
-                    verify(cand.path, "fast")
-                except (CheckpointError, OSError):
-                    continue
-                out.append(cand.name)
-        except OSError as exc:
-            log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
-        return out
+        the decision skips them, and needs to know one exists), as of the last
+        :meth:`_scan_checkpoints`."""
+        return list(self._usable)
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self, fault: Fault) -> None:
@@ -1034,15 +1033,56 @@ class Controller:
 
     async def _launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
         """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
+        """Every ``CHECKPOINT_POLL_S``: look for the newest published checkpoint in a worker
+        thread (:class:`VerifiedCache`: only what is new or changed is verified), and take in the
+        last look once it is done; the loop never lists or verifies anything. ``force`` looks
+        now, on the calling thread (:meth:`_scan_checkpoints` is the way from a coroutine)."""
+        task = self._ckpt_scan
+        if task is not None and task.done():
+            self._ckpt_scan = None
+            try:
+                self._take_scan(task.result())
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
+                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+        if force:
+            try:
+                self._take_scan(self._ckpt_cache.scan(self.ckpt_root, exclude=list(self.history.suspects),
+                                                      usable=True))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+            return
         a stop cuts short), then the job fails."""
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
                 await self._launch_unless_handed_off(nodes, restore_from, timer)
+        self._ckpt_scan = asyncio.ensure_future(asyncio.to_thread(
+            self._ckpt_cache.scan, self.ckpt_root, exclude=list(self.history.suspects)))
+
+    async def _scan_checkpoints(self) -> None:
+        """Look now (in a worker thread), and wait for it: the newest checkpoint and every usable
+        one, for a decision that follows (a launch, a relaunch, the end)."""
+        if self._ckpt_scan is not None:
+            await asyncio.wait([self._ckpt_scan])
+            self._poll_checkpoints()  # takes it in; starts nothing (just polled)
+        self._last_ckpt_poll = self.clock()
                 return
             except PlatformError as exc:
                 log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
                 self.event("launch_failed", attempt=self.attempt, error=str(exc), try_=attempt_no)
+            self._usable = []
+            return
+        self._take_scan(scan)
+
+    def _take_scan(self, scan: Scan) -> None:
+        """Take in one look at the checkpoint root (made off the loop, maybe a moment ago)."""
+        if scan.root != self.ckpt_root:
+            return  # the root was adopted meanwhile: the next look is at the new one
+        found = scan.discovery.checkpoint
+        if found is not None and found.name in self.history.suspects:
+            self._last_ckpt_poll = -CHECKPOINT_POLL_S  # made suspect meanwhile: look again at once
                 await self.platform.teardown(self.cfg.restart.teardown_grace_s)
+        if scan.usable is not None:
+            self._usable = scan.usable
                 if self._stop.is_set():
                     return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
                 try:
@@ -1109,8 +1149,8 @@ class Controller:
                 self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
 
     def _plan(self, fault: Fault, history: History) -> Relaunch | Stop:
-        """What comes after ``fault`` (:func:`plan_next`, which updates ``history``)."""
-        self._poll_checkpoints(force=True)
+        """What comes after ``fault`` (:func:`plan_next`, which updates ``history``), on the
+        checkpoints of the last :meth:`_scan_checkpoints` (its callers look first)."""
         made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
         straggler_nodes = []
         if self.cfg.health.exclude_stragglers:
@@ -1120,6 +1160,7 @@ class Controller:
         # before all had reported still counts: its heartbeat is in the registry)
         report = restore_report(rec.hb for rec in self.registry.ranks.values())
         return plan_next(
+        await self._scan_checkpoints()
             history=history, fault=fault, made_progress=made_progress, report=report,
             slots=self.platform.slots(), previous_nodes=self.nodes,
             hosts={n: st.host for n, st in self.node_status.items() if st.host},
@@ -1168,6 +1209,7 @@ class Controller:
         return False
 
     async def _save_evidence(self, fault: Fault) -> None:
+        await self._scan_checkpoints()
         """Before anything is killed: every live rank dumps its stacks; keep their last heartbeats."""
         asked: dict[int, int] = {}
         for rank, addr in self.addr_by_rank.items():

@@ -28,9 +28,11 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import secrets
 import socket
+import stat
 import threading
 import time
 import typing
@@ -46,6 +48,9 @@ LOCK_FILE = "supervisor.lock"
 OWNER_FILE = "supervisor.owner.json"
 LEASE_S = 30.0
 MAX_STATE_BYTES = 8 << 20
+MAX_STATE_DEPTH = 32
+"""Nesting of the whole file (the controller writes 4 levels at most)."""
+MAX_STATE_INT = (1 << 63) - 1
 VERSION = 2
 _log = logging.getLogger("supervisor.controller")
 
@@ -81,6 +86,7 @@ _SCHEMA: dict[str, tuple[str, bool]] = {
     "launch_attempt": (_INT, False),
     "in_place_allowed": (_INT, False),
     "in_place_used": (_INT, False),
+    "launch_id": (_STR, False),
     "version": (_INT, False),
 }
 
@@ -126,10 +132,78 @@ def _check_history(raw: dict) -> History:
     return History(**kwargs)
 
 
+def _check_plain(obj: Any) -> None:
+    """Bounds on every value, checked without recursion before any field is read: nesting, 64-bit
+    integers, finite numbers, strings that are valid Unicode without NUL (a lone surrogate cannot
+    be printed; a NUL cannot be a path). ValueError naming the field."""
+    stack: list[tuple[Any, int, str]] = [(obj, 1, "")]
+    while stack:
+        value, depth, where = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, where)
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not -MAX_STATE_INT <= value <= MAX_STATE_INT:
+                raise ValueError(f"{where}: an integer of {len(str(abs(value)))} digits is out of range (64 bits)")
+        elif isinstance(value, float):
+            if not math.isfinite(value) or abs(value) > MAX_STATE_INT:
+                raise ValueError(f"{where}: {value} is not a finite number in range")
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_STATE_DEPTH:
+                raise ValueError(f"{where or 'the top level'}: nested deeper than {MAX_STATE_DEPTH} levels")
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    _check_text(k, where)
+                    stack.append((v, depth + 1, f"{where}.{k}".lstrip(".")[:120]))
+            else:
+                stack.extend((v, depth + 1, f"{where}[{i}]"[:120]) for i, v in enumerate(value))
+
+
+def _check_text(s: str, where: str) -> None:
+    if "\0" in s:
+        raise ValueError(f"{where or 'a key'}: holds a NUL character")
+    if not s.isascii():
+        try:
+            s.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"{where or 'a key'}: not valid Unicode ({exc.reason} at character {exc.start})") from None
+
+
+def _checkpoint_name(v: Any) -> bool:
+    from supervisor.checkpoint.discovery import parse_name
+
+    return isinstance(v, str) and parse_name(v) is not None
+
+
+def _check_fields(obj: dict) -> None:
+    """What consumers rely on beyond the types: names that become paths, ports, a checkpoint record."""
+    job = obj["job"]
+    if not job or len(job) > 64 or not all(c.isalnum() or c in "-_." for c in job):
+        raise ValueError(f"job: {job!r:.80} is not a job name (1-64 letters, digits, '-', '_', '.')")
+    for name in ("restore_from", "restored"):
+        if obj.get(name) is not None and not _checkpoint_name(obj[name]):
+            raise ValueError(f"{name}: {obj[name]!r:.80} is not a checkpoint name (step-N)")
+    for name in ("intake_port", "http_port"):
+        if name in obj and not 0 <= obj[name] < 65536:
+            raise ValueError(f"{name}: {obj[name]} is not a port")
+    for name in ("run", "launch_attempt", "in_place_allowed", "in_place_used", "restored_step"):
+        if name in obj and obj[name] < 0:
+            raise ValueError(f"{name}: negative")
+    ck = obj.get("last_checkpoint")
+    if ck is not None:
+        if not _checkpoint_name(ck.get("name")):
+            raise ValueError(f"last_checkpoint.name: {ck.get('name')!r:.80} is not a checkpoint name")
+        for key, kind in (("step", _INT), ("created_unix", _NUM), ("writer_world_size", _INT)):
+            if (key in ck or key == "step") and not _ok(kind, ck.get(key)):
+                raise ValueError(f"last_checkpoint.{key}: {ck.get(key)!r:.80} is not a {kind}")
+
+
 def validate(obj: Any) -> dict[str, Any]:
     """The state as a dict whose every field has the right type; raises ValueError naming the field."""
     if not isinstance(obj, dict):
         raise ValueError("the top level is not an object")
+    _check_plain(obj)
     for name, (kind, required) in _SCHEMA.items():
         if name not in obj:
             if required:
@@ -146,6 +220,7 @@ def validate(obj: Any) -> dict[str, Any]:
         raise ValueError(f"phase: {obj['phase']!r:.40} is not a known phase") from None
     if obj["attempt"] < 0:
         raise ValueError("attempt: negative")
+    _check_fields(obj)
     obj = dict(obj)
     obj["history"] = _check_history(obj.get("history") or {})
     return obj
@@ -159,18 +234,27 @@ def load(path: Path) -> dict[str, Any] | None:
     fresh_hint = (f"A gang started from it may still be running. Run the same command with --fresh to stop what "
                   f"is left of that gang and start a new run (the file is kept beside it).")
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_STATE_BYTES + 1)
+        # never through a symlink, never blocked on a FIFO: only a regular file is a state
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise StateError(f"{path} cannot be read ({exc}). {fresh_hint}") from None
+        raise StateError(f"{path} cannot be read ({exc.strerror or exc}). {fresh_hint}") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise StateError(f"{path} is unreadable: not a regular file. {fresh_hint}")
+            data = f.read(MAX_STATE_BYTES + 1)
+    except OSError as exc:
+        raise StateError(f"{path} cannot be read ({exc.strerror or exc}). {fresh_hint}") from None
     if len(data) > MAX_STATE_BYTES:
         raise StateError(f"{path} is larger than {MAX_STATE_BYTES} bytes: not a supervisor state. {fresh_hint}")
     try:
         obj = json.loads(data.decode())
     except (UnicodeDecodeError, ValueError) as exc:
-        raise StateError(f"{path} is unreadable (truncated or not JSON: {exc}). {fresh_hint}") from None
+        raise StateError(f"{path} is unreadable (truncated or not JSON: {str(exc)[:200]}). {fresh_hint}") from None
+    except RecursionError:
+        raise StateError(f"{path} is unreadable (nested too deeply to be a supervisor state). {fresh_hint}") from None
     try:
         return validate(obj)
     except ValueError as exc:
@@ -193,8 +277,10 @@ def save(path: Path, state: dict[str, Any]) -> None:
 
 
 def archive(path: Path, label: str) -> Path:
-    """Move the state aside (kept for the post-mortem); returns where it went."""
-    return set_aside(path, label)
+    """Move the state aside (kept for the post-mortem); returns where it went. The label is made
+    a plain file-name part (a job name from a state file is not trusted to be one)."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in label)[:64]
+    return set_aside(path, safe.strip(".") or "state")
 
 
 class JobLock:
@@ -380,7 +466,7 @@ class JobLock:
         if job and job == mine["slurm_job_id"] and isinstance(restarts, int) and mine["slurm_restart_count"] > restarts:
             return f"Slurm requeued job {job} (restart {restarts} -> {mine['slurm_restart_count']}): that run is over"
         renewed, lease = cur.get("renewed"), cur.get("lease_s")
-        if not isinstance(renewed, (int, float)) or not isinstance(lease, (int, float)):
+        if not _finite(renewed) or not _finite(lease):  # NaN would never expire
             return "the record has no lease"
         if now - renewed > lease:
             return f"its lease expired {now - renewed - lease:.0f}s ago (renewed {now - renewed:.0f}s ago, lease {lease:g}s)"
@@ -411,7 +497,7 @@ class JobLock:
             return None
         try:
             obj = json.loads(data.decode())
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             return data.decode(errors="replace")
         return obj if isinstance(obj, dict) else data.decode(errors="replace")
 
@@ -478,6 +564,12 @@ def _describe_owner(rec: dict[str, Any]) -> str:
     where = f"host {rec.get('host')}" + (f" (Slurm node {rec['node']})" if rec.get("node") else "")
     job = f", Slurm job {rec['slurm_job_id']}" if rec.get("slurm_job_id") else ""
     return f"{where}{job}, pid {rec.get('pid')}"
+
+
+def _finite(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return abs(v) <= MAX_STATE_INT if isinstance(v, int) else math.isfinite(v)
 
 
 def _mtime(path: Path) -> float:
