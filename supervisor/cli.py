@@ -46,8 +46,27 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _root_errors(func):
+    """A checkpoints command on a root that cannot be listed says so (exit 1), never a traceback."""
+    import functools
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        from supervisor.checkpoint import CheckpointError
+
+        try:
+            return func(args)
+        except CheckpointError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+
+    return run
+
+
+@_root_errors
 def cmd_checkpoints_list(args: argparse.Namespace) -> int:
-    from supervisor.checkpoint import CheckpointError, candidates, in_flight, verify
+    from supervisor.checkpoint import candidates, in_flight, verify
+    from supervisor.checkpoint.discovery import refusal
 
     root = Path(args.dir)
     if not root.is_dir():
@@ -64,17 +83,21 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
                 "writer_world_size": m.writer_world_size, "bytes": m.total_bytes,
                 "age_s": round(now - m.created_unix, 1), "verification": f"ok ({level})",
             }
-        except (CheckpointError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a damaged checkpoint is a FAILED row, never a traceback
             rec = {
                 "name": cand.name, "step": cand.step, "status": "invalid", "writer_world_size": None,
                 "bytes": None, "age_s": None,
-                "verification": f"FAILED: {getattr(exc, 'reason', exc)}",
+                "verification": f"FAILED: {refusal(exc)}",
             }
         records.append(rec)
     for tmp in in_flight(root):
+        try:
+            age = round(now - tmp.lstat().st_mtime, 1)
+        except OSError:  # finished or removed meanwhile
+            continue
         records.append({
             "name": tmp.name, "step": None, "status": "in-flight/partial", "writer_world_size": None,
-            "bytes": None, "age_s": round(now - tmp.stat().st_mtime, 1), "verification": "not published",
+            "bytes": None, "age_s": age, "verification": "not published",
         })
     if args.json:
         print(json.dumps(records, indent=1))
@@ -93,8 +116,10 @@ def cmd_checkpoints_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@_root_errors
 def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
-    from supervisor.checkpoint import CheckpointError, candidates, latest_complete, verify
+    from supervisor.checkpoint import candidates, latest_complete, verify
+    from supervisor.checkpoint.discovery import refusal
 
     root = Path(args.dir)
     level = "full" if args.full else "fast"
@@ -130,12 +155,13 @@ def cmd_checkpoints_verify(args: argparse.Namespace) -> int:
             m = verify(path, level)
             print(f"OK {path.name}: step {m.global_step}, {len(m.files)} files, "
                   f"{_human_bytes(m.total_bytes)} verified ({level})")
-        except (CheckpointError, OSError) as exc:
-            print(f"FAILED {path.name}: {getattr(exc, 'reason', exc)}")
+        except Exception as exc:  # noqa: BLE001 - a damaged checkpoint is a FAILED line, never a traceback
+            print(f"FAILED {path.name}: {refusal(exc)}")
             status = EXIT_FAILED
     return status
 
 
+@_root_errors
 def cmd_checkpoints_prune(args: argparse.Namespace) -> int:
     from supervisor.checkpoint import prune
 
@@ -483,15 +509,39 @@ def render_final(saved: dict, log_dir: str) -> str:
         lines.append(f"excluded nodes: {', '.join(hist['excluded'])}")
     if saved.get("stop_reason"):
         lines.append(f"reason: {saved['stop_reason']}")
-    try:
-        events = [json.loads(x) for x in (Path(log_dir) / "events.jsonl").read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        events = []
+    events = _read_events(Path(log_dir) / "events.jsonl")
     faults = [e for e in events if e.get("event") == "fault_detected" and e.get("run", 1) == saved.get("run", 1)]
     if faults:
         f = faults[-1]
         lines.append(f"last fault (attempt {f.get('attempt')}): {f.get('kind')} ranks {f.get('ranks')}: {f.get('detail')}")
-    return "\n".join(lines)
+    return "\n".join(lines).encode(errors="replace").decode()  # a lone surrogate from a file cannot be printed
+
+
+def _read_events(path: Path) -> list[dict]:
+    """The event records of events.jsonl; a line that is not a JSON object (torn, garbled,
+    nested too deeply) is passed over."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    events = []
+    for line in text.splitlines():
+        try:
+            e = json.loads(line) if line.strip() else None
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(e, dict):
+            events.append(e)
+    return events
+
+
+def _node_state(n: dict) -> str:
+    """A node's state as the platform read it: ``running``, ``running (stopped)``, ``waiting
+    (capacity: Unschedulable)``, ``exited (OOMKilled)``."""
+    if n.get("waiting"):
+        return f"waiting ({n['waiting']}{': ' + n['reason'] if n.get('reason') else ''})"
+    state = n["state"] + (" (stopped)" if n.get("stopped") else "")
+    return state + (f" ({n['reason']})" if n.get("reason") and n["state"] != "running" else "")
 
 
 def render_status(st: dict) -> str:
@@ -511,11 +561,14 @@ def render_status(st: dict) -> str:
         lines.append(f"suspect checkpoint: {name}: {(st.get('suspect_why') or {}).get(name, '')}")
     if st.get("excluded_nodes"):
         lines.append(f"excluded nodes: {', '.join(st['excluded_nodes'])}")
+    wait = st.get("waiting_for_capacity")
+    if wait:
+        lines.append(f"waiting for capacity for {_human_age(wait['since_s'])} (no attempt spent): {wait['detail']}")
     lines.append("")
     lines.append(_table(
-        [[n["name"], n["state"] + (" (stopped)" if n.get("stopped") else ""), str(n["pid"]),
-          "-" if n["exit_code"] is None else str(n["exit_code"])] for n in st["nodes"]],
-        ["NODE", "STATE", "PID", "EXIT"]))
+        [[n["name"], _node_state(n), str(n["pid"]), "-" if n["exit_code"] is None else str(n["exit_code"]),
+          (n.get("detail") or "")[:100]] for n in st["nodes"]],
+        ["NODE", "STATE", "PID", "EXIT", "DETAIL"]))
     lines.append("")
     lines.append(_table(
         [[str(r["rank"]), r["node"], str(r["step"]), r["phase"], f"{r['phase_s']:.1f}s", f"{r['heartbeat_age_s']:.1f}s",
