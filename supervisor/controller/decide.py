@@ -11,6 +11,9 @@ The job's phases::
                                                       --no usable checkpoint--> STOPPED_NO_CHECKPOINT (6)
                                                       --non-finite again--> STOPPED_NONFINITE (7)
                                                       --same failure before the first step--> STOPPED_STARTUP_FAILURE (8)
+                                                      --the same rank out of memory at the same step--> STOPPED_OUT_OF_MEMORY (11)
+    STARTING --the cluster cannot place the gang--> WAITING_FOR_CAPACITY --placed--> STARTING
+                                                                          --too long--> STOPPED_NO_CAPACITY (5)
     any phase --SIGTERM/SIGINT (scancel, Ctrl-C)--> CANCELLED (10); --time-limit warning + requeue--> REQUEUED (9)
 
 Progress is never thrown away on a guess: a checkpoint becomes suspect only on evidence about
@@ -43,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from supervisor.health import Finding, Kind
-from supervisor.platforms.base import NodeState, NodeStatus
+from supervisor.platforms.base import WAIT_CANNOT_START, WAIT_CAPACITY, NodeState, NodeStatus
 from supervisor.protocol import (
     EXIT_NONFINITE,
     EXIT_PREEMPTED,
@@ -70,6 +73,8 @@ class JobPhase(str, enum.Enum):
     STOPPED_NO_CHECKPOINT = "stopped_no_checkpoint"
     STOPPED_NONFINITE = "stopped_nonfinite"
     STOPPED_STARTUP_FAILURE = "stopped_startup_failure"
+    STOPPED_OUT_OF_MEMORY = "stopped_out_of_memory"
+    WAITING_FOR_CAPACITY = "waiting_for_capacity"
     REQUEUED = "requeued"
     CANCELLED = "cancelled"
     FAILED = "failed"
@@ -77,7 +82,8 @@ class JobPhase(str, enum.Enum):
 
 TERMINAL = frozenset({JobPhase.COMPLETED, JobPhase.STOPPED_NO_PROGRESS, JobPhase.STOPPED_MAX_RESTARTS,
                       JobPhase.STOPPED_NO_CAPACITY, JobPhase.STOPPED_NO_CHECKPOINT, JobPhase.STOPPED_NONFINITE,
-                      JobPhase.STOPPED_STARTUP_FAILURE, JobPhase.REQUEUED, JobPhase.CANCELLED, JobPhase.FAILED})
+                      JobPhase.STOPPED_STARTUP_FAILURE, JobPhase.STOPPED_OUT_OF_MEMORY, JobPhase.REQUEUED,
+                      JobPhase.CANCELLED, JobPhase.FAILED})
 # Ended on purpose (an operator's scancel or Ctrl-C, a planned requeue): never a failure page.
 ON_PURPOSE = frozenset({JobPhase.REQUEUED, JobPhase.CANCELLED})
 EXIT_CODES = {
@@ -91,6 +97,7 @@ EXIT_CODES = {
     JobPhase.STOPPED_STARTUP_FAILURE: 8,
     JobPhase.REQUEUED: 9,
     JobPhase.CANCELLED: 10,
+    JobPhase.STOPPED_OUT_OF_MEMORY: 11,
 }
 RUNG_IN_PLACE, RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 0, 1, 2, 3
 
@@ -98,7 +105,10 @@ RUNG_IN_PLACE, RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 0, 1, 2, 3
 _EXIT_KINDS = RANK_EXITS
 # Every fault kind a restart can carry (the label values of supervisor_restarts_total{reason}).
 FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", *RANK_EXITS.values(), "stopped_early",
+               "oom", "cannot_start", "node_rejected",
                *(k.value for k in Kind if k != Kind.NONFINITE))
+# Faults no restart fixes: the job stops at once with the fault's own message (exit 8).
+STOP_AT_ONCE = frozenset({"cannot_start"})
 # Failures that repeat the same way before the first step are a broken job, not bad luck.
 _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
 # Failures after a restore and before a step that may be the restored state's doing.
@@ -123,6 +133,8 @@ class Fault:
     """Every failed rank said a peer broke it: the culprit has probably not shown up yet."""
     step: int | None = None
     """The culprit rank's step when it failed (its last heartbeat), where known."""
+    exclude_now: bool = False
+    """The machine itself refused the node (``NodeStatus.bad_host``): exclude it at once."""
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "ranks": list(self.ranks), "nodes": list(self.nodes), "detail": self.detail,
@@ -230,6 +242,12 @@ def classify(
     failed = failed_ranks or {}
     steps = rank_steps or {}
     nonfinite = set(nonfinite_ranks)
+    for name, n in sorted(nodes.items()):
+        if n.waiting == WAIT_CANNOT_START and not n.killed_by_us:
+            # its container never starts as specified: no restart fixes that (the platform's message)
+            ranks = tuple(sorted(r for r, node in rank_nodes.items() if node == name))
+            return Fault("cannot_start", ranks, (name,), f"node {name}: {n.detail or n.reason or 'cannot start'}",
+                         RUNG_TEARDOWN, False, now)
     candidates = []
     for name, n in sorted(nodes.items()):
         if n.killed_by_us or n.state == NodeState.RUNNING:
@@ -262,10 +280,25 @@ def classify(
             errors = "; ".join(f"rank {r}: {failed_errors.get(r, '')}"[:240] for r in ranks if r in failed) \
                 if failed_errors else ""
             suffix = f" ({errors})" if errors else ""
+            if n.state == NodeState.LOST and n.bad_host:
+                # the machine refused it (its kubelet's admission): the machine's fault, at once
+                return Fault("node_rejected", ranks, (name,), f"node {name}: {n.detail or n.reason}",
+                             RUNG_TEARDOWN, True, now, exclude_now=True)
             if n.state == NodeState.LOST:
                 what = n.detail or "vanished (exit code unknown)"  # the platform's account, when it has one
                 return Fault("node_lost", ranks, (name,), f"node {name}: {what}{suffix}",
                              RUNG_TEARDOWN, False, now, secondary=order == 2)
+            if n.out_of_memory:
+                # killed for its memory limit: the rank's doing (a memory bug, a batch too big),
+                # never the machine's; the rank the agent names, else the node's ranks
+                root = next((f for f in n.failures if f.root_cause), n.failures[0] if n.failures else None)
+                culprits = (root.rank,) if root is not None else ranks
+                step = next((steps[r] for r in culprits if r in steps), None)
+                who = f"rank {culprits[0]}" if len(culprits) == 1 else \
+                    f"ranks {', '.join(map(str, culprits))}" if culprits else f"node {name}"
+                at = f" at step {step}" if step is not None else ""
+                return Fault("oom", culprits, (name,), f"{who} out of memory{at} ({n.detail or n.reason})",
+                             RUNG_TEARDOWN, False, now, step=step)
             if n.exit_code is not None and n.exit_code < 0:
                 return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
                              RUNG_TEARDOWN, True, now)
@@ -368,6 +401,50 @@ def rank_ended(
     kind, detail, culprits = _own_nonfinite(kind, detail, (rank,), nonfinite_ranks, steps)
     return Fault(kind, culprits, (rank_nodes.get(culprits[0], name),), detail, RUNG_TEARDOWN, False, now,
                  step=next((steps[r] for r in culprits if r in steps), None))
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """The cluster cannot place part of the gang yet: wait (not a fault, not an attempt)."""
+
+    waiting: tuple[str, ...]
+    placed: tuple[str, ...]
+    message: str
+    """The platform's account of the first waiting node (the scheduler's message, quoted)."""
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """Relaunch the elastic gang at the size the cluster could place (not a fault)."""
+
+    nodes: tuple[str, ...]
+    reason: str
+
+
+def capacity(nodes: Mapping[str, NodeStatus], *, waited_s: float, wait_limit_s: float, shrink_after_s: float,
+             nodes_min: int, nodes_max: int, nproc_per_node: int = 1, world_sizes: Iterable[int] = (),
+             world_size_multiple_of: int = 1) -> "CapacityWait | Shrink | Stop | None":
+    """What to do about a gang the cluster cannot place (``NodeStatus.waiting`` is
+    :data:`WAIT_CAPACITY` for some node), ``waited_s`` after it first could not: None when every
+    node is placed; wait; past ``shrink_after_s``, an elastic job (``nodes_min < nodes_max``)
+    relaunches at the largest size among the nodes that were placed (in launch order) whose world
+    size the job accepts; past ``wait_limit_s`` the job stops (STOPPED_NO_CAPACITY), quoting why."""
+    waiting = tuple(n for n, st in nodes.items() if st.state == NodeState.RUNNING and st.waiting == WAIT_CAPACITY)
+    if not waiting:
+        return None
+    placed = tuple(n for n in nodes if n not in waiting)
+    first = nodes[waiting[0]]
+    message = first.detail or first.reason or "the cluster cannot place it"
+    if waited_s >= wait_limit_s:
+        return Stop(JobPhase.STOPPED_NO_CAPACITY,
+                    f"the cluster could not place {len(waiting)} of {len(nodes)} pods in {wait_limit_s:g} s "
+                    f"(restart.capacity_wait_s): {message}"[:1000])
+    if nodes_min < nodes_max and waited_s >= shrink_after_s:
+        size = gang_size(len(placed), nodes_min, nodes_max, nproc_per_node, world_sizes, world_size_multiple_of)
+        if size is not None and size < len(nodes):
+            return Shrink(placed[:size], f"{len(waiting)} of {len(nodes)} pods could not be placed in "
+                                         f"{shrink_after_s:g} s (restart.shrink_after_s): {message}"[:1000])
+    return CapacityWait(waiting, placed, message)
 
 
 ACTION_ABORT, ACTION_KILL_NODE, ACTION_TEAR_DOWN = "abort_ranks", "kill_node", "tear_down"
@@ -570,6 +647,8 @@ class History:
     skip_steps: list[int] = field(default_factory=list)
     startup_failure: str = ""
     """The last attempt's failure if it came before any step (else ""): the same one twice stops."""
+    oom_at: list[str] = field(default_factory=list)
+    """``RANK@STEP`` of every out-of-memory kill: the same rank at the same step again stops."""
 
 
 @dataclass(frozen=True)
@@ -734,6 +813,8 @@ def plan_next(
       (``STOPPED_STARTUP_FAILURE``) instead of spending the restart budget on it.
     """
     note_refusals(history, report)
+    if fault.kind in STOP_AT_ONCE:
+        return Stop(JobPhase.STOPPED_STARTUP_FAILURE, f"the job cannot start: {fault.detail}")
     # only a failure the restored state could have caused speaks against it: a lost or killed
     # node, a preemption, a silent rank or a non-finite loss (its step ran: the load worked) do not
     if (report.state == "restored" and report.restored and not report.stepped
@@ -749,7 +830,7 @@ def plan_next(
     if fault.node_failure:
         for node in dict.fromkeys(hosts.get(n, n) for n in fault.nodes):
             history.node_failures[node] = history.node_failures.get(node, 0) + 1
-            if history.node_failures[node] >= exclude_after and node not in history.excluded:
+            if (history.node_failures[node] >= exclude_after or fault.exclude_now) and node not in history.excluded:
                 history.excluded.append(node)
                 newly.append(node)
     for node in dict.fromkeys(hosts.get(n, n) for n in straggler_nodes):
@@ -765,6 +846,14 @@ def plan_next(
         return Stop(JobPhase.STOPPED_STARTUP_FAILURE,
                     f"the job fails the same way before its first step in two attempts in a row: {fault.detail}")
     history.startup_failure = signature
+    if fault.kind == "oom" and fault.step is not None:
+        key = f"{fault.ranks[0] if fault.ranks else -1}@{fault.step}"
+        if key in history.oom_at:
+            return Stop(JobPhase.STOPPED_OUT_OF_MEMORY,
+                        f"{fault.detail}: the same rank ran out of memory at the same step after a restart from a "
+                        "verified checkpoint: a restart does not fix a memory bug (lower the batch or the model's "
+                        "memory, or raise the container's memory limit), stopping instead of looping")
+        history.oom_at.append(key)
     if fault.kind == "nonfinite" and fault.step is not None:
         again = [s for s in history.nonfinite_steps if abs(s - fault.step) <= nonfinite_window]
         history.nonfinite_steps.append(fault.step)

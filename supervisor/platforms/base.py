@@ -31,6 +31,14 @@ class NodeState(str, enum.Enum):
     LOST = "lost"          # gone without an exit code we could read (killed, adopted and vanished)
 
 
+WAIT_CAPACITY = "capacity"
+"""``NodeStatus.waiting``: the cluster cannot place the node now (no free GPUs, quota, a
+scheduling gate). Not a fault and not a failed attempt: the job waits, bounded."""
+WAIT_CANNOT_START = "cannot_start"
+"""``NodeStatus.waiting``: the node will never start as specified (its image cannot be pulled,
+a Secret it needs is missing): a startup failure, at once."""
+
+
 @dataclass(frozen=True)
 class NodeStatus:
     name: str
@@ -61,6 +69,18 @@ class NodeStatus:
     ended (:data:`~supervisor.protocol.Env.RANK_EXITS`; the local platform), oldest first; a
     status below 0 is the signal that killed it; ``when`` is the agent's wall clock. An agent
     that may not restart in place exits because of such an end, ~1 s later."""
+    waiting: str = ""
+    """Why a node that has not ended (state RUNNING) is not running yet, where the platform can
+    tell: :data:`WAIT_CAPACITY` or :data:`WAIT_CANNOT_START`; "" when it runs or is on its way."""
+    reason: str = ""
+    """The platform's own word for what it saw (Kubernetes: ``Unschedulable``, ``ErrImagePull``,
+    ``OOMKilled``, ``OutOfnvidia.com/gpu``, ``Evicted``); ``detail`` holds its message."""
+    out_of_memory: bool = False
+    """The node's container was killed for its memory limit: a rank's fault (a memory bug or a
+    batch too large), never the machine's."""
+    bad_host: bool = False
+    """The machine itself refused the node (a kubelet's admission reject: its devices are not
+    what the scheduler saw): exclude it now, whatever ``restart.exclude_node_after`` says."""
 
 
 @dataclass(frozen=True)

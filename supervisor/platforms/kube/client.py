@@ -191,6 +191,10 @@ class Watcher:
     def _failed(self, exc: BaseException) -> None:
         if self._stop.is_set():  # our own stop() closed the watch
             return
+        if isinstance(exc, ApiException) and exc.status == 410:
+            # expired (the server compacted past our resourceVersion): the normal reason to list again
+            log.debug("event=kube_watch_expired kind=%s (listing again)", self.name)
+            return
         text = describe(exc)
         if text != self.last_error:
             log.warning("event=kube_watch_error kind=%s error=%s (reconnecting)", self.name, text)
@@ -212,7 +216,10 @@ class Watcher:
                     self.last_error = str(raw)[:300]
                 return None
             if kind == "BOOKMARK":
-                rv = obj.metadata.resource_version if hasattr(obj, "metadata") else rv
+                # the client leaves a bookmark undeserialized (a dict: it may be incomplete)
+                meta = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
+                fresh = meta.get("resourceVersion") if isinstance(meta, dict) else getattr(meta, "resource_version", None)
+                rv = fresh or rv
                 continue
             name = obj.metadata.name
             with self._lock:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import hashlib
 import dataclasses
 import datetime
 import logging
@@ -55,8 +56,18 @@ from typing import Any, Sequence
 
 from supervisor.platforms.agent import agent_env, torchrun_argv
 from supervisor.platforms.agent_output import last_error, parse
-from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError, free_port
+from supervisor.platforms.base import (
+    WAIT_CANNOT_START,
+    WAIT_CAPACITY,
+    LaunchSpec,
+    NodeState,
+    NodeStatus,
+    Platform,
+    PlatformError,
+    free_port,
+)
 from supervisor.platforms.kube.client import KubeApi, Watcher, api_client, own_namespace
+from supervisor.platforms.kube.pod_reading import Condition, ContainerFacts, PodFacts, Reading, read_pod
 from supervisor.protocol import TOKEN_MAX_CHARS, Env, token_problem
 
 log = logging.getLogger("supervisor.platform.kube")
@@ -66,13 +77,16 @@ MANAGER = "elastic-supervisor"
 JOB_LABEL = "elastic-supervisor/job"
 ATTEMPT_LABEL = "elastic-supervisor/attempt"
 SLOT_LABEL = "elastic-supervisor/slot"
+OWNER_LABEL = "elastic-supervisor/owner"
+"""The uid of the release's ConfigMap: the release a pod, the Service or the Secret belongs to.
+Two releases with one ``config.job`` in one namespace select, count, adopt and fence only
+their own objects."""
 LAUNCH_LABEL = "elastic-supervisor/launch"
 """A random id per launch: a name taken by a pod of another launch (an earlier run's, one still
 Terminating, a dead controller's half-made gang) is never mistaken for ours."""
 NAME_TRIES = 8
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 TOKEN_KEY = "token"
-DISRUPTION = "DisruptionTarget"
 EVENT_MESSAGE_MAX = 1000
 """Kubernetes caps an Event's message at 1 KiB; the whole record is in events.jsonl."""
 
@@ -103,6 +117,15 @@ def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] |
         return ("Warning", "NodesExcluded",
                 f"{', '.join(fields.get('nodes') or [])} excluded from the job ({fields.get('reason', '')})",
                 list(fields.get("nodes") or []))
+    if name == "waiting_for_capacity":
+        return ("Warning", "WaitingForCapacity",
+                f"attempt {attempt}: the cluster cannot place {len(fields.get('nodes') or [])} pod(s) yet; waiting at "
+                f"most {fields.get('limit_s', '?')} s (no attempt spent): {fields.get('detail', '')}", [])
+    if name == "capacity_found":
+        return ("Normal", "CapacityFound", f"attempt {attempt}: every pod placed after {fields.get('waited_s', '?')} s", [])
+    if name == "capacity_shrink":
+        return ("Warning", "GangShrunk", f"attempt {attempt}: relaunching on the {len(fields.get('nodes') or [])} "
+                f"pod(s) the cluster could place: {fields.get('detail', '')}", [])
     if name == "restart_complete":
         return ("Normal", "Restarted", f"attempt {attempt} is training again ({fields.get('reason', '')}, "
                 f"{fields.get('total_s', '?')} s)", [])
@@ -112,12 +135,22 @@ def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] |
                 f"{fields.get('phase', '?')} (exit code {fields.get('exit_code', '?')}): {fields.get('reason', '')}", [])
     return None
 _DNS = re.compile(r"[^a-z0-9-]+")
+HASH_CHARS = 8
+"""The stable suffix a name too long for its limit gets: 8 hex digits of its SHA-256 (a
+collision between two names of one job is a 1 in 4 billion chance, not a certainty)."""
 
 
 def dns_label(text: str, limit: int = 63) -> str:
-    """``text`` as an RFC 1123 label: lowercase alphanumerics and '-', at most ``limit`` characters."""
-    out = _DNS.sub("-", text.lower()).strip("-")[:limit].strip("-")
-    return out or "x"
+    """``text`` as an RFC 1123 label of at most ``limit`` characters: lowercase alphanumerics and
+    '-' (other characters become '-'). A text too long for the limit keeps a readable head and
+    ends in a hash of the whole text, so that two texts never map to one label by truncation
+    (GKE node names differ only at their end)."""
+    clean = _DNS.sub("-", text.lower()).strip("-")
+    if 0 < len(clean) <= limit:
+        return clean
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_CHARS]
+    head = clean[:max(0, limit - HASH_CHARS - 1)].strip("-")
+    return f"{head}-{digest}" if head else digest
 
 
 def exit_code(terminated_code: int | None) -> int | None:
@@ -164,6 +197,8 @@ class Settings:
     lease_duration_s: int = 15
     renew_deadline_s: float = 10.0
     owner_configmap: str = ""
+    owner_uid: str = ""
+    """The uid of ``owner_configmap`` (read at start): the release's identity."""
     token_secret: str = ""
     token_key: str = TOKEN_KEY
     token_file: str = ""
@@ -179,10 +214,20 @@ class KubernetesPlatform(Platform):
         self.s = settings
         self.ns = settings.namespace
         self.job = dns_label(settings.job, 40)
-        self.service = f"{self.job}-rdzv"
-        self.secret = settings.token_secret or f"{self.job}-token"
+        self.owner_uid = settings.owner_uid
+        # A job's objects are its release's: with an owner, their names carry a hash of its uid,
+        # so that two releases with one config.job in one namespace can never take each other's
+        # names, and the release's label, so that neither selects, counts or fences the other's.
+        self.base = dns_label(f"{self.job}-{hashlib.sha256(self.owner_uid.encode()).hexdigest()[:5]}", 46) \
+            if self.owner_uid else self.job
+        self.service = f"{self.base}-rdzv"
+        self.secret = settings.token_secret or f"{self.base}-token"
         self.token_key = settings.token_key if settings.token_secret else TOKEN_KEY
+        self.labels = {MANAGED_BY: MANAGER, JOB_LABEL: self.job} | ({OWNER_LABEL: self.owner_uid} if self.owner_uid else {})
+        """The labels of every object this release makes (and the rendezvous Service's selector)."""
         self.selector = f"{MANAGED_BY}={MANAGER},{JOB_LABEL}={self.job}"
+        """What the pod watch lists: every pod of this job name (of any release: :meth:`owns` tells
+        ours from another's, and a pod made before releases had the label by its owner reference)."""
         self.pods: dict[str, _Pod] = {}
         self.attempt = -1
         self.excluded: list[str] = []
@@ -195,6 +240,8 @@ class KubernetesPlatform(Platform):
         self._tasks: set[asyncio.Task] = set()
         self._token_written: bytes | None = None
         self._launch_id = ""
+        self._deferred: tuple[LaunchSpec, str, list[str]] | None = None
+        """(spec, port, slots) of a gang whose first pod had no IP yet at launch."""
         self._elected = ""
         self._events_allowed = True
         self.pod_watch = Watcher("pods", api.core.list_namespaced_pod, namespace=self.ns, label_selector=self.selector,
@@ -247,13 +294,14 @@ class KubernetesPlatform(Platform):
 
     def banner(self, cfg) -> str:
         return (f"supervisor: job {cfg.job}: {cfg.nodes.min}-{cfg.nodes.max} pods x {cfg.nproc_per_node} in "
-                f"namespace {self.ns} (slots: {self.slots()}); pods {self.job}-aK-SLOT labelled {self.selector}; "
+                f"namespace {self.ns} (slots: {self.slots()}); pods {self.base}-aK-SLOT labelled "
+                f"{','.join(f'{k}={v}' for k, v in self.labels.items())}; "
                 f"events and state in {cfg.log_dir}; watch with `kubectl get pods -n {self.ns} -l {JOB_LABEL}={self.job}`")
 
     # ------------------------------------------------------------------ launch
     def _pod_name(self, attempt: int, slot: str, try_: int = 0) -> str:
         suffix = f"-{try_}" if try_ else ""
-        return dns_label(f"{self.job}-a{attempt}-{slot}", 63 - len(suffix)) + suffix
+        return dns_label(f"{self.base}-a{attempt}-{slot}", 63 - len(suffix)) + suffix
 
     def _check_fenced(self) -> None:
         if self.fenced:
@@ -273,13 +321,36 @@ class KubernetesPlatform(Platform):
         await self._create_pod(spec, first, port, is_host=True)
         first_name = self.pods[first].name
         if self.s.rdzv_address == "ip":
-            endpoint = f"{await self._wait_pod_ip(first_name)}:{port}"
+            ip = await self._wait_pod_ip(first_name)
+            if ip is None:
+                # the first pod waits (for capacity, or it cannot start): the others, which dial
+                # its IP, are made once it has one (observe), and the controller reads the wait
+                self._deferred = (spec, port, list(spec.nodes[1:]))
+                log.info("event=pods_deferred attempt=%d first=%s rest=%s (made once the first pod has an IP)",
+                         spec.attempt, first_name, list(spec.nodes[1:]))
+                return
+            endpoint = f"{ip}:{port}"
         else:
             endpoint = f"{first_name}.{self.service}.{self.ns}.svc:{port}"
-        for slot in spec.nodes[1:]:
+        await self._create_rest(spec, spec.nodes[1:], endpoint)
+
+    async def _create_rest(self, spec: LaunchSpec, slots: Sequence[str], endpoint: str) -> None:
+        for slot in slots:
             await self._create_pod(spec, slot, endpoint, is_host=False)
         log.info("event=pods_created attempt=%d pods=%s rendezvous=%s", spec.attempt,
                  [p.name for p in self.pods.values()], endpoint)
+
+    async def _create_deferred(self, pods: dict) -> None:
+        """The rest of a gang whose first pod had no IP at launch, once it has one."""
+        if self._deferred is None:
+            return
+        spec, port, slots = self._deferred
+        first = pods.get(self.pods[spec.nodes[0]].name) if spec.nodes[0] in self.pods else None
+        ip = first.status.pod_ip if first is not None and first.status else None
+        if not ip:
+            return
+        self._deferred = None
+        await self._create_rest(spec, slots, f"{ip}:{port}")
 
     async def _create_pod(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> None:
         """Create the slot's pod. On a name already taken: ours (a create whose answer was lost
@@ -294,6 +365,13 @@ class KubernetesPlatform(Platform):
             if created is not None or await self._ours(p.name):
                 return
             taken = p.name
+            other = self.pod_watch.snapshot().get(taken)
+            if other is not None and not self.owns(other):
+                refs = [f"{r.kind} {r.name}" for r in other.metadata.owner_references or []]
+                raise PlatformError(
+                    f"pod name {taken} is held by another release's pod (owned by {', '.join(refs) or 'nothing'}, "
+                    f"label {OWNER_LABEL}={(other.metadata.labels or {}).get(OWNER_LABEL, '-')}); this release never "
+                    f"touches it: give one of the two releases another config.job")
             p.name = self._pod_name(spec.attempt, slot, try_ + 1)
             self.pod_watch.forget([p.name])
             log.warning("event=pod_name_taken pod=%s by=another_launch action=delete_it,use_name new=%s", taken, p.name)
@@ -360,9 +438,8 @@ class KubernetesPlatform(Platform):
             pod_spec["affinity"] = affinity
         if self.s.node_selector:
             pod_spec["nodeSelector"] = dict(self.s.node_selector)
-        labels = dict(w.labels if w is not None else {}) | {
-            MANAGED_BY: MANAGER, JOB_LABEL: self.job, ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot),
-            LAUNCH_LABEL: self._launch_id}
+        labels = dict(w.labels if w is not None else {}) | self.labels | {
+            ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot), LAUNCH_LABEL: self._launch_id}
         annotations = dict(w.annotations if w is not None else {}) | {
             "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
         meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
@@ -399,21 +476,44 @@ class KubernetesPlatform(Platform):
         return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
 
-    async def _wait_pod_ip(self, name: str) -> str:
+    async def _wait_pod_ip(self, name: str) -> str | None:
+        """The first pod's IP, or None when it waits for capacity, cannot start, ended, or has
+        none within ``launch_timeout_s``: the controller then reads its state (observe)."""
         deadline = time.monotonic() + self.s.launch_timeout_s
         while time.monotonic() < deadline:
             pod = self.pod_watch.snapshot().get(name)
             if pod is not None and pod.status and pod.status.pod_ip:
                 return pod.status.pod_ip
-            if pod is not None and pod.status and pod.status.phase in ("Failed", "Succeeded"):
-                raise PlatformError(f"pod {name} ended ({pod.status.phase}) before it had an IP")
+            if pod is not None and read_pod(pod_facts(pod)).kind not in (Reading.STARTING, Reading.RUNNING):
+                return None
             await asyncio.sleep(0.05)
-        raise PlatformError(f"pod {name} got no IP within {self.s.launch_timeout_s:g}s (unschedulable? "
-                            f"`kubectl describe pod -n {self.ns} {name}`)")
+        log.warning("event=pod_without_ip pod=%s after_s=%g (its state decides: `kubectl describe pod -n %s %s`)",
+                    name, self.s.launch_timeout_s, self.ns, name)
+        return None
+
+    def owns(self, pod: Any) -> bool:
+        """Whether a pod of this job's name is this release's: its owner label, or (a pod made
+        before releases were labelled) its owner reference. Without an owner every pod of the
+        job's name is the job's (one Lease per job name then keeps to one controller)."""
+        if not self.owner_uid:
+            return True
+        meta = pod.metadata
+        label = (meta.labels or {}).get(OWNER_LABEL)
+        if label is not None:
+            return label == self.owner_uid
+        return any(ref.uid == self.owner_uid for ref in meta.owner_references or [])
+
+    def _pods(self) -> dict[str, Any]:
+        """The watched pods that are this release's (another release's are never ours to touch)."""
+        return {name: pod for name, pod in self.pod_watch.snapshot().items() if self.owns(pod)}
 
     async def _ensure_owner(self) -> None:
         if self._owner is not None or not self.s.owner_configmap:
             self._owner = self._owner or []
+            return
+        if self.owner_uid:
+            self._owner = [{"apiVersion": "v1", "kind": "ConfigMap", "name": self.s.owner_configmap,
+                            "uid": self.owner_uid}]
             return
         cm = await self.api.call(self.api.core.read_namespaced_config_map, self.s.owner_configmap, self.ns, ok=(404,))
         if cm is None:
@@ -426,11 +526,10 @@ class KubernetesPlatform(Platform):
         if "service" in self._ensured:
             return
         body = {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": self.service, "namespace": self.ns,
-                             "labels": {MANAGED_BY: MANAGER, JOB_LABEL: self.job},
+                "metadata": {"name": self.service, "namespace": self.ns, "labels": dict(self.labels),
                              **({"ownerReferences": self._owner} if self._owner else {})},
                 "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                         "selector": {MANAGED_BY: MANAGER, JOB_LABEL: self.job},
+                         "selector": dict(self.labels),
                          "ports": [{"name": "c10d", "port": self.s.rdzv_port or 29400}]}}
         await self.api.call(self.api.core.create_namespaced_service, self.ns, body, ok=(409,))
         self._ensured.add("service")
@@ -445,8 +544,7 @@ class KubernetesPlatform(Platform):
         if self._token_written == token:
             return
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "data": data,
-                "metadata": {"name": self.secret, "namespace": self.ns,
-                             "labels": {MANAGED_BY: MANAGER, JOB_LABEL: self.job},
+                "metadata": {"name": self.secret, "namespace": self.ns, "labels": dict(self.labels),
                              **({"ownerReferences": self._owner} if self._owner else {})}}
         made = await self.api.call(self.api.core.create_namespaced_secret, self.ns, body, ok=(409,))
         if made is None:  # exists: a new run may have a new token
@@ -455,13 +553,23 @@ class KubernetesPlatform(Platform):
 
     # ------------------------------------------------------------------ observe
     async def observe(self) -> dict[str, NodeStatus]:
-        pods = self.pod_watch.snapshot()
+        pods = self._pods()
         nodes = self.node_watch.snapshot() if self.node_watch is not None else {}
         self._fence_older(pods)
+        await self._create_deferred(pods)
+        deferred = set(self._deferred[2]) if self._deferred is not None else set()
         out: dict[str, NodeStatus] = {}
         for slot, p in self.pods.items():
             if p.final is not None:
                 out[slot] = p.final
+                continue
+            if slot in deferred:
+                first = out.get(self._deferred[0].nodes[0]) if self._deferred is not None else None
+                waits = first is not None and first.waiting == WAIT_CAPACITY
+                out[slot] = NodeStatus(slot, p.attempt, NodeState.RUNNING, waiting=WAIT_CAPACITY if waits else "",
+                                       reason=first.reason if waits else "",
+                                       detail=f"pod {p.name} not made yet: it dials the first pod by its IP, which "
+                                              f"it has not got{f' ({first.detail})' if waits else ''}")
                 continue
             obj = pods.get(p.name)
             if obj is None:
@@ -487,23 +595,32 @@ class KubernetesPlatform(Platform):
             return status
         try:
             text = await self.api.call(self.api.core.read_namespaced_pod_log, p.name, self.ns, tail_lines=400,
-                                       container="agent", ok=(400, 404), retry_s=5.0) or ""
+                                       limit_bytes=POD_LOG_BYTES, container="agent", ok=(400, 404), retry_s=5.0) or ""
         except PlatformError as exc:
             log.warning("event=pod_log_unreadable pod=%s error=%s", p.name, exc)
             return status
-        failures = parse(text)
-        return dataclasses.replace(status, failures=failures, output_error="" if failures else last_error(text))
+        # off the loop: a pod's output is the job's, of any shape
+        failures, error = await asyncio.to_thread(_read_failures, text[-POD_LOG_BYTES:])
+        return dataclasses.replace(status, failures=failures, output_error=error)
 
     def _status(self, p: _Pod, pod: Any, nodes: dict) -> NodeStatus:
+        """What the pod says (:func:`~.pod_reading.read_pod`), as the controller takes a node."""
         host = (pod.spec.node_name if pod.spec else None) or ""
-        disruption = _condition(pod, DISRUPTION)
-        phase = pod.status.phase if pod.status else None
-        if disruption is not None and disruption.status == "True" and not p.deleted_by_us:
-            why = f"{disruption.reason or 'disrupted'}: {disruption.message or ''}".strip(": ")
-            return NodeStatus(p.slot, p.attempt, NodeState.LOST, host=host, detail=f"pod {p.name} {why}",
-                              killed_by_us=p.killed_by_us)
-        if phase in ("Succeeded", "Failed"):
+        r = read_pod(pod_facts(pod))
+        base = dict(name=p.slot, attempt=p.attempt, host=host, killed_by_us=p.killed_by_us, reason=r.reason)
+        if r.kind == Reading.REJECTED_BY_NODE:
+            return NodeStatus(**base, state=NodeState.LOST, bad_host=True,
+                              detail=f"pod {p.name} rejected by node {host or '?'}: {r.reason}: {r.message}")
+        if r.kind in (Reading.DISRUPTED, Reading.EVICTED) and not p.deleted_by_us:
+            return NodeStatus(**base, state=NodeState.LOST, detail=f"pod {p.name} {r.reason}: {r.message}".strip(": "))
+        if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
             return self._final(p, pod, deleted=False)
+        if r.kind == Reading.WAITING_FOR_CAPACITY:
+            return NodeStatus(**base, state=NodeState.RUNNING, waiting=WAIT_CAPACITY,
+                              detail=f"pod {p.name} {r.reason}: {r.message}")
+        if r.kind == Reading.CANNOT_START:
+            return NodeStatus(**base, state=NodeState.RUNNING, waiting=WAIT_CANNOT_START,
+                              detail=f"pod {p.name} cannot start its container {r.container}: {r.reason}: {r.message}")
         node = nodes.get(host) if host else None
         stopped = node is not None and not _node_ready(node)
         return NodeStatus(p.slot, p.attempt, NodeState.RUNNING, host=host, stopped=stopped,
@@ -512,15 +629,21 @@ class KubernetesPlatform(Platform):
     def _final(self, p: _Pod, pod: Any, deleted: bool) -> NodeStatus:
         """A pod that ended or went away. One deleted by someone else (``kubectl delete``, a
         controller of the cluster) is lost, not failed: its SIGTERM exit says nothing against
-        its machine."""
+        its machine. One whose container its memory limit killed is out of memory, whoever
+        deletes it after."""
         host = (pod.spec.node_name if pod is not None and pod.spec else None) or ""
         term = _terminated(pod)
         code = exit_code(term.exit_code) if term is not None else None
+        r = read_pod(pod_facts(pod)) if pod is not None else None
+        if r is not None and r.kind == Reading.OUT_OF_MEMORY:
+            return NodeStatus(p.slot, p.attempt, NodeState.EXITED, exit_code=code if code is not None else -9,
+                              killed_by_us=p.killed_by_us, host=host, reason=r.reason, out_of_memory=True,
+                              detail=f"pod {p.name}: {r.message}")
         by_other = not p.deleted_by_us and (deleted or bool(pod is not None and pod.metadata.deletion_timestamp))
         if code is not None and not by_other:
             why = f"pod {p.name} {term.reason or 'terminated'} (exit code {term.exit_code})"
             return NodeStatus(p.slot, p.attempt, NodeState.EXITED, exit_code=code, killed_by_us=p.killed_by_us,
-                              host=host, detail=why)
+                              host=host, detail=why, reason=term.reason or "")
         who = "deleted by us" if p.deleted_by_us else "deleted by someone else"
         ended = f" (exit code {term.exit_code})" if term is not None else " before it reported an exit code"
         return NodeStatus(p.slot, p.attempt, NodeState.LOST, killed_by_us=p.killed_by_us, host=host,
@@ -534,7 +657,7 @@ class KubernetesPlatform(Platform):
         if self.fenced or self.attempt < 0:
             return
         current = {p.name for p in self.pods.values()}
-        for name, pod in (pods if pods is not None else self.pod_watch.snapshot()).items():
+        for name, pod in (pods if pods is not None else self._pods()).items():
             if name in current or name in self._fencing or pod.metadata.deletion_timestamp:
                 continue
             self._fencing.add(name)
@@ -573,7 +696,7 @@ class KubernetesPlatform(Platform):
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{name}.", "namespace": self.ns,
-                         "labels": {MANAGED_BY: MANAGER, JOB_LABEL: self.job}},
+                         "labels": dict(self.labels)},
             "involvedObject": {"apiVersion": "v1", "kind": what, "name": name, "namespace": self.ns,
                                **({"uid": uid} if uid else {})},
             "type": kind, "reason": reason, "message": message[:EVENT_MESSAGE_MAX],
@@ -615,6 +738,7 @@ class KubernetesPlatform(Platform):
 
     async def teardown(self, grace_s: float) -> None:
         self._check_fenced()
+        self._deferred = None
         live = list(self.pods.values())  # every pod we made, seen by the watch yet or not (404 is fine)
         for p in live:
             p.deleted_by_us = True
@@ -641,7 +765,7 @@ class KubernetesPlatform(Platform):
         saved = saved or {}
         names = saved.get("pods") or {}
         self.excluded = list(saved.get("excluded") or self.excluded)
-        pods = self.pod_watch.snapshot()
+        pods = self._pods()
         live = {slot: name for slot, name in names.items()
                 if name in pods and not pods[name].metadata.deletion_timestamp
                 and (pods[name].status is None or pods[name].status.phase in (None, "Pending", "Running"))}
@@ -735,11 +859,36 @@ def _quantities(resources: dict) -> dict:
             for section, values in resources.items()}
 
 
-def _condition(pod: Any, kind: str) -> Any:
-    for c in (pod.status.conditions or []) if pod.status else []:
-        if c.type == kind:
-            return c
-    return None
+POD_LOG_BYTES = 256 * 1024
+"""The most of a failed pod's log read back (its last lines: torchrun's failure summary)."""
+
+
+def _read_failures(text: str) -> tuple[tuple, str]:
+    failures = parse(text)
+    return failures, "" if failures else last_error(text)
+
+
+def pod_facts(pod: Any) -> PodFacts:
+    """The plain facts of a pod (a ``V1Pod``) that :func:`~.pod_reading.read_pod` reads."""
+    status, spec = pod.status, pod.spec
+    limits = {c.name: ((c.resources.limits or {}).get("memory", "") if c.resources else "")
+              for c in (spec.containers if spec and spec.containers else [])}
+    containers = []
+    for cs in (status.container_statuses or []) if status else []:
+        waiting = cs.state.waiting if cs.state else None
+        term = cs.state.terminated if cs.state else None
+        containers.append(ContainerFacts(
+            name=cs.name or "", waiting_reason=(waiting.reason or "") if waiting else "",
+            waiting_message=(waiting.message or "") if waiting else "",
+            terminated_reason=(term.reason or "") if term else "", terminated_message=(term.message or "") if term else "",
+            exit_code=term.exit_code if term else None, memory_limit=str(limits.get(cs.name, "") or "")))
+    return PodFacts(
+        phase=(status.phase or "") if status else "", reason=(status.reason or "") if status else "",
+        message=(status.message or "") if status else "",
+        conditions=tuple(Condition(c.type or "", c.status or "", c.reason or "", c.message or "")
+                         for c in ((status.conditions or []) if status else [])),
+        scheduling_gates=tuple(g.name for g in (spec.scheduling_gates or [])) if spec else (),
+        containers=tuple(containers), node_name=(spec.node_name or "") if spec else "")
 
 
 def _terminated(pod: Any) -> Any:
@@ -799,4 +948,30 @@ def from_config(cfg, log_dir: Path) -> KubernetesPlatform:
         token_key=k.token_secret.key, token_file=k.token_file,
     )
     api = KubeApi(api_client(k.kubeconfig, k.context), timeout_s=k.api_timeout_s, retry_s=k.api_retry_s)
+    if settings.owner_configmap:
+        settings.owner_uid = owner_uid(api, namespace, settings.owner_configmap, wait_s=k.api_retry_s)
     return KubernetesPlatform(api, settings).start(wait_s=k.api_retry_s)
+
+
+def owner_uid(api: KubeApi, namespace: str, name: str, wait_s: float) -> str:
+    """The uid of the release's ConfigMap (its identity), read once at start; "" (with a warning)
+    when it is not there: the job is then identified by its name alone."""
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cm = api.core.read_namespaced_config_map(name, namespace, _request_timeout=api.timeout_s)
+            return cm.metadata.uid or ""
+        except ApiException as exc:
+            if exc.status == 404:
+                log.warning("event=owner_missing configmap=%s/%s: objects get no owner reference and the job is "
+                            "identified by its name alone", namespace, name)
+                return ""
+            if exc.status in (401, 403) or time.monotonic() >= deadline:
+                raise PlatformError(f"cannot read the release's ConfigMap {namespace}/{name}: "
+                                    f"{exc.status} {exc.reason}") from None
+        except Exception as exc:  # noqa: BLE001 - the API server not answering yet: retried until wait_s
+            if time.monotonic() >= deadline:
+                raise PlatformError(f"cannot read the release's ConfigMap {namespace}/{name}: {exc}") from None
+        time.sleep(0.5)
