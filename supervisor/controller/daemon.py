@@ -312,6 +312,10 @@ class Controller:
         self.intake: Intake | None = None
         self._stop = asyncio.Event()
         self._last_ckpt_poll = 0.0
+        self._ckpt_cache = VerifiedCache()  # fast verifications by checkpoint name (published ones never change)
+        self._ckpt_scan: asyncio.Future | None = None  # a look at the checkpoint root under way (a worker thread)
+        self._usable: list[str] = []  # the checkpoints that verified at the last full look, newest first
+        self._ckpt_rebase = False  # a root adopted: count this attempt's progress from its newest checkpoint
         self._step_marks: list[tuple[float, int]] = []
         self._last_calibration = -CALIBRATE_S
         self._secondary_since: float | None = None
@@ -338,10 +342,6 @@ class Controller:
             self._lock.release()
 
     async def _run_locked(self) -> int:
-        self._ckpt_cache = VerifiedCache()  # fast verifications by checkpoint name (published ones never change)
-        self._ckpt_scan: asyncio.Future | None = None  # a look at the checkpoint root under way (a worker thread)
-        self._usable: list[str] = []  # the checkpoints that verified at the last full look, newest first
-        self._ckpt_rebase = False  # a root adopted: count this attempt's progress from its newest checkpoint
         if self._lock.took_over:
             self.event("job_lease_taken_over", previous=self._lock.took_over)
             log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
@@ -929,16 +929,57 @@ class Controller:
         return True
 
     def _poll_checkpoints(self, force: bool = False) -> None:
+        """Every ``CHECKPOINT_POLL_S``: look for the newest published checkpoint in a worker
+        thread (:class:`VerifiedCache`: only what is new or changed is verified), and take in the
+        last look once it is done; the loop never lists or verifies anything. ``force`` looks
+        now, on the calling thread (:meth:`_scan_checkpoints` is the way from a coroutine)."""
+        task = self._ckpt_scan
+        if task is not None and task.done():
+            self._ckpt_scan = None
+            try:
+                self._take_scan(task.result())
+            except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
+                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+        if force:
+            try:
+                self._take_scan(self._ckpt_cache.scan(self.ckpt_root, exclude=list(self.history.suspects),
+                                                      usable=True))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+            return
         now = self.clock()
         if self._ckpt_scan is not None or now - self._last_ckpt_poll < CHECKPOINT_POLL_S:
             return
         self._last_ckpt_poll = now
+        self._ckpt_scan = asyncio.ensure_future(asyncio.to_thread(
+            self._ckpt_cache.scan, self.ckpt_root, exclude=list(self.history.suspects)))
+
+    async def _scan_checkpoints(self) -> None:
+        """Look now (in a worker thread), and wait for it: the newest checkpoint and every usable
+        one, for a decision that follows (a launch, a relaunch, the end)."""
+        if self._ckpt_scan is not None:
+            await asyncio.wait([self._ckpt_scan])
+            self._poll_checkpoints()  # takes it in; starts nothing (just polled)
+        self._last_ckpt_poll = self.clock()
         try:
             scan = await asyncio.to_thread(self._ckpt_cache.scan, self.ckpt_root,
                                            exclude=list(self.history.suspects), usable=True)
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
             log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
+            self._usable = []
             return
+        self._take_scan(scan)
+
+    def _take_scan(self, scan: Scan) -> None:
+        """Take in one look at the checkpoint root (made off the loop, maybe a moment ago)."""
+        if scan.root != self.ckpt_root:
+            return  # the root was adopted meanwhile: the next look is at the new one
+        found = scan.discovery.checkpoint
+        if found is not None and found.name in self.history.suspects:
+            self._last_ckpt_poll = -CHECKPOINT_POLL_S  # made suspect meanwhile: look again at once
+            return
+        if scan.usable is not None:
+            self._usable = scan.usable
         if found is None:
             self.latest_ckpt = None
         else:
@@ -1010,6 +1051,7 @@ class Controller:
             if stopped:
                 fault = dataclasses.replace(fault, nodes=stopped, node_failure=True)
                 self.event("nodes_unresponsive", attempt=self.attempt, nodes=list(stopped), reason=fault.kind)
+        await self._scan_checkpoints()
         suspects_before = set(self.history.suspects)
         decision = self._plan(fault, self.history)
         self._tell_suspects(suspects_before)
@@ -1033,56 +1075,15 @@ class Controller:
 
     async def _launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
         """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
-        """Every ``CHECKPOINT_POLL_S``: look for the newest published checkpoint in a worker
-        thread (:class:`VerifiedCache`: only what is new or changed is verified), and take in the
-        last look once it is done; the loop never lists or verifies anything. ``force`` looks
-        now, on the calling thread (:meth:`_scan_checkpoints` is the way from a coroutine)."""
-        task = self._ckpt_scan
-        if task is not None and task.done():
-            self._ckpt_scan = None
-            try:
-                self._take_scan(task.result())
-            except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
-                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
-        if force:
-            try:
-                self._take_scan(self._ckpt_cache.scan(self.ckpt_root, exclude=list(self.history.suspects),
-                                                      usable=True))
-            except Exception as exc:  # noqa: BLE001
-                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
-            return
         a stop cuts short), then the job fails."""
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
                 await self._launch_unless_handed_off(nodes, restore_from, timer)
-        self._ckpt_scan = asyncio.ensure_future(asyncio.to_thread(
-            self._ckpt_cache.scan, self.ckpt_root, exclude=list(self.history.suspects)))
-
-    async def _scan_checkpoints(self) -> None:
-        """Look now (in a worker thread), and wait for it: the newest checkpoint and every usable
-        one, for a decision that follows (a launch, a relaunch, the end)."""
-        if self._ckpt_scan is not None:
-            await asyncio.wait([self._ckpt_scan])
-            self._poll_checkpoints()  # takes it in; starts nothing (just polled)
-        self._last_ckpt_poll = self.clock()
                 return
             except PlatformError as exc:
                 log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
                 self.event("launch_failed", attempt=self.attempt, error=str(exc), try_=attempt_no)
-            self._usable = []
-            return
-        self._take_scan(scan)
-
-    def _take_scan(self, scan: Scan) -> None:
-        """Take in one look at the checkpoint root (made off the loop, maybe a moment ago)."""
-        if scan.root != self.ckpt_root:
-            return  # the root was adopted meanwhile: the next look is at the new one
-        found = scan.discovery.checkpoint
-        if found is not None and found.name in self.history.suspects:
-            self._last_ckpt_poll = -CHECKPOINT_POLL_S  # made suspect meanwhile: look again at once
                 await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-        if scan.usable is not None:
-            self._usable = scan.usable
                 if self._stop.is_set():
                     return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
                 try:
@@ -1099,6 +1100,7 @@ class Controller:
         aborted, and their agents restart them with the rest; the new ranks carry the next
         attempt number and ask for the restore point. Returns False (nothing done) otherwise."""
         self.node_status = await self.platform.observe()
+        await self._scan_checkpoints()
         preview = copy.deepcopy(self.history)
         decision = self._plan(fault, preview)
         why_not = in_place_ok(fault=fault, decision=decision, nodes=self.node_status, previous_nodes=self.nodes,
@@ -1160,7 +1162,6 @@ class Controller:
         # before all had reported still counts: its heartbeat is in the registry)
         report = restore_report(rec.hb for rec in self.registry.ranks.values())
         return plan_next(
-        await self._scan_checkpoints()
             history=history, fault=fault, made_progress=made_progress, report=report,
             slots=self.platform.slots(), previous_nodes=self.nodes,
             hosts={n: st.host for n, st in self.node_status.items() if st.host},
@@ -1209,7 +1210,6 @@ class Controller:
         return False
 
     async def _save_evidence(self, fault: Fault) -> None:
-        await self._scan_checkpoints()
         """Before anything is killed: every live rank dumps its stacks; keep their last heartbeats."""
         asked: dict[int, int] = {}
         for rank, addr in self.addr_by_rank.items():
