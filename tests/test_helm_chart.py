@@ -505,7 +505,7 @@ def test_job_config_loads_with_config_py(chart, value_set):
     local = dict(raw, platform={"kind": "local"})
     cfg = job_config.from_dict(local)
     given = values.get("config", {})
-    assert cfg.job == given.get("job", "job")
+    assert cfg.job == (given.get("job") or RELEASE)  # empty (the default): the release's name
     assert cfg.command == tuple(str(a) for a in given.get("command", ["python", "train.py"]))
     assert cfg.checkpoint_dir == "/checkpoints" and cfg.log_dir == "/logs"
     if value_set == "custom_resources":
@@ -646,3 +646,15 @@ def test_containerfile_matches_the_chart(chart):
     entrypoint = json.loads(re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", text, re.M)[1])
     cmd = json.loads(re.search(r"^CMD\s+(\[.*\])\s*$", text, re.M)[1])
     assert entrypoint + cmd == pod["containers"][0]["command"]
+
+
+def test_the_default_job_name_is_the_release_name_so_two_releases_are_two_jobs(chart):
+    jobs = {}
+    for release in ("team-a", "team-b", "a" * 45, "a" * 44 + "b"):
+        cfg = rendered_job_config(objects(render(chart, {}, name=release)))
+        assert len(cfg["job"]) <= 40 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", cfg["job"]), cfg["job"]
+        jobs[release] = cfg["job"]
+    assert jobs["team-a"] == "team-a" and jobs["team-b"] == "team-b"
+    assert len(set(jobs.values())) == 4  # two long names that share their head stay two jobs
+    pinned = rendered_job_config(objects(render(chart, {"config": {"job": "llama"}}, name="team-a")))
+    assert pinned["job"] == "llama"

@@ -42,7 +42,7 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: controller
 app.kubernetes.io/part-of: elastic-supervisor
-elastic-supervisor/job: {{ .Values.config.job | quote }}
+elastic-supervisor/job: {{ include "es.job" . | quote }}
 {{- end -}}
 
 {{- define "es.serviceAccountName" -}}
@@ -98,12 +98,27 @@ owner of the objects the platform creates (the worker pods, the headless Service
 uninstall` deletes it and Kubernetes' garbage collector the rest. token_secret is the chart's
 token Secret: the pods read it by secretKeyRef, so the platform writes no Secret of its own.
 */}}
+{{/*
+The job's name: config.job, or the release's name when it is empty (the default), so that two
+releases in one namespace are two jobs. A release name past 40 characters keeps its head and
+ends in a hash of the whole name (never a truncation that two releases could share).
+*/}}
+{{- define "es.job" -}}
+{{- $job := default .Release.Name .Values.config.job -}}
+{{- if gt (len $job) 40 -}}
+{{- printf "%s-%s" ($job | trunc 31 | trimSuffix "-") ($job | sha256sum | trunc 8) -}}
+{{- else -}}
+{{- $job -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "es.jobConfig" -}}
 {{- $fullname := include "es.fullname" . -}}
 {{- $ns := .Release.Namespace -}}
 {{- $p := .Values.persistence -}}
 {{- $w := .Values.workers -}}
 {{- $cfg := deepCopy .Values.config -}}
+{{- $_ := set $cfg "job" (include "es.job" .) -}}
 {{- $worker := dict
       "image" (include "es.workerImage" .)
       "image_pull_policy" $w.image.pullPolicy
