@@ -33,6 +33,14 @@ import yaml
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_NODES = 100_000
 """YAML nodes in a config file, every alias counted as the nodes it stands for."""
+MAX_NUMBER_CHARS = 100
+"""An integer scalar longer than this is never converted (YAML 1.1's base-60 ``1:2:3`` form costs
+quadratic time in its length, and past 4,300 digits Python refuses to convert at all): a field
+that takes a number refuses it; one that takes a string gets the text."""
+MAX_CONFIG_INT = 1 << 53
+MAX_CONFIG_FLOAT = 1e9
+"""Every number field: finite and at most this (about 31 years in seconds; any wait on it must
+stay under ``threading.TIMEOUT_MAX``)."""
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PLATFORMS = ("local", "slurm", "kubernetes")
 
@@ -509,11 +517,40 @@ def load_raw(path: str | os.PathLike) -> dict[str, Any]:
     return raw
 
 
+@dataclasses.dataclass(frozen=True)
+class LongNumber:
+    """An integer scalar of more than :data:`MAX_NUMBER_CHARS` characters, kept as its text."""
+
+    text: str
+
+    def __repr__(self) -> str:
+        return f"<an integer of {len(self.text)} characters>"
+
+    __str__ = __repr__
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, whose integers are converted only when they are short."""
+
+    def construct_yaml_int(self, node: yaml.Node) -> Any:
+        value = self.construct_scalar(node)
+        if isinstance(value, str) and len(value) > MAX_NUMBER_CHARS:
+            return LongNumber(value)
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
 def safe_load_bounded(text: str, max_nodes: int = MAX_CONFIG_NODES) -> Any:
     """``yaml.safe_load`` that refuses, before building anything, a document whose node graph
     expands (aliases and merge keys counted as copies) past ``max_nodes`` nodes, or nests
-    too deeply. ConfigError otherwise."""
-    loader = yaml.SafeLoader(text)
+    too deeply. ConfigError otherwise (a character YAML does not allow, such as a C0 control
+    character, is named by its position)."""
+    try:
+        loader = _Loader(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -526,6 +563,10 @@ def safe_load_bounded(text: str, max_nodes: int = MAX_CONFIG_NODES) -> Any:
         raise ConfigError(f"not valid YAML: {exc}") from None
     except RecursionError:
         raise ConfigError("nested too deeply") from None
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, OverflowError) as exc:  # a constructor's own refusal (a 13th month)
+        raise ConfigError(f"not valid YAML: {type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
         loader.dispose()
 
@@ -568,6 +609,9 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: must be a mapping")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
+    odd = [k for k in raw if not isinstance(k, str)]
+    if odd:
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: keys must be strings, got {_brief(odd[0])}")
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
@@ -602,9 +646,34 @@ def _plain(value: Any, path: str, depth: int = 0, budget: list[int] | None = Non
         return {k: _plain(v, f"{path}.{k}", depth + 1, budget) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v, f"{path}[{i}]", depth + 1, budget) for i, v in enumerate(value)]
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if value is None or isinstance(value, (str, bool)):
         return value
+    if isinstance(value, (int, float, LongNumber)):
+        return _number(value, path, int if isinstance(value, int) else float)
     raise ConfigError(f"{path}: {type(value).__name__} is not a plain value (mapping, list, string, number)")
+
+
+def _brief(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _number(value: Any, path: str, kind: type) -> Any:
+    """A number within the bounds every field shares: finite, at most MAX_CONFIG_INT (integers)
+    or MAX_CONFIG_FLOAT (other numbers) in size; the error names the field."""
+    if isinstance(value, LongNumber):
+        raise ConfigError(f"{path}: an integer of {len(value.text)} characters is out of range (at most "
+                          f"{MAX_NUMBER_CHARS} characters)")
+    if kind is int:
+        if not -MAX_CONFIG_INT <= value <= MAX_CONFIG_INT:
+            raise ConfigError(f"{path}: {value} is out of range (at most 2**53 in size)")
+        return value
+    # an integer is compared before float(): a 400-digit one does not fit a float
+    if not (-MAX_CONFIG_FLOAT <= value <= MAX_CONFIG_FLOAT):
+        what = "a finite number" if value != value or isinstance(value, float) and abs(value) == float("inf") else \
+            f"at most {MAX_CONFIG_FLOAT:g} in size"
+        raise ConfigError(f"{path}: must be {what}, got {_brief(value) if not isinstance(value, int) else 'a larger one'}")
+    return float(value)
 
 
 def _convert(tp: Any, value: Any, path: str) -> Any:
@@ -617,34 +686,42 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: must be true or false, got {value!r}")
         return value
+    if isinstance(value, LongNumber) and tp is str:
+        value = value.text  # a field of strings takes the text as written
     if tp is int:
+        if isinstance(value, LongNumber):
+            return _number(value, path, int)
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{path}: must be an integer, got {value!r}")
-        return value
+            raise ConfigError(f"{path}: must be an integer, got {_brief(value)}")
+        return _number(value, path, int)
     if tp is float:
         if isinstance(value, str):
             # YAML 1.1 (PyYAML) reads 1e3 (no dot) as a string: a number written so is still one
+            if len(value) > MAX_NUMBER_CHARS:
+                raise ConfigError(f"{path}: must be a number, got a string of {len(value)} characters")
             try:
                 value = float(value.strip().replace("_", ""))
             except ValueError:
                 raise ConfigError(f"{path}: must be a number, got {value!r}") from None
-            if value != value or value in (float("inf"), float("-inf")):
-                raise ConfigError(f"{path}: must be a finite number")
+        if isinstance(value, LongNumber):
+            return _number(value, path, float)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{path}: must be a number, got {value!r}")
-        return float(value)
+            raise ConfigError(f"{path}: must be a number, got {_brief(value)}")
+        return _number(value, path, float)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{path}: must be a string, got {value!r}")
+            raise ConfigError(f"{path}: must be a string, got {_brief(value)}")
         return str(value)
     if origin is tuple and typing.get_args(tp)[:1] == (int,):
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{path}: must be a list of integers, got {value!r}"[:200])
-        return tuple(value)
+        if not isinstance(value, list) or not all(isinstance(v, (int, LongNumber)) and not isinstance(v, bool)
+                                                  for v in value):
+            raise ConfigError(f"{path}: must be a list of integers, got {_brief(value)}")
+        return tuple(_number(v, f"{path}[{i}]", int) for i, v in enumerate(value))
     if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+        if not isinstance(value, list) or not all(isinstance(v, (str, int, float, LongNumber)) and not isinstance(v, bool)
+                                                  for v in value):
             raise ConfigError(f"{path}: must be a list of strings")
-        return tuple(str(v) for v in value)
+        return tuple(v.text if isinstance(v, LongNumber) else str(v) for v in value)
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ConfigError(f"{path}: must be a mapping of strings")
@@ -654,6 +731,8 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
                 out[k] = "true" if v else "false"
             elif isinstance(v, (str, int, float)):
                 out[k] = str(v)
+            elif isinstance(v, LongNumber):
+                out[k] = v.text
             else:  # a list, a mapping, or null: no one string it could mean
                 raise ConfigError(f"{path}.{k}: must be a string, number or boolean, got {type(v).__name__}")
         return out
