@@ -718,19 +718,25 @@ def test_losing_the_batch_host_before_the_first_launch_cancels_the_job_and_says_
 
 
 def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slurm, tmp_path):
-    from supervisor.platforms.slurm_guard import GuardConfig, guard_argv
+    from supervisor.platforms.slurm_guard import GUARD_PATH, GuardConfig, guard_argv, guard_mac
 
     import dataclasses
     import http.server
     import threading
 
     job_id = allocation(slurm, nodes=2)
+    token = b"0123456789abcdef" * 3
+    (tmp_path / "token").write_bytes(token)  # the job token the guards check the answers with
+    (tmp_path / "token").chmod(0o600)
 
-    class Controller(http.server.BaseHTTPRequestHandler):  # answers /healthz until it is shut down
+    class Controller(http.server.BaseHTTPRequestHandler):  # answers the challenge until it is shut down
         def do_GET(self):
-            self.send_response(200 if self.path == "/healthz" else 404)
-            self.send_header("Content-Length", "0")
+            path, _, query = self.path.partition("?")
+            body = json.dumps({"mac": guard_mac(token, query.partition("nonce=")[2])}).encode()
+            self.send_response(200 if path == GUARD_PATH else 404)
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args):
             pass

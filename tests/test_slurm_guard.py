@@ -6,6 +6,8 @@ cancel) runs against the real cluster in tests/test_slurm.py."""
 from __future__ import annotations
 
 import http.server
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -17,18 +19,25 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import ConfigError, SlurmConfig
-from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
+from supervisor.platforms.slurm_guard import GUARD_PATH, MARKER, GuardConfig, guard_argv, guard_mac
 
 PY = sys.executable
+TOKEN = b"0123456789abcdef" * 3
+"""The job token in the guards' LOG_DIR/token (start_guard writes it)."""
 
 
 class Healthz(http.server.BaseHTTPRequestHandler):
+    """Answers the guard's challenge as the controller does (the MAC of the nonce under the job token)."""
+
     def do_GET(self):  # noqa: N802 (the stdlib's name)
         self.server.probes += 1
-        self.send_response(200 if self.path == "/healthz" else 404)
-        self.send_header("Content-Length", "2")
+        path, _, query = self.path.partition("?")
+        nonce = query.partition("nonce=")[2]
+        body = json.dumps({"mac": guard_mac(TOKEN, nonce)}).encode() if path == GUARD_PATH else b"{}"
+        self.send_response(200 if path in (GUARD_PATH, "/healthz") else 404)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(b"{}")
+        self.wfile.write(body)
 
     def log_message(self, *args):
         pass
@@ -55,6 +64,11 @@ def free_port() -> int:
 
 
 def start_guard(tmp_path: Path, port: int, timeout_s: float = 30.0) -> subprocess.Popen:
+    token = tmp_path / "token"
+    if not token.exists():
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, TOKEN)
+        os.close(fd)
     cfg = GuardConfig(job_id="999999", api=f"http://127.0.0.1:{port}", job="j", node="n9", log_dir=tmp_path,
                       timeout_s=timeout_s, probe_s=0.2, action="cancel", command_timeout_s=5,
                       bin_dir=str(tmp_path / "no-slurm"))

@@ -4,6 +4,9 @@
   secret and changes nothing). Rendered off the event loop from a snapshot
   (:class:`supervisor.metrics.Exporter`), gzip-compressed when the scraper accepts it.
 * ``GET /healthz``: the process is up. ``GET /readyz``: the gang is launched or adopted.
+* ``GET /v1/guard?nonce=HEX``: the Slurm node guards' challenge, answered with
+  ``{"mac": HMAC(guard key, nonce)}`` (:func:`supervisor.platforms.slurm_guard.guard_mac`: a key
+  derived from the job token, good for nothing else); 503 without a token.
 * ``GET /status``: the state as JSON (what ``supervisor status`` renders), from a snapshot taken at
   most once a second and rendered off the event loop (:class:`StatusView`). Per-rank detail is
   capped above 256 ranks (the stalest and the slowest; ``ranks_summary`` sums up the rest);
@@ -27,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from supervisor.metrics import Exporter, accepts_gzip
+from supervisor.platforms.slurm_guard import GUARD_PATH, guard_mac, valid_nonce
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
@@ -105,6 +109,16 @@ def build_app(controller: "Controller") -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
+    async def guard(request: web.Request) -> web.Response:
+        # the Slurm node guards' challenge: only the holder of the job token can answer it, so a
+        # process squatting this port after the controller is gone cannot keep the job alive
+        nonce = request.query.get("nonce", "")
+        if not valid_nonce(nonce):
+            return web.json_response({"error": "nonce must be 16 to 128 lowercase hex digits"}, status=400)
+        if not controller.token:
+            return web.json_response({"error": "this controller holds no job token"}, status=503)
+        return web.json_response({"mac": guard_mac(controller.token, nonce)})
+
     async def readyz(_request: web.Request) -> web.Response:
         ready = controller.ready
         return web.json_response({"ready": ready, "phase": controller.phase.value}, status=200 if ready else 503)
@@ -148,6 +162,7 @@ def build_app(controller: "Controller") -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get(GUARD_PATH, guard)
     app.router.add_get("/status", status)
     app.router.add_get("/v1/restore-point", restore_point)
     app.on_cleanup.append(close_exporter)

@@ -17,9 +17,14 @@ It is not an agent's step: the controller's teardowns never touch it, so it watc
 whole life of the job, including when no agent runs (start-up, between a teardown and the
 relaunch, launch retries).
 
-* Every ``--probe`` seconds it asks the controller's ``/healthz``.
-* When the controller has not answered for ``--timeout`` seconds (refused, timed out, reset)
-  after answering once, the controller is lost. The guard asks Slurm whether the job is still
+* Every ``--probe`` seconds it challenges the controller: ``GET /v1/guard?nonce=N`` with a fresh
+  random nonce, answered with ``{"mac": HMAC(guard key, nonce)}`` (:func:`guard_mac`; the guard
+  key is derived from the job token, ``LOG_DIR/token`` on the shared log directory, by HKDF with
+  its own label, so it verifies nothing else). Only a right answer is the controller's: any
+  other answer (a bare 200 from a process squatting the dead controller's port, a wrong MAC, no
+  token to check it with) counts as silence.
+* When the controller has not answered for ``--timeout`` seconds (refused, timed out, reset,
+  unauthenticated) after answering once, the controller is lost. The guard asks Slurm whether the job is still
   this run's (``RUNNING`` with the restart count it was started with: a guard left from before a
   requeue, or a job ending, is not acted on; no answer from Slurm: asked again at the next
   probe). The first guard to claim ``LOG_DIR/slurm/controller-lost.json`` (``O_EXCL`` on the
@@ -38,10 +43,14 @@ It imports neither torch nor the controller: it starts in milliseconds.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import signal
+import stat
 import sys
 import time
 import urllib.error
@@ -61,6 +70,15 @@ EVENTS_FILE = "events.jsonl"
 STATE_FILE = "supervisor-state.json"
 LOST_EXIT = 75
 """The guard's exit code when it found the controller lost (whether it or another guard acted)."""
+GUARD_PATH = "/v1/guard"
+"""The controller's challenge endpoint: ``GET /v1/guard?nonce=HEX`` -> ``{"mac": HEX}``."""
+GUARD_KEY_SALT = b"elastic-supervisor job token v2"
+GUARD_KEY_INFO = b"elastic-supervisor slurm guard v1"
+"""HKDF's ``info`` for the guard key (RFC 5869; the heartbeat, control and HTTP keys have their
+own): what a challenge answer is MAC'd with."""
+NONCE_CHARS = 32
+"""A challenge's nonce: 128 random bits, in hex (the controller takes 16 to 128 hex digits)."""
+MAX_TOKEN_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -76,18 +94,75 @@ class GuardConfig:
     restart_count: str = "0"  # the job's run this guard watches (Slurm's Restarts when it was started)
     command_timeout_s: float = 20.0
     bin_dir: str = ""
+    token_file: Path | None = None
+    """The job token the controller's answers are checked with (None: ``LOG_DIR/token``)."""
 
     def bin(self, name: str) -> str:
         return str(Path(self.bin_dir) / name) if self.bin_dir else name
 
+    @property
+    def token_path(self) -> Path:
+        return self.token_file if self.token_file is not None else self.log_dir / "token"
 
-def controller_answers(api: str, timeout: float) -> bool:
-    """Whether the controller's HTTP server answers ``/healthz`` within ``timeout``."""
+
+def guard_key(token: bytes) -> bytes:
+    """The guard key of the job token ``token`` (stripped, as read): HKDF-SHA256, one block."""
+    prk = hmac.new(GUARD_KEY_SALT, token, hashlib.sha256).digest()
+    return hmac.new(prk, GUARD_KEY_INFO + b"\x01", hashlib.sha256).digest()
+
+
+def guard_mac(token: bytes, nonce: str) -> str:
+    """The answer to the challenge ``nonce`` that only a holder of the job token can give."""
+    return hmac.new(guard_key(token), b"guard\0" + nonce.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def valid_nonce(nonce: str) -> bool:
+    return 16 <= len(nonce) <= 128 and all(c in "0123456789abcdef" for c in nonce)
+
+
+def read_token(path: Path) -> bytes:
+    """The job token in ``path`` (stripped), read without following a link or blocking on a FIFO.
+    OSError or ValueError when there is none to use."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        token = f.read(MAX_TOKEN_BYTES + 1).strip()
+    if not token or len(token) > MAX_TOKEN_BYTES:
+        raise ValueError(f"{path} holds no job token")
+    return token
+
+
+class Verdict:
+    """One probe's answer: ``ok`` (the controller, authenticated), and why not."""
+
+    def __init__(self, ok: bool, why: str = "") -> None:
+        self.ok, self.why = ok, why
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def controller_answers(api: str, timeout: float, token_file: Path) -> Verdict:
+    """Whether the controller answers a fresh challenge within ``timeout`` with the MAC only the
+    holder of the job token in ``token_file`` can make (anything else: not the controller)."""
     try:
-        with urllib.request.urlopen(f"{api.rstrip('/')}/healthz", timeout=timeout) as resp:
-            return resp.status == 200
+        token = read_token(token_file)
+    except (OSError, ValueError) as exc:
+        return Verdict(False, f"no job token to check the answer with ({exc})")
+    nonce = secrets.token_hex(NONCE_CHARS // 2)
+    try:
+        with urllib.request.urlopen(f"{api.rstrip('/')}{GUARD_PATH}?nonce={nonce}", timeout=timeout) as resp:
+            body = resp.read(4096)
     except (OSError, urllib.error.URLError, ValueError):
-        return False
+        return Verdict(False)  # no answer at all: plain silence
+    try:
+        mac = json.loads(body).get("mac", "")
+    except (ValueError, AttributeError):
+        mac = ""
+    if isinstance(mac, str) and hmac.compare_digest(mac.encode("ascii", "replace"), guard_mac(token, nonce).encode()):
+        return Verdict(True)
+    return Verdict(False, "an answer without the job token's MAC: not this job's controller (a process on its port?)")
 
 
 class Silence:
@@ -193,9 +268,13 @@ def guard(cfg: GuardConfig) -> int:
              cfg.timeout_s, cfg.probe_s, cfg.action, cfg.restart_count)
     probe_timeout = max(0.5, min(cfg.probe_s, 5.0))
     ever_heard = warned_never = False
-    last_unconfirmed = ""
+    last_unconfirmed = last_refused = ""
     while not stop:
-        if controller_answers(cfg.api, probe_timeout):
+        answer = controller_answers(cfg.api, probe_timeout, cfg.token_path)
+        if not answer and answer.why and answer.why != last_refused:
+            log.warning("event=controller_unauthenticated api=%s reason=%r (counted as silence)", cfg.api, answer.why)
+        last_refused = answer.why if not answer else ""
+        if answer:
             if not ever_heard:
                 log.info("event=controller_answered api=%s", cfg.api)
             ever_heard = True
@@ -205,7 +284,7 @@ def guard(cfg: GuardConfig) -> int:
         elif silence.seconds >= cfg.timeout_s and ever_heard:
             # one more probe first: a guard paused itself (its node frozen, then thawed) must not
             # take its own pause for the controller's silence
-            if controller_answers(cfg.api, probe_timeout):
+            if controller_answers(cfg.api, probe_timeout, cfg.token_path):
                 silence.heard()
                 continue
             try:
@@ -265,7 +344,8 @@ def guard_argv(python: str, cfg: GuardConfig) -> list[str]:
     return [python, "-m", "supervisor.platforms.slurm_guard", f"--job-id={cfg.job_id}", f"--api={cfg.api}",
             f"--job={cfg.job}", f"--node={cfg.node}", f"--log-dir={cfg.log_dir}", f"--timeout={cfg.timeout_s:g}",
             f"--probe={cfg.probe_s:g}", f"--action={cfg.action}", f"--restart-count={cfg.restart_count}",
-            f"--command-timeout={cfg.command_timeout_s:g}", *([f"--bin-dir={cfg.bin_dir}"] if cfg.bin_dir else [])]
+            f"--command-timeout={cfg.command_timeout_s:g}", *([f"--bin-dir={cfg.bin_dir}"] if cfg.bin_dir else []),
+            *([f"--token-file={cfg.token_file}"] if cfg.token_file is not None else [])]
 
 
 def _log_to(path: Path, where: str) -> None:
@@ -300,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--job-id", required=True, help="the Slurm job to requeue or cancel")
     p.add_argument("--restart-count", default="0", help="the job's restart count (Slurm's Restarts) this guard "
                    "watches: after a requeue it does not act (default: %(default)s)")
-    p.add_argument("--api", required=True, help="the controller's HTTP address (its /healthz is probed)")
+    p.add_argument("--api", required=True, help="the controller's HTTP address (its /v1/guard is challenged)")
     p.add_argument("--job", default="job", help="the job's name (for events.jsonl)")
     p.add_argument("--node", default=os.environ.get("SLURMD_NODENAME", ""), help="this node's name")
     p.add_argument("--log-dir", required=True, type=Path, help="the job's log directory (events.jsonl, slurm/)")
@@ -311,12 +391,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="what ends the job once the controller is lost (default: %(default)s)")
     p.add_argument("--command-timeout", type=_positive, default=20.0, help="timeout of scontrol/scancel")
     p.add_argument("--bin-dir", default="", help="folder of the Slurm commands (default: PATH)")
+    p.add_argument("--token-file", type=Path, default=None, help="the job token the controller's answers are "
+                   "checked with (default: LOG_DIR/token)")
     args = p.parse_args(argv)
     _log_to(args.log_dir / "slurm" / f"guard-{args.node or 'node'}.log",
             f"node={args.node} job={args.job_id} restart={args.restart_count}")
     cfg = GuardConfig(job_id=args.job_id, api=args.api, job=args.job, node=args.node, log_dir=args.log_dir,
                       timeout_s=args.timeout, probe_s=args.probe, action=args.action,
-                      restart_count=args.restart_count, command_timeout_s=args.command_timeout, bin_dir=args.bin_dir)
+                      restart_count=args.restart_count, command_timeout_s=args.command_timeout, bin_dir=args.bin_dir,
+                      token_file=args.token_file)
     return guard(cfg)
 
 
