@@ -15,11 +15,21 @@ import re
 from dataclasses import dataclass
 
 TAIL_BYTES = 64 << 10
+MAX_PARSE_CHARS = 4 * TAIL_BYTES
+""":func:`parse` and :func:`last_error` read at most the last this many characters of what they
+are given (the summary and the last error line are at the end): bounded time and memory whatever
+a platform hands them."""
+MAX_NUMBER_DIGITS = 9
+"""A rank or exit code of more digits is not one (and is never converted: past 4,300 digits
+``int()`` refuses)."""
 # A rank line as the local platform has torchrun prefix it.
 RANK_PREFIX = "[rank${rank}]:"
-_PREFIXED = re.compile(r"^\[rank(\d+)\]:(.*)$")
-_BLOCK = re.compile(r"^\s+rank\s*:\s*(\d+).*?^\s+exitcode\s*:\s*(-?\d+).*?^\s+traceback\s*:\s*(.*?)$",
-                    re.M | re.S)
+_PREFIXED = re.compile(r"\[rank([0-9]{1,%d})\]:(.*)" % MAX_NUMBER_DIGITS)
+# One field of a failure block of torchrun's summary ("  rank      : 1 (local_rank: 1)"), matched
+# line by line: every pattern here is anchored to one line, so parsing is linear in the text.
+_FIELD = re.compile(r"\s+(rank|exitcode|traceback)\s*:\s*(.*)")
+_RANK_VALUE = re.compile(r"([0-9]{1,%d})(?![0-9])" % MAX_NUMBER_DIGITS)
+_CODE_VALUE = re.compile(r"(-?[0-9]{1,%d})(?![0-9])" % MAX_NUMBER_DIGITS)
 _AGENT_ERRORS = ("ChildFailedError", "ProcessExitedException", "ProcessRaisedException")
 """The agent's own account of a failed rank (its summary; the exception it logs for a forked
 rank that exited), never a rank's error line."""
@@ -37,9 +47,33 @@ class RankFailure:
     """torchrun's "first observed failure" (the others were mostly stopped by the agent)."""
 
 
+def _blocks(summary: str):
+    """(offset, rank, exit code, traceback) of each failure block: a ``rank :`` line, the next
+    ``exitcode :`` line, the next ``traceback :`` line (other lines between are passed over)."""
+    at, want, rank, code, start = 0, "rank", 0, 0, 0
+    for line in summary.splitlines(keepends=True):
+        m = _FIELD.match(line)
+        if m is not None and m.group(1) == want:
+            value = m.group(2)
+            if want == "rank":
+                v = _RANK_VALUE.match(value)
+                if v is not None:
+                    rank, start, want = int(v.group(1)), at, "exitcode"
+            elif want == "exitcode":
+                v = _CODE_VALUE.match(value)
+                if v is not None:
+                    code, want = int(v.group(1)), "traceback"
+            else:
+                yield start, rank, code, value.strip()
+                want = "rank"
+        at += len(line)
+
+
 def parse(text: str) -> tuple[RankFailure, ...]:
     """Every failed rank the agent's summary names (root cause first), with the last error
-    line each rank printed; empty when the text holds no summary."""
+    line each rank printed; empty when the text holds no summary. Reads the last
+    :data:`MAX_PARSE_CHARS` characters, in time linear in them; never raises for any text."""
+    text = text[-MAX_PARSE_CHARS:]
     errors: dict[int, str] = {}
     for line in text.splitlines():
         m = _PREFIXED.match(line)
@@ -53,9 +87,8 @@ def parse(text: str) -> tuple[RankFailure, ...]:
     summary = text[failed:]
     root_at = summary.find("Root Cause")
     out: dict[int, RankFailure] = {}
-    for m in _BLOCK.finditer(summary):
-        rank, code, trace = int(m.group(1)), int(m.group(2)), m.group(3).strip()
-        is_root = root_at >= 0 and m.start() > root_at
+    for start, rank, code, trace in _blocks(summary):
+        is_root = root_at >= 0 and start > root_at
         error = errors.get(rank, "")
         if not error and trace and not trace.startswith(("To enable traceback", "Signal ")):
             error = trace[:300]
@@ -71,8 +104,9 @@ def parse(text: str) -> tuple[RankFailure, ...]:
 
 def last_error(text: str) -> str:
     """The last error line in output with no summary (an agent that died before its ranks
-    ran, or a command that is not a torchrun job): what a person would look for first."""
-    for line in reversed(text.splitlines()):
+    ran, or a command that is not a torchrun job): what a person would look for first. Reads
+    the last :data:`MAX_PARSE_CHARS` characters."""
+    for line in reversed(text[-MAX_PARSE_CHARS:].splitlines()):
         m = _PREFIXED.match(line)
         body = (m.group(2) if m else line).strip()
         e = _ERROR_LINE.match(body)
