@@ -101,3 +101,31 @@ def test_a_rotated_file_keeps_its_newest_generations_and_reads_whole_oldest_firs
     assert [p.name for p in generations(path)] == ["events.jsonl.3", "events.jsonl.2", "events.jsonl.1",
                                                     "events.jsonl"]
     assert list(read_lines(path)) == ["line 2a", "line 2b", "line 3a", "line 3b", "line 4a", "line 4b", "line 5a"]
+
+
+def test_the_submitted_batch_script_is_kept_private_and_its_config_written_under_a_name_of_its_own(tmp_path):
+    """The batch script holds the job's config, its ``env`` too (API keys): kept 0600, and the
+    config it writes goes through a temporary file of its own (mktemp), never a fixed name."""
+    import subprocess as sp
+
+    from supervisor.config import from_dict
+    from supervisor.platforms.slurm.sbatch import render_batch_script, submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\ncat > /dev/null\necho 4711\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    cfg = from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "logs"),
+                     "env": {"WANDB_API_KEY": "secret-key"}, "nodes": {"min": 1, "max": 1},
+                     "platform": {"kind": "slurm", "slurm": {"bin_dir": str(bin_dir)}}})
+    old = os.umask(0o022)  # the usual umask: a plain write would leave it world-readable
+    try:
+        rendered = render_batch_script(cfg, time_limit=None, warning_s=60, requeue=False, sbatch_opts=[],
+                                       python="python3", workdir=str(tmp_path))
+        assert submit(rendered) == "4711"
+    finally:
+        os.umask(old)
+    kept = tmp_path / "logs" / "slurm-submit" / "j-4711.sbatch"
+    assert "secret-key" in kept.read_text() and oct(kept.stat().st_mode & 0o777) == "0o600"
+    assert '$config.tmp' not in rendered.script and 'tmp=$(mktemp "$config.XXXXXXXX")' in rendered.script
+    sp.run(["bash", "-n"], input=rendered.script, text=True, check=True)

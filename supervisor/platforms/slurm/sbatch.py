@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from supervisor.files import write_atomic
 from supervisor.platforms.base import PlatformError
 from supervisor.platforms.slurm import client
 
@@ -214,9 +215,12 @@ def render_batch_script(cfg, *, time_limit: str | None, warning_s: int, requeue:
         "export PYTHONUNBUFFERED=1",
         f"mkdir -p {shlex.quote(str(sub_dir))}",
         f"config={config_path}",
-        f"(umask 077 && cat >\"$config.tmp\") <<'{CONFIG_HEREDOC}'",
+        # a temporary file of its own (mktemp: a random name, O_EXCL, mode 0600): two runs of the
+        # script (a requeue racing a manual one) never write into one file
+        'tmp=$(mktemp "$config.XXXXXXXX")',
+        f"cat >\"$tmp\" <<'{CONFIG_HEREDOC}'",
         config_json + CONFIG_HEREDOC,
-        'mv -f "$config.tmp" "$config"',
+        'mv -f "$tmp" "$config"',
         f'exec {shlex.quote(python)} -m supervisor run --config "$config"',
         "",
     ]
@@ -230,8 +234,8 @@ def submit(rendered: BatchScript, *, timeout: float = 60.0, env: Mapping[str, st
 
     The ``--output`` folder is created first (Slurm does not create it: the job would fail at
     launch with no trace but slurmd's log) and removed again if sbatch fails and it was new. The
-    script is kept as ``LOG_DIR/slurm-submit/JOB-ID.sbatch`` only once sbatch accepted it: a
-    failed submission leaves nothing behind."""
+    script is kept as ``LOG_DIR/slurm-submit/JOB-ID.sbatch`` (mode 0600: it holds the job's
+    ``env``) only once sbatch accepted it: a failed submission leaves nothing behind."""
     created = []
     for d in (rendered.output_dir, *rendered.output_dir.parents):
         if d.exists():
@@ -248,8 +252,9 @@ def submit(rendered: BatchScript, *, timeout: float = 60.0, env: Mapping[str, st
                 break
         raise
     try:
-        rendered.record_dir.mkdir(parents=True, exist_ok=True)
-        (rendered.record_dir / f"{rendered.job}-{job_id}.sbatch").write_text(rendered.script)
+        rendered.record_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # mode 0600: the script holds the job's config, its env too (API keys)
+        write_atomic(rendered.record_dir / f"{rendered.job}-{job_id}.sbatch", rendered.script.encode(), mode=0o600)
     except OSError as exc:  # the job is submitted: a missing copy is not a failure
         log.warning("event=sbatch_record_not_written job_id=%s error=%s", job_id, exc)
     return job_id
