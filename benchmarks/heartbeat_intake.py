@@ -97,6 +97,8 @@ from supervisor.protocol import Heartbeat, encode  # noqa: E402
 
 JOB = "bench"
 TOKEN = b"heartbeat-intake-bench-token-0123456789abcdef"
+KEY = protocol.derive_keys(TOKEN).heartbeat  # what ranks MAC their heartbeats with
+LAUNCH = "b" * 32
 CPU_TARGET_PCT = 50.0
 LAG_TARGET_S = 1.0
 DROP_TOLERANCE = 0.001  # of the frames sent
@@ -129,7 +131,7 @@ def heartbeat(rank: int, world: int, k: int) -> Heartbeat:
     """Beat ``k`` of ``rank``: the shape and size of what the worker SDK sends."""
     phase = ("data", "compute", "collective")[(rank + k) % 3]
     return Heartbeat(
-        job=JOB, attempt=0, rank=rank, world_size=world, seq=k + 1, step=1000 + k, phase=phase,
+        job=JOB, attempt=0, rank=rank, world_size=world, seq=k + 1, step=1000 + k, phase=phase, launch=LAUNCH,
         phase_s=round(0.0123 + (rank % 7) * 0.001, 4), node=f"node-{rank // 8:05d}", pid=200000 + rank,
         coll_seq=3 * (1000 + k) + (phase == "collective"), coll_op="all_reduce",
         coll_inside=phase == "collective", coll_s=0.021 if phase == "collective" else 0.0,
@@ -151,7 +153,7 @@ def build_schedule(ranks: int, rate: float, total_s: float, kill_at: dict[int, f
                 continue
             times, frames, owners = gens[r % generators]
             times.append(t)
-            frames.append(encode(heartbeat(r, ranks, k).to_payload(), TOKEN))
+            frames.append(encode(heartbeat(r, ranks, k).to_payload(), KEY))
             owners.append(r)
     return gens
 
@@ -231,6 +233,7 @@ def make_controller(tmp: str, ranks: int, rate: float, timeout_s: float) -> Cont
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     c = Controller(cfg, NullPlatform())
     c.token = TOKEN
+    c.launch_id = LAUNCH
     c.attempt = 0
     c.registry.reset(0, ranks)
     c.launched_at = c.clock()
@@ -462,11 +465,11 @@ def step_costs(ranks: int, rate: float, timeout_s: float, frames: list[bytes]) -
         return 1e6 * best / len(items)
 
     out = [
-        ("HMAC-SHA256 of the payload (`protocol._mac`)", per_frame(lambda b: protocol._mac(TOKEN, b), bodies)),
+        ("HMAC-SHA256 of the payload (`protocol._mac`)", per_frame(lambda b: protocol._mac(KEY, b), bodies)),
         ("`msgspec` decode + schema checks of the payload (`protocol._WIRE_DECODER`)",
          per_frame(protocol._WIRE_DECODER.decode, bodies)),
         ("`decode_heartbeat` (framing, MAC, the msgspec decode, construction)",
-         per_frame(lambda f: protocol.decode_heartbeat(f, TOKEN), frames)),
+         per_frame(lambda f: protocol.decode_heartbeat(f, KEY), frames)),
         ("for comparison, not on the path: `json.loads` of the payload", per_frame(json.loads, bodies)),
         ("for comparison, not on the path: `Heartbeat.from_payload` (the same checks in Python)",
          per_frame(Heartbeat.from_payload, objs)),

@@ -1,4 +1,5 @@
-"""The wire between ranks and the controller: authenticated heartbeat and control datagrams.
+"""The wire between ranks and the controller: authenticated heartbeat and control datagrams,
+and the authenticated restore-point exchange over HTTP. Both sides use only this module.
 
 Transport: UDP. A heartbeat is small, periodic and only its latest value matters: a lost one
 is replaced by the next, so there is nothing to retransmit, no connection to keep per rank
@@ -6,21 +7,43 @@ and nothing to buffer when the controller is away. One core parses and authentic
 over 16,384 of them per second (``benchmarks/heartbeat_intake.py``); an HTTP request per
 heartbeat costs roughly ten times more.
 
-Frame (version 1)::
+Keys. The job token (``SUPERVISOR_TOKEN`` or ``SUPERVISOR_TOKEN_FILE``) never leaves the hosts
+that hold it, and is never a MAC key itself: :func:`derive_keys` derives three independent
+256-bit keys from it with HKDF-SHA256 (RFC 5869; :data:`HKDF_SALT`, one ``info`` label each,
+:data:`KEY_LABELS`): one for heartbeats (rank -> controller), one for control frames
+(controller -> rank) and one for HTTP. A key that verifies one kind of message cannot make
+another, and nothing that verifies a message is ever sent.
 
-    b"SV1" | HMAC-SHA256(token, payload)[:16] | payload (UTF-8 JSON object)
+Frame (version 2)::
 
-The token is the job's secret (``SUPERVISOR_TOKEN`` or ``SUPERVISOR_TOKEN_FILE``). A frame
-over :data:`MAX_DATAGRAM` bytes, with a bad MAC, not JSON, or with fields of the wrong type
-or range is rejected with a reason (counted by the controller, never acted upon). Both
-directions use the same frame: heartbeats (``type: hb``) go up, control messages come back to
-the heartbeat's source address: ``dump`` (write every thread's stack to the rank's log, the
-evidence taken before anything is killed) and ``abort`` (dump, then SIGKILL yourself). The controller fences every
-message by ``attempt``; a worker obeys an abort only for its own attempt and rank. Control messages
-are numbered (``seq``, :class:`ControlSequencer`): a rank obeys only a number above the last one
-it accepted (no replay), and only from the address its heartbeats go to.
+    b"SV2" | HMAC-SHA256(key, payload)[:16] | payload (UTF-8 JSON object)
 
-Neither ``supervisor.worker`` nor the controller imports the other; both import this module.
+``key`` is the heartbeat key for ``type: hb`` frames and the control key for control frames.
+A frame over :data:`MAX_DATAGRAM` bytes, with a bad MAC, not JSON, or with fields of the wrong
+type or range is rejected with a reason (counted by the controller, never acted upon).
+Heartbeats (``type: hb``) go up, control messages come back to the heartbeat's source address:
+``dump`` (write every thread's stack to the rank's log, the evidence taken before anything is
+killed) and ``abort`` (dump, then SIGKILL yourself).
+
+Every frame belongs to one launch: ``launch`` is the random id of the launch that started the
+rank (``SUPERVISOR_LAUNCH``, new for every launch of the gang; a rank restarted in place by its
+agent keeps its launch's environment, so its id; its ``attempt`` is the next one). The
+controller takes heartbeats of its current launch only (another launch of this run is a
+``stale_attempt``; any other id, e.g. an earlier run with the same token, is
+:data:`REJECT_OTHER_LAUNCH`), and a rank obeys only control frames of its own launch, attempt
+and rank. Control messages are numbered (``seq``, :class:`ControlSequencer`): within its
+launch, a rank obeys only a number above the last one it accepted (no replay), and only from
+the address its heartbeats go to. Heartbeat ``seq`` numbers count per rank process, within a
+launch and attempt.
+
+Restore point (HTTP, rank 0 once per attempt): ``GET`` :data:`RESTORE_POINT_PATH`
+``?attempt=K&rank=R&launch=L`` with the headers :data:`HEADER_TIME` (unix milliseconds),
+:data:`HEADER_NONCE` (128 random bits, hex) and :data:`HEADER_MAC` (hex HMAC-SHA256 under the
+HTTP key of :func:`restore_request_string`). The controller refuses it (401 with the reason)
+outside :data:`FRESH_S` of its clock, with a bad MAC, or with a nonce it has already taken
+(:class:`NonceCache`, bounded). Its answer carries :data:`HEADER_MAC` over the request's
+nonce, the status and the body (:func:`restore_answer_mac`): the rank takes only an answer to
+its own request that came from the controller.
 """
 
 from __future__ import annotations
@@ -30,14 +53,16 @@ import functools
 import hashlib
 import hmac
 import json
+import secrets
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 import msgspec
 
-MAGIC = b"SV1"
+MAGIC = b"SV2"
 MAC_BYTES = 16
 MAX_DATAGRAM = 4096
 MAX_RANK = 1 << 20
@@ -75,6 +100,10 @@ EXIT_PREEMPTED = 143     # 128 + SIGTERM: an emergency checkpoint was written; t
 RANK_EXITS = {EXIT_CRASH: "crash", EXIT_NONFINITE: "nonfinite", EXIT_PREEMPTED: "preempted"}
 """Every rank exit code with a meaning, and the fault kind the controller names a rank that
 ends with it (any other non-zero code is a plain ``rank_exit``)."""
+EXIT_PREFLIGHT = 78
+"""A node agent's own exit (not a rank's) when its check of the job's command where the ranks run
+(:mod:`supervisor.preflight`) failed before it started any rank; its last output line says why.
+sysexits' EX_CONFIG: a configuration no restart fixes."""
 # A restart's phases, in order (controller clock): fault -> detected -> torn down -> scheduled
 # -> rendezvous -> restored -> first step. The keys of the ``restart_complete`` event's phases
 # and the ``phase`` label of supervisor_restart_phase_seconds; the benchmarks report the same.
@@ -85,7 +114,12 @@ REJECT_OVERSIZED = "oversized"
 REJECT_UNAUTHENTICATED = "unauthenticated"
 REJECT_SCHEMA = "schema"
 REJECT_STALE_ATTEMPT = "stale_attempt"
-REJECT_REASONS = (REJECT_MALFORMED, REJECT_OVERSIZED, REJECT_UNAUTHENTICATED, REJECT_SCHEMA, REJECT_STALE_ATTEMPT)
+REJECT_OTHER_LAUNCH = "other_launch"
+"""A frame of a launch the receiver does not belong to and never made: another run's (the same
+token reused), or a rank's own frame sent back to it. Never normal traffic (a relaunch's old
+ranks are a ``stale_attempt``)."""
+REJECT_REASONS = (REJECT_MALFORMED, REJECT_OVERSIZED, REJECT_UNAUTHENTICATED, REJECT_SCHEMA, REJECT_STALE_ATTEMPT,
+                  REJECT_OTHER_LAUNCH)
 
 
 class ProtocolError(ValueError):
@@ -94,39 +128,84 @@ class ProtocolError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
+# ------------------------------------------------------------------------------------- keys
+HKDF_SALT = b"elastic-supervisor job token v2"
+"""HKDF's salt (RFC 5869 section 3.1: a fixed, public value is allowed; it only separates this
+use of the token from any other)."""
+KEY_HEARTBEAT, KEY_CONTROL, KEY_HTTP = "heartbeat", "control", "http"
+KEY_LABELS = {
+    KEY_HEARTBEAT: b"elastic-supervisor v2 heartbeat frames, rank to controller",
+    KEY_CONTROL: b"elastic-supervisor v2 control frames, controller to rank",
+    KEY_HTTP: b"elastic-supervisor v2 http requests and answers",
+}
+"""HKDF's ``info`` for each derived key. On the wire implicitly: never change one (every rank of
+a running gang derives its keys with these)."""
+KEY_BYTES = 32
+
+
+def hkdf_sha256(ikm: bytes, *, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
+    """HKDF-Extract then HKDF-Expand with HMAC-SHA256 (RFC 5869), from the standard library: the
+    worker SDK runs in the job's own image, and this is a few lines of HMAC."""
+    if not 0 < length <= 255 * 32:
+        raise ValueError("HKDF-SHA256 makes 1 to 8160 bytes")
+    prk = hmac.new(salt or bytes(32), ikm, hashlib.sha256).digest()
+    okm, block = b"", b""
+    for i in range(1, -(-length // 32) + 1):
+        block = hmac.new(prk, block + info + bytes([i]), hashlib.sha256).digest()
+        okm += block
+    return okm[:length]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys derived from one job token (:func:`derive_keys`). Their repr shows none of them."""
+
+    heartbeat: bytes = field(repr=False)
+    control: bytes = field(repr=False)
+    http: bytes = field(repr=False)
+
+
 @functools.lru_cache(maxsize=16)
-def _keyed(token: bytes) -> "hmac.HMAC":
-    return hmac.new(token, digestmod=hashlib.sha256)
+def derive_keys(token: bytes) -> Keys:
+    """The heartbeat, control and HTTP keys of the job token ``token`` (stripped, as read)."""
+    return Keys(**{name: hkdf_sha256(token, salt=HKDF_SALT, info=label) for name, label in KEY_LABELS.items()})
 
 
-def _mac(token: bytes, payload: bytes) -> bytes:
-    h = _keyed(token).copy()  # the key schedule is done once per token, not once per frame
+@functools.lru_cache(maxsize=16)
+def _keyed(key: bytes) -> "hmac.HMAC":
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def _mac(key: bytes, payload: bytes) -> bytes:
+    h = _keyed(key).copy()  # the key schedule is done once per key, not once per frame
     h.update(payload)
     return h.digest()[:MAC_BYTES]
 
 
-def encode(payload: dict[str, Any], token: bytes) -> bytes:
+def encode(payload: dict[str, Any], key: bytes) -> bytes:
+    """One frame of ``payload`` under ``key`` (a derived key: :attr:`Keys.heartbeat` for a
+    heartbeat, :attr:`Keys.control` for a control message)."""
     body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    frame = MAGIC + _mac(token, body) + body
+    frame = MAGIC + _mac(key, body) + body
     if len(frame) > MAX_DATAGRAM:
         raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes > {MAX_DATAGRAM}")
     return frame
 
 
-def _authenticated_body(frame: bytes, token: bytes) -> bytes:
+def _authenticated_body(frame: bytes, key: bytes) -> bytes:
     if len(frame) > MAX_DATAGRAM:
         raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes")
     if len(frame) < len(MAGIC) + MAC_BYTES + 2 or not frame.startswith(MAGIC):
-        raise ProtocolError(REJECT_MALFORMED, "not an SV1 frame")
+        raise ProtocolError(REJECT_MALFORMED, "not an SV2 frame")
     mac, body = frame[3 : 3 + MAC_BYTES], frame[3 + MAC_BYTES :]
-    if not hmac.compare_digest(mac, _mac(token, body)):
+    if not hmac.compare_digest(mac, _mac(key, body)):
         raise ProtocolError(REJECT_UNAUTHENTICATED, "bad MAC (wrong token?)")
     return body
 
 
-def decode_frame(frame: bytes, token: bytes) -> dict[str, Any]:
+def decode_frame(frame: bytes, key: bytes) -> dict[str, Any]:
     """Authenticate and parse one frame into a JSON object (no schema check)."""
-    body = _authenticated_body(frame, token)
+    body = _authenticated_body(frame, key)
     try:
         obj = json.loads(body.decode())  # UTF-8 only (the frame's definition); skips encoding detection
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -153,6 +232,8 @@ class Heartbeat:
     step: int
     phase: str
     phase_s: float
+    launch: str = ""
+    """The id of the launch that started this rank (``SUPERVISOR_LAUNCH``): required on the wire."""
     node: str = ""
     pid: int = 0
     coll_seq: int = 0
@@ -242,6 +323,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "step": (int, -1, _BIG),
     "phase": (str, 0, 32),
     "phase_s": (float, 0, 1e9),
+    "launch": (str, 0, 64),
     "node": (str, 0, 256),
     "pid": (int, 0, 1 << 31),
     "coll_seq": (int, 0, _BIG),
@@ -270,7 +352,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "outcome": (str, 0, 16),
     "dump_seq": (int, 0, _BIG),
 }
-_REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s"}
+_REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s", "launch"}
 _INT, _FLOAT, _BOOL, _STR = range(4)
 _CHECKS = tuple((name, {int: _INT, float: _FLOAT, bool: _BOOL, str: _STR}[kind], lo, hi, name in _REQUIRED)
                 for name, (kind, lo, hi) in _FIELDS.items())
@@ -323,10 +405,11 @@ _WIRE_DECODER = msgspec.json.Decoder(_WIRE)
 _to_dict = msgspec.structs.asdict
 
 
-def decode_heartbeat(frame: bytes, token: bytes) -> Heartbeat:
-    """Authenticate, parse and check one heartbeat frame (what :meth:`Heartbeat.from_payload`
-    accepts from :func:`decode_frame`, in one pass)."""
-    body = _authenticated_body(frame, token)
+def decode_heartbeat(frame: bytes, key: bytes) -> Heartbeat:
+    """Authenticate (``key``: :attr:`Keys.heartbeat`), parse and check one heartbeat frame (what
+    :meth:`Heartbeat.from_payload` accepts from :func:`decode_frame`, in one pass). Whose launch
+    it is, is the caller's check (one string compare)."""
+    body = _authenticated_body(frame, key)
     try:
         wire = _WIRE_DECODER.decode(body)
     except msgspec.ValidationError as exc:
@@ -365,14 +448,16 @@ class ControlSequencer:
 _CONTROL_SEQ = ControlSequencer()
 
 
-def control_message(kind: str, *, attempt: int, rank: int, reason: str = "", seq: int | None = None) -> dict[str, Any]:
-    """A control message for one rank; ``seq`` defaults to the next number of this process's
-    :class:`ControlSequencer` (one controller per process)."""
+def control_message(kind: str, *, attempt: int, rank: int, reason: str = "", seq: int | None = None,
+                    launch: str = "") -> dict[str, Any]:
+    """A control message for one rank of launch ``launch``; ``seq`` defaults to the next number of
+    this process's :class:`ControlSequencer` (one controller per process). The controller's
+    intake stamps its current launch on whatever it sends."""
     if kind not in CONTROL_KINDS:
         raise ValueError(f"unknown control message {kind!r}")
     if seq is None:
         seq = _CONTROL_SEQ.next()
-    return {"type": kind, "attempt": attempt, "rank": rank, "seq": seq, "reason": reason[:400]}
+    return {"type": kind, "launch": launch, "attempt": attempt, "rank": rank, "seq": seq, "reason": reason[:400]}
 
 
 @dataclass(frozen=True)
@@ -382,11 +467,13 @@ class Control:
     rank: int
     seq: int
     reason: str = ""
+    launch: str = ""
 
 
-def decode_control(frame: bytes, token: bytes) -> Control:
-    """Authenticate and check one control message (what a rank receives); ProtocolError otherwise."""
-    obj = decode_frame(frame, token)
+def decode_control(frame: bytes, key: bytes) -> Control:
+    """Authenticate (``key``: :attr:`Keys.control`) and check one control message (what a rank
+    receives); ProtocolError otherwise. Whose launch it is, is the rank's check."""
+    obj = decode_frame(frame, key)
     kind = obj.get("type")
     if kind not in CONTROL_KINDS:
         raise ProtocolError(REJECT_SCHEMA, f"not a control message: {kind!r}"[:120])
@@ -399,7 +486,162 @@ def decode_control(frame: bytes, token: bytes) -> Control:
     reason = obj.get("reason", "")
     if not isinstance(reason, str):
         raise ProtocolError(REJECT_SCHEMA, "bad reason")
-    return Control(kind=kind, reason=reason[:400], **values)
+    launch = obj.get("launch")
+    if not isinstance(launch, str) or len(launch) > 64:
+        raise ProtocolError(REJECT_SCHEMA, f"bad launch: {launch!r}"[:120])
+    return Control(kind=kind, reason=reason[:400], launch=launch, **values)
+
+
+# ------------------------------------------------------------------------------ launches
+LAUNCH_ID_CHARS = 32
+
+
+def new_launch_id() -> str:
+    """A launch's id: 128 random bits, hex (what the controller puts in ``SUPERVISOR_LAUNCH``)."""
+    return secrets.token_hex(LAUNCH_ID_CHARS // 2)
+
+
+def launch_problem(launch: str) -> str | None:
+    """Why ``launch`` cannot be a launch id (16 to 64 lowercase hex digits), or None."""
+    if not 16 <= len(launch) <= 64 or not all(c in "0123456789abcdef" for c in launch):
+        return f"{launch[:80]!r} is not a launch id (16 to 64 lowercase hex digits)"
+    return None
+
+
+# ------------------------------------------------------------------- the restore point (HTTP)
+RESTORE_POINT_PATH = "/v1/restore-point"
+HEADER_TIME = "X-Supervisor-Time"
+"""The request's time: unix milliseconds, decimal."""
+HEADER_NONCE = "X-Supervisor-Nonce"
+"""The request's nonce: 128 random bits, 32 lowercase hex digits, never used twice."""
+HEADER_MAC = "X-Supervisor-Mac"
+"""On a request: :func:`restore_request_mac`; on an answer: :func:`restore_answer_mac` (hex)."""
+FRESH_S = 30.0
+"""A request stamped further than this from the controller's clock is refused (clock skew
+between hosts must stay below it; NTP keeps it to milliseconds)."""
+NONCE_CACHE_MAX = 4096
+REJECT_STALE = "stale"
+"""An HTTP request stamped outside :data:`FRESH_S` of the controller's clock."""
+_NONCE_CHARS = 32
+_REQUEST_LABEL = b"elastic-supervisor v2 restore-point request"
+_ANSWER_LABEL = b"elastic-supervisor v2 restore-point answer"
+
+
+def restore_request_string(*, method: str, path: str, launch: str, attempt: int, rank: int, time_ms: int,
+                           nonce: str) -> bytes:
+    """What a restore-point request's MAC covers: one field a line (every field is checked to hold
+    no line break: hex, digits, or the method and path the server itself routed)."""
+    return b"\n".join([_REQUEST_LABEL, method.encode(), path.encode(), launch.encode(), str(attempt).encode(),
+                       str(rank).encode(), str(time_ms).encode(), nonce.encode()])
+
+
+def restore_request_mac(key: bytes, **fields: Any) -> str:
+    return hmac.new(key, restore_request_string(**fields), hashlib.sha256).hexdigest()
+
+
+def restore_answer_mac(key: bytes, nonce: str, status: int, body: bytes) -> str:
+    """The MAC of the controller's answer to the request with ``nonce`` (its status and body)."""
+    msg = b"\n".join([_ANSWER_LABEL, nonce.encode(), str(status).encode()]) + b"\n" + body
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """A signed restore-point request: its query (to append to :data:`RESTORE_POINT_PATH`), its
+    headers, and its nonce (the answer must name it)."""
+
+    query: str
+    headers: dict[str, str]
+    nonce: str
+
+
+def restore_request(keys: Keys, *, launch: str, attempt: int, rank: int, now: float | None = None) -> RestoreRequest:
+    """A new restore-point request (a fresh nonce and time: sign each try anew)."""
+    time_ms = int((time.time() if now is None else now) * 1000)
+    nonce = secrets.token_hex(_NONCE_CHARS // 2)
+    mac = restore_request_mac(keys.http, method="GET", path=RESTORE_POINT_PATH, launch=launch, attempt=attempt,
+                              rank=rank, time_ms=time_ms, nonce=nonce)
+    return RestoreRequest(query=f"attempt={attempt}&rank={rank}&launch={launch}",
+                          headers={HEADER_TIME: str(time_ms), HEADER_NONCE: nonce, HEADER_MAC: mac}, nonce=nonce)
+
+
+class NonceCache:
+    """The nonces of the authenticated requests of the last :data:`FRESH_S`, at most ``limit``.
+
+    Only a request whose MAC verified is recorded (nobody without the key can fill it). Past the
+    limit the oldest entry is dropped and its time becomes a floor: a request stamped at or
+    before it is refused, so a dropped nonce can never be used again either."""
+
+    def __init__(self, window_s: float = FRESH_S, limit: int = NONCE_CACHE_MAX) -> None:
+        self.window_ms = int(window_s * 1000)
+        self.limit = limit
+        self.floor_ms = -1
+        self._seen: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def admit(self, nonce: str, time_ms: int, now_ms: int) -> bool:
+        """Record ``nonce`` (of a request stamped ``time_ms``); False if it cannot be taken."""
+        seen = self._seen
+        while seen:
+            oldest = next(iter(seen.values()))
+            if oldest >= now_ms - self.window_ms:
+                break
+            seen.popitem(last=False)  # outside the window: the freshness check refuses it now
+        if time_ms <= self.floor_ms or nonce in seen:
+            return False
+        if len(seen) >= self.limit:
+            _, dropped = seen.popitem(last=False)
+            self.floor_ms = max(self.floor_ms, dropped)
+            if time_ms <= self.floor_ms:
+                return False
+        seen[nonce] = time_ms
+        return True
+
+
+def _digits(value: str | None, limit: int) -> int | None:
+    if value is None or not 0 < len(value) <= limit or not value.isascii() or not value.isdigit():
+        return None
+    return int(value)
+
+
+def check_restore_request(key: bytes, *, method: str, path: str, query: Mapping[str, str],
+                          headers: Mapping[str, str], nonces: NonceCache, now: float | None = None) -> tuple[str, int, int]:
+    """``(launch, attempt, rank)`` of an authentic, fresh, first-seen restore-point request;
+    :class:`ProtocolError` otherwise (reason :data:`REJECT_SCHEMA`, :data:`REJECT_STALE`,
+    :data:`REJECT_UNAUTHENTICATED` or :data:`REJECT_REPLAYED`)."""
+    attempt = _digits(query.get("attempt"), 10)
+    rank = _digits(query.get("rank"), 7)
+    launch = query.get("launch") or ""
+    time_ms = _digits(headers.get(HEADER_TIME), 16)
+    nonce = headers.get(HEADER_NONCE) or ""
+    mac = headers.get(HEADER_MAC) or ""
+    if attempt is None or rank is None or rank > MAX_RANK or attempt > 1 << 31:
+        raise ProtocolError(REJECT_SCHEMA, "attempt and rank must be integers")
+    if launch_problem(launch):
+        raise ProtocolError(REJECT_SCHEMA, "launch must be a launch id")
+    if time_ms is None or len(nonce) != _NONCE_CHARS or not all(c in "0123456789abcdef" for c in nonce):
+        raise ProtocolError(REJECT_UNAUTHENTICATED, f"{HEADER_TIME} and {HEADER_NONCE} are required")
+    now_ms = int((time.time() if now is None else now) * 1000)
+    if abs(now_ms - time_ms) > nonces.window_ms:
+        raise ProtocolError(REJECT_STALE, f"stamped {(time_ms - now_ms) / 1000:+.1f} s from the controller's clock "
+                                          f"(more than {nonces.window_ms / 1000:g} s: clocks apart, or a replay)")
+    want = restore_request_mac(key, method=method, path=path, launch=launch, attempt=attempt, rank=rank,
+                               time_ms=time_ms, nonce=nonce)
+    if not (mac.isascii() and hmac.compare_digest(mac.encode(), want.encode())):
+        raise ProtocolError(REJECT_UNAUTHENTICATED, "bad MAC (wrong token?)")
+    if not nonces.admit(nonce, time_ms, now_ms):
+        raise ProtocolError(REJECT_REPLAYED, "this request was already answered")
+    return launch, attempt, rank
+
+
+def check_restore_answer(key: bytes, nonce: str, status: int, body: bytes, mac: str | None) -> None:
+    """Raises :class:`ProtocolError` (``unauthenticated``) unless the answer ``body`` with
+    ``status`` came from the controller, in answer to the request with ``nonce``."""
+    want = restore_answer_mac(key, nonce, status, body)
+    if not mac or not mac.isascii() or not hmac.compare_digest(mac.encode(), want.encode()):
+        raise ProtocolError(REJECT_UNAUTHENTICATED, "the answer is not the controller's (bad or missing MAC)")
 
 
 # ------------------------------------------------------------------------------ the job token
@@ -427,6 +669,9 @@ class Env:
 
     JOB = "SUPERVISOR_JOB"
     ATTEMPT = "SUPERVISOR_ATTEMPT"
+    LAUNCH = "SUPERVISOR_LAUNCH"
+    """The launch's random id (:func:`new_launch_id`): in every frame, checked on both sides. New
+    for every launch; a rank restarted in place by its agent keeps its launch's."""
     NODE = "SUPERVISOR_NODE"
     HEARTBEAT_ADDR = "SUPERVISOR_HEARTBEAT_ADDR"
     API = "SUPERVISOR_API"

@@ -13,7 +13,7 @@ from supervisor.controller.daemon import Controller, Intake
 from supervisor.controller.decide import Fault, JobPhase, RestartTimer
 from supervisor.metrics import make_registry
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform
-from supervisor.protocol import Heartbeat, encode
+from supervisor.protocol import Heartbeat, control_message, decode_control, derive_keys, encode
 
 
 class FakePlatform(Platform):
@@ -57,6 +57,8 @@ class Clock:
 
 
 TOKEN = b"tok"
+KEYS = derive_keys(TOKEN)
+LAUNCH = "5" * 32
 
 
 def controller(tmp_path):
@@ -65,6 +67,8 @@ def controller(tmp_path):
     clock = Clock()
     c = Controller(cfg, FakePlatform(), clock=clock)
     c.token = TOKEN
+    c.launch_id = LAUNCH  # the running gang's launch
+    c.launch_ids.append(LAUNCH)
     c.attempt = 2
     c.registry.reset(2, 2)
     (tmp_path / "logs").mkdir()
@@ -73,19 +77,19 @@ def controller(tmp_path):
 
 def hb(rank, **kw):
     base = dict(job="j", attempt=2, rank=rank, world_size=2, seq=kw.pop("seq", 1), step=5, phase="compute",
-                phase_s=0.1, node=f"node{rank}")
+                phase_s=0.1, node=f"node{rank}", launch=LAUNCH)
     return Heartbeat(**(base | kw))
 
 
 def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
     c, clock = controller(tmp_path)
     intake = Intake(c)
-    intake.datagram_received(encode(hb(0).to_payload(), TOKEN), ("127.0.0.1", 5000))
-    intake.datagram_received(encode(hb(1, attempt=1).to_payload(), TOKEN), ("127.0.0.1", 5001))
-    intake.datagram_received(encode(hb(1, job="other").to_payload(), TOKEN), ("127.0.0.1", 5001))
+    intake.datagram_received(encode(hb(0).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5000))
+    intake.datagram_received(encode(hb(1, attempt=1).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5001))
+    intake.datagram_received(encode(hb(1, job="other").to_payload(), KEYS.heartbeat), ("127.0.0.1", 5001))
     intake.datagram_received(encode(hb(1).to_payload(), b"bad"), ("127.0.0.1", 5001))
     intake.datagram_received(b"\x00" * 10, ("127.0.0.1", 5001))
-    intake.datagram_received(encode(hb(3, world_size=4).to_payload(), TOKEN), ("127.0.0.1", 5001))
+    intake.datagram_received(encode(hb(3, world_size=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5001))
     assert set(c.registry.ranks) == {0} and c.received == 1 and c.addr_by_rank == {0: ("127.0.0.1", 5000)}
     assert c.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
 
@@ -93,11 +97,54 @@ def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
 def test_a_replayed_heartbeat_does_not_move_a_ranks_reply_address(tmp_path):
     c, _ = controller(tmp_path)
     intake = Intake(c)
-    captured = encode(hb(0, seq=3).to_payload(), TOKEN)
+    captured = encode(hb(0, seq=3).to_payload(), KEYS.heartbeat)
     intake.datagram_received(captured, ("127.0.0.1", 5000))
-    intake.datagram_received(encode(hb(0, seq=4).to_payload(), TOKEN), ("127.0.0.1", 5000))
+    intake.datagram_received(encode(hb(0, seq=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5000))
     intake.datagram_received(captured, ("10.9.9.9", 6666))  # the attacker replays it from elsewhere
     assert c.addr_by_rank == {0: ("127.0.0.1", 5000)} and c.registry.ranks[0].hb.seq == 4
+
+
+def test_a_heartbeat_of_another_launch_is_refused_by_reason_and_changes_nothing(tmp_path):
+    c, _ = controller(tmp_path)
+    intake = Intake(c)
+    intake.datagram_received(encode(hb(0, seq=3).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5000))
+    earlier, foreign = "e" * 32, "f" * 32
+    c.launch_ids.appendleft(earlier)  # an earlier launch of this run
+    # the same job, attempt, rank and token, a higher seq, another pid, another step: what a heartbeat
+    # captured in another run (a token reused) or in an earlier launch looks like, replayed
+    for launch in (earlier, foreign):
+        replay = hb(0, seq=10**9, step=10**6, pid=4242, phase="done", launch=launch)
+        intake.datagram_received(encode(replay.to_payload(), KEYS.heartbeat), ("10.9.9.9", 6666))
+    # the old wire: MAC'd with the token itself, or with the key of the other direction
+    intake.datagram_received(encode(hb(0, seq=11).to_payload(), TOKEN), ("10.9.9.9", 6666))
+    intake.datagram_received(encode(hb(0, seq=12).to_payload(), KEYS.control), ("10.9.9.9", 6666))
+    assert c.rejected == {"stale_attempt": 1, "other_launch": 1, "unauthenticated": 2}
+    rec = c.registry.ranks[0].hb
+    assert (rec.seq, rec.step, rec.phase, rec.pid) == (3, 5, "compute", 0) and c.received == 1
+    assert c.addr_by_rank == {0: ("127.0.0.1", 5000)}
+
+
+def test_control_frames_go_out_under_the_control_key_stamped_with_the_current_launch(tmp_path):
+    import asyncio
+    import socket
+
+    c, _ = controller(tmp_path)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        transport, intake = await loop.create_datagram_endpoint(lambda: Intake(c), local_addr=("127.0.0.1", 0))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rank:
+            rank.bind(("127.0.0.1", 0))
+            rank.settimeout(5)
+            intake.send(control_message("abort", attempt=2, rank=1, reason="hang", seq=7), rank.getsockname())
+            frame = await asyncio.to_thread(rank.recv, 8192)
+        transport.close()
+        return frame
+
+    frame = asyncio.run(main())
+    msg = decode_control(frame, KEYS.control)
+    assert (msg.kind, msg.launch, msg.attempt, msg.rank, msg.seq) == ("abort", LAUNCH, 2, 1, 7)
+    assert TOKEN not in frame and KEYS.control not in frame and KEYS.heartbeat not in frame
 
 
 def test_metrics_read_the_controller_state(tmp_path):
@@ -198,16 +245,16 @@ def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_
             rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
             for i in range(n):
-                tx.sendto(encode(hb(i % 2, seq=i + 1).to_payload(), TOKEN), ("127.0.0.1", port))
+                tx.sendto(encode(hb(i % 2, seq=i + 1).to_payload(), KEYS.heartbeat), ("127.0.0.1", port))
             tx.sendto(b"\x00" * 10, ("127.0.0.1", port))                                  # garbage mid-burst
-            tx.sendto(encode(hb(1, attempt=1).to_payload(), TOKEN), ("127.0.0.1", port))  # an old attempt
+            tx.sendto(encode(hb(1, attempt=1).to_payload(), KEYS.heartbeat), ("127.0.0.1", port))  # an old attempt
             tx.sendto(b"{" * (MAX_DATAGRAM + 100), ("127.0.0.1", port))                   # read cut, still oversized
-            tx.sendto(encode(hb(0, seq=n + 1).to_payload(), TOKEN), ("127.0.0.1", port))
+            tx.sendto(encode(hb(0, seq=n + 1).to_payload(), KEYS.heartbeat), ("127.0.0.1", port))
             deadline = loop.time() + 10
             while c.received < n + 1 and loop.time() < deadline:
                 await asyncio.sleep(0.01)
             # after the burst the intake pauses (coalescing) and then watches the socket again
-            tx.sendto(encode(hb(1, seq=n + 2).to_payload(), TOKEN), ("127.0.0.1", port))
+            tx.sendto(encode(hb(1, seq=n + 2).to_payload(), KEYS.heartbeat), ("127.0.0.1", port))
             while c.received < n + 2 and loop.time() < deadline:
                 await asyncio.sleep(0.01)
         transport.close()

@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from conftest import kill_tree, losses_by_step, read_log, run_job
-from supervisor.protocol import Heartbeat, encode
+from supervisor.protocol import Heartbeat, derive_keys, encode
 
 pytestmark = pytest.mark.slow
 STEPS = 30
@@ -212,11 +212,12 @@ def test_bad_heartbeats_are_rejected_counted_and_harmless(supervisor_run, contro
     run.wait_event("running")
     state = json.loads((run.log_dir / "supervisor-state.json").read_text())
     port, http = state["intake_port"], state["http_port"]
-    token = (run.log_dir / "token").read_bytes()
-    good = Heartbeat(job="local", attempt=0, rank=0, world_size=2, seq=10**9, step=10**6, phase="compute", phase_s=0)
+    key = derive_keys((run.log_dir / "token").read_bytes()).heartbeat
+    good = Heartbeat(job="local", attempt=0, rank=0, world_size=2, seq=10**9, step=10**6, phase="compute", phase_s=0,
+                     launch=state["launch_id"])
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    for frame in (b"garbage", encode(good.to_payload(), b"wrong-token"), b"SV1" + os.urandom(9000),
-                  encode(good.to_payload() | {"attempt": 7}, token), encode(good.to_payload() | {"rank": 5}, token)):
+    for frame in (b"garbage", encode(good.to_payload(), b"wrong-token"), b"SV2" + os.urandom(9000),
+                  encode(good.to_payload() | {"attempt": 7}, key), encode(good.to_payload() | {"rank": 5}, key)):
         s.sendto(frame, ("127.0.0.1", port))
     time.sleep(1.0)
     st = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{http}/status", timeout=5).read())

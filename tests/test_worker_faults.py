@@ -13,7 +13,7 @@ import pytest
 
 from conftest import read_heartbeat, read_log, run_job
 from supervisor.checkpoint import latest_complete
-from supervisor.protocol import control_message, decode_heartbeat, encode
+from supervisor.protocol import control_message, decode_heartbeat, derive_keys, encode, new_launch_id
 
 pytestmark = pytest.mark.slow
 FAST_HB = {"SUPERVISOR_HEARTBEAT_INTERVAL": "0.2"}
@@ -76,22 +76,27 @@ def test_abort_order_kills_the_rank_after_dumping_its_stacks(tmp_path, backgroun
     srv.bind(("127.0.0.1", 0))
     srv.settimeout(30)
     token = b"job-token"
+    keys, launch = derive_keys(token), new_launch_id()
     env = FAST_HB | {"SUPERVISOR_HEARTBEAT_ADDR": f"127.0.0.1:{srv.getsockname()[1]}",
-                     "SUPERVISOR_TOKEN": token.decode(), "SUPERVISOR_ATTEMPT": "4"}
+                     "SUPERVISOR_TOKEN": token.decode(), "SUPERVISOR_ATTEMPT": "4", "SUPERVISOR_LAUNCH": launch}
     job = background_job(2, args(tmp_path), fault="kind=hang,rank=1,step=3", env=env)
     addr = None
     while True:
         frame, src = srv.recvfrom(8192)
-        h = decode_heartbeat(frame, token)  # authenticated with the job's token
-        assert h.attempt == 4
+        h = decode_heartbeat(frame, keys.heartbeat)  # authenticated with the heartbeat key of the job's token
+        assert h.attempt == 4 and h.launch == launch
         if h.rank == 1 and h.step == 3 and h.phase == "compute":
             addr, pid = src, h.pid
             break
-    srv.sendto(encode(control_message("abort", attempt=3, rank=1, reason="stale attempt"), token), addr)
-    srv.sendto(encode(control_message("abort", attempt=4, rank=1, reason="forged"), b"wrong"), addr)
+    srv.sendto(encode(control_message("abort", launch=launch, attempt=3, rank=1, reason="stale attempt"),
+                      keys.control), addr)
+    srv.sendto(encode(control_message("abort", launch=launch, attempt=4, rank=1, reason="forged"), b"wrong"), addr)
+    srv.sendto(encode(control_message("abort", launch=new_launch_id(), attempt=4, rank=1, reason="another launch"),
+                      keys.control), addr)
     time.sleep(1.0)
-    assert job.proc.poll() is None, "an abort for another attempt or with a bad MAC must be ignored"
-    srv.sendto(encode(control_message("abort", attempt=4, rank=1, reason="hang in compute"), token), addr)
+    assert job.proc.poll() is None, "an abort for another attempt or launch, or with a bad MAC, must be ignored"
+    srv.sendto(encode(control_message("abort", launch=launch, attempt=4, rank=1, reason="hang in compute"),
+                      keys.control), addr)
     job.proc.wait(timeout=60)
     out = job.output()
     assert "Signal 9 (SIGKILL)" in out or "exitcode  : -9" in out, out[-3000:]

@@ -27,6 +27,7 @@ from supervisor.protocol import (
     control_message,
     decode_frame,
     decode_heartbeat,
+    derive_keys,
     encode,
 )
 from supervisor.worker.faults import Fault, FaultSpecError, parse_faults
@@ -36,6 +37,8 @@ from supervisor.worker.telemetry import RankState
 from supervisor.worker.watchdog import Watchdog
 
 TOKEN = b"s3cret-token"
+KEYS = derive_keys(TOKEN)
+LAUNCH = "a" * 32
 
 
 # ----------------------------------------------------------------- session
@@ -51,10 +54,11 @@ def test_session_from_torchrun_and_supervisor_env(tmp_path):
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2",
         "SUPERVISOR_ATTEMPT": "5", "SUPERVISOR_HEARTBEAT_ADDR": "127.0.0.1:9999",
         "SUPERVISOR_TOKEN_FILE": str(tmp_path / "tok"), "SUPERVISOR_WATCHDOG": "compute=7, collective=3",
-        "SUPERVISOR_JOB": "llm", "SUPERVISOR_NODE": "n2",
+        "SUPERVISOR_JOB": "llm", "SUPERVISOR_NODE": "n2", "SUPERVISOR_LAUNCH": LAUNCH,
     })
     assert (s.rank, s.local_rank, s.world_size, s.attempt) == (3, 1, 4, 5)
-    assert s.heartbeat_addr == ("127.0.0.1", 9999) and s.token == b"abc" and s.supervised
+    assert s.heartbeat_addr == ("127.0.0.1", 9999) and s.token == b"abc" and s.supervised and s.launch == LAUNCH
+    assert s.keys == derive_keys(b"abc") and b"abc" not in repr(s).encode()
     assert s.timeouts["compute"] == 7 and s.timeouts["collective"] == 3 and s.timeouts["data"] == 60
     assert Session.from_env({"TORCHELASTIC_RESTART_COUNT": "2"}).attempt == 2
 
@@ -66,6 +70,8 @@ def test_session_from_torchrun_and_supervisor_env(tmp_path):
     ({"SUPERVISOR_HEARTBEAT_ADDR": "nohost"}, "host:port"),
     ({"SUPERVISOR_HEARTBEAT_ADDR": "h:70000", "SUPERVISOR_TOKEN": "t"}, "host:port"),
     ({"SUPERVISOR_HEARTBEAT_ADDR": "h:1"}, "no SUPERVISOR_TOKEN"),
+    ({"SUPERVISOR_HEARTBEAT_ADDR": "h:1", "SUPERVISOR_TOKEN": "t"}, "SUPERVISOR_LAUNCH"),
+    ({"SUPERVISOR_HEARTBEAT_ADDR": "h:1", "SUPERVISOR_TOKEN": "t", "SUPERVISOR_LAUNCH": "x" * 32}, "not a launch id"),
     ({"SUPERVISOR_HEARTBEAT_INTERVAL": "0"}, "outside"),
     ({"SUPERVISOR_WATCHDOG": "compute"}, "PHASE=SECONDS"),
     ({"SUPERVISOR_WATCHDOG": "lunch=5"}, "PHASE=SECONDS"),
@@ -139,27 +145,28 @@ def hb(**kw) -> Heartbeat:
 
 def test_heartbeat_roundtrip():
     h = hb(coll_seq=9, coll_inside=True, watchdog="compute running 3.0s")
-    assert decode_heartbeat(encode(h.to_payload(), TOKEN), TOKEN) == h
+    assert decode_heartbeat(encode(h.to_payload(), KEYS.heartbeat), KEYS.heartbeat) == h
 
 
 @pytest.mark.parametrize("frame, reason", [
     (b"garbage", "malformed"),
-    (b"SV1" + b"\0" * 16 + b"{}", "unauthenticated"),
+    (b"SV2" + b"\0" * 16 + b"{}", "unauthenticated"),
+    (b"SV1" + b"\0" * 16 + b"{}", "malformed"),  # the first wire (MAC'd with the token itself)
     (b"x" * (MAX_DATAGRAM + 1), "oversized"),
 ])
 def test_bad_frames(frame, reason):
     with pytest.raises(ProtocolError) as exc:
-        decode_heartbeat(frame, TOKEN)
+        decode_heartbeat(frame, KEYS.heartbeat)
     assert exc.value.reason == reason
 
 
 def test_wrong_token_and_tampering_are_unauthenticated():
-    frame = encode(hb().to_payload(), TOKEN)
+    frame = encode(hb().to_payload(), KEYS.heartbeat)
     with pytest.raises(ProtocolError, match="unauthenticated"):
         decode_heartbeat(frame, b"other")
     tampered = frame[:-3] + b"9}" + frame[-1:]
     with pytest.raises(ProtocolError, match="unauthenticated"):
-        decode_heartbeat(tampered, TOKEN)
+        decode_heartbeat(tampered, KEYS.heartbeat)
 
 
 @pytest.mark.parametrize("mutate", [
@@ -180,9 +187,9 @@ def test_schema_violations(mutate):
     import hmac
 
     body = json.dumps(d).encode()
-    frame = b"SV1" + hmac.new(TOKEN, body, hashlib.sha256).digest()[:16] + body
+    frame = b"SV2" + hmac.new(KEYS.heartbeat, body, hashlib.sha256).digest()[:16] + body
     with pytest.raises(ProtocolError) as exc:
-        decode_heartbeat(frame, TOKEN)
+        decode_heartbeat(frame, KEYS.heartbeat)
     assert exc.value.reason in ("schema", "malformed")
 
 
@@ -191,7 +198,7 @@ def _framed(d) -> bytes:
     import hmac
 
     body = json.dumps(d).encode() if not isinstance(d, bytes) else d
-    return b"SV1" + hmac.new(TOKEN, body, hashlib.sha256).digest()[:16] + body
+    return b"SV2" + hmac.new(KEYS.heartbeat, body, hashlib.sha256).digest()[:16] + body
 
 
 def _verdict(decode):
@@ -215,8 +222,8 @@ def test_the_fast_decoder_accepts_exactly_what_the_schema_checks_accept(changes,
     for k in dropped:
         d.pop(k, None)
     frame = _framed(d)
-    fast = _verdict(lambda: decode_heartbeat(frame, TOKEN))
-    plain = _verdict(lambda: Heartbeat.from_payload(decode_frame(frame, TOKEN)))
+    fast = _verdict(lambda: decode_heartbeat(frame, KEYS.heartbeat))
+    plain = _verdict(lambda: Heartbeat.from_payload(decode_frame(frame, KEYS.heartbeat)))
     assert fast == plain
 
 
@@ -228,13 +235,14 @@ def test_the_fast_decoder_accepts_exactly_what_the_schema_checks_accept(changes,
 ])
 def test_odd_payloads(body, reason):
     with pytest.raises(ProtocolError) as exc:
-        decode_heartbeat(_framed(body), TOKEN)
+        decode_heartbeat(_framed(body), KEYS.heartbeat)
     assert exc.value.reason == reason
 
 
 def test_control_messages():
-    msg = decode_frame(encode(control_message("abort", attempt=2, rank=1, reason="hang", seq=9), TOKEN), TOKEN)
-    assert msg == {"type": "abort", "attempt": 2, "rank": 1, "seq": 9, "reason": "hang"}
+    frame = encode(control_message("abort", launch=LAUNCH, attempt=2, rank=1, reason="hang", seq=9), KEYS.control)
+    msg = decode_frame(frame, KEYS.control)
+    assert msg == {"type": "abort", "launch": LAUNCH, "attempt": 2, "rank": 1, "seq": 9, "reason": "hang"}
     with pytest.raises(ValueError):
         control_message("reboot", attempt=0, rank=0)
 
@@ -251,7 +259,7 @@ def udp_server():
 def test_heartbeats_flow_and_abort_is_obeyed_only_when_addressed():
     srv = udp_server()
     session = Session(rank=1, world_size=2, attempt=3, heartbeat_addr=srv.getsockname(), token=TOKEN,
-                      heartbeat_interval=0.05, job="j")
+                      heartbeat_interval=0.05, job="j", launch=LAUNCH)
     state = RankState()
     aborts: list[str] = []
     sender = HeartbeatSender(session, state, on_abort=aborts.append)
@@ -262,16 +270,16 @@ def test_heartbeats_flow_and_abort_is_obeyed_only_when_addressed():
         frames = []
         while len(frames) < 3:
             frame, addr = srv.recvfrom(8192)
-            frames.append(decode_heartbeat(frame, TOKEN))
+            frames.append(decode_heartbeat(frame, KEYS.heartbeat))
         assert [f.seq for f in frames] == sorted(f.seq for f in frames)
         assert frames[-1].step == 4 and frames[-1].phase == "compute" and frames[-1].attempt == 3
         # not for us: wrong attempt, wrong rank, wrong token
-        srv.sendto(encode(control_message("abort", attempt=2, rank=1), TOKEN), addr)
-        srv.sendto(encode(control_message("abort", attempt=3, rank=0), TOKEN), addr)
-        srv.sendto(encode(control_message("abort", attempt=3, rank=1), b"forged"), addr)
+        srv.sendto(encode(control_message("abort", launch=LAUNCH, attempt=2, rank=1), KEYS.control), addr)
+        srv.sendto(encode(control_message("abort", launch=LAUNCH, attempt=3, rank=0), KEYS.control), addr)
+        srv.sendto(encode(control_message("abort", launch=LAUNCH, attempt=3, rank=1), b"forged"), addr)
         time.sleep(0.3)
         assert aborts == []
-        srv.sendto(encode(control_message("abort", attempt=3, rank=1, reason="hung in allreduce"), TOKEN), addr)
+        srv.sendto(encode(control_message("abort", launch=LAUNCH, attempt=3, rank=1, reason="hung in allreduce"), KEYS.control), addr)
         deadline = time.monotonic() + 5
         while not aborts and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -377,7 +385,8 @@ def test_an_uncaught_exception_sends_a_last_heartbeat_that_names_it(exc, peer):
 
     srv = udp_server()
     env = dict(os.environ, SUPERVISOR_HEARTBEAT_ADDR="127.0.0.1:%d" % srv.getsockname()[1],
-               SUPERVISOR_TOKEN=TOKEN.decode(), RANK="0", WORLD_SIZE="1", SUPERVISOR_HEARTBEAT_INTERVAL="30")
+               SUPERVISOR_TOKEN=TOKEN.decode(), SUPERVISOR_LAUNCH=LAUNCH, RANK="0", WORLD_SIZE="1",
+               SUPERVISOR_HEARTBEAT_INTERVAL="30")
     proc = subprocess.run([sys.executable, "-c", RAISES.format(exc=exc)], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 1 and exc.split("(")[0] in proc.stderr  # the traceback is still printed
@@ -385,7 +394,7 @@ def test_an_uncaught_exception_sends_a_last_heartbeat_that_names_it(exc, peer):
     srv.settimeout(1)
     try:
         while True:
-            beats.append(decode_heartbeat(srv.recv(8192), TOKEN))
+            beats.append(decode_heartbeat(srv.recv(8192), KEYS.heartbeat))
     except socket.timeout:
         pass
     srv.close()
@@ -415,7 +424,7 @@ def test_every_phase_the_sdk_reports_is_a_wire_phase_and_every_wire_phase_is_rea
     assert sorted(set(seen)) == sorted(PHASES)
     for phase in seen:                                   # and the controller accepts each
         hb = Heartbeat(job="j", attempt=0, rank=0, world_size=1, seq=1, step=1, phase=phase, phase_s=0.0)
-        assert decode_heartbeat(encode(hb.to_payload(), TOKEN), TOKEN).phase == phase
+        assert decode_heartbeat(encode(hb.to_payload(), KEYS.heartbeat), KEYS.heartbeat).phase == phase
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -480,7 +489,7 @@ def stop_sender(sender, srv, addr):
     import threading
 
     done = threading.Event()
-    frame = encode(control_message("dump", attempt=999, rank=999), TOKEN)
+    frame = encode(control_message("dump", launch=LAUNCH, attempt=999, rank=999), KEYS.control)
 
     def wake():
         while not done.wait(0.05):
@@ -508,13 +517,13 @@ def test_a_script_that_saves_without_restoring_reports_its_checkpoint_root_at_on
     w = Worker(Session(rank=0, world_size=1, attempt=1, heartbeat_addr=srv.getsockname(), token=TOKEN,
                        heartbeat_interval=60, job="j"))
     w.heartbeat.start()
-    first, addr = heartbeats_until(srv, TOKEN, lambda h: True)
+    first, addr = heartbeats_until(srv, KEYS.heartbeat, lambda h: True)
     try:
         assert first.ckpt_root == ""  # nothing saved yet
         root = tmp_path / "myckpt"
         ckpt = CheckpointManager(root, model=torch.nn.Linear(4, 4))
         assert w.after_step(ckpt, 1, Verdict(loss=1.0, nonfinite=False, stop=False, save_due=True))
-        hb, _ = heartbeats_until(srv, TOKEN, lambda h: h.ckpt_root)
+        hb, _ = heartbeats_until(srv, KEYS.heartbeat, lambda h: h.ckpt_root)
         assert hb.ckpt_root == str(root.resolve()) and hb.ckpt_step == 1 and hb.restore_state == ""
         assert (root / "step-0000000001" / "manifest.json").exists()
     finally:
@@ -523,23 +532,42 @@ def test_a_script_that_saves_without_restoring_reports_its_checkpoint_root_at_on
 
 
 class RestorePoint:
-    """The controller's /v1/restore-point, answering ``reply`` to a request bearing ``token``."""
+    """A stand-in for the controller's /v1/restore-point on the wire contract
+    (:mod:`supervisor.protocol`): answers ``reply`` to a request MAC'd with ``token``'s HTTP key,
+    with its own MAC (``forge_answer``: a MAC made with another key, as a stranger would)."""
 
-    def __init__(self, reply: dict, token: bytes):
+    def __init__(self, reply: dict, token: bytes, forge_answer: bool = False):
         import http.server
         import threading
+        import urllib.parse
+
+        from supervisor.protocol import (HEADER_MAC, HEADER_NONCE, NonceCache, check_restore_request,
+                                         restore_answer_mac)
 
         outer = self
         self.asked: list[str] = []
+        self.refused: list[str] = []
+        nonces = NonceCache()
+        answer_key = derive_keys(b"not the token" * 4).http if forge_answer else derive_keys(token).http
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 outer.asked.append(self.path)
-                ok = self.headers.get("Authorization") == f"Bearer {token.decode()}"
-                body = json.dumps(reply if ok else {"error": "unauthorized"}).encode()
+                url = urllib.parse.urlsplit(self.path)
+                try:
+                    check_restore_request(derive_keys(token).http, method="GET", path=url.path,
+                                          query=dict(urllib.parse.parse_qsl(url.query)), headers=self.headers,
+                                          nonces=nonces)
+                    ok = True
+                except ProtocolError as exc:
+                    outer.refused.append(exc.reason)
+                    ok = False
+                body = json.dumps(reply if ok else {"error": "unauthenticated"}).encode()
                 self.send_response(200 if ok else 401)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if ok:
+                    self.send_header(HEADER_MAC, restore_answer_mac(answer_key, self.headers[HEADER_NONCE], 200, body))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -577,9 +605,9 @@ def test_a_rank_told_a_checkpoint_is_required_refuses_to_train_from_scratch(tmp_
     api = RestorePoint({"checkpoint": "step-0000000002", "exclude": [], "required": required}, TOKEN)
     srv = udp_server()
     w = Worker(Session(rank=0, world_size=1, attempt=3, heartbeat_addr=srv.getsockname(), token=TOKEN,
-                       heartbeat_interval=60, job="j", api=api.url))
+                       heartbeat_interval=60, job="j", api=api.url, launch=LAUNCH))
     w.heartbeat.start()
-    _, addr = heartbeats_until(srv, TOKEN, lambda h: True)
+    _, addr = heartbeats_until(srv, KEYS.heartbeat, lambda h: True)
     try:
         fresh, *_ = tiny_job(root, seed=7)
         if required:
@@ -587,17 +615,40 @@ def test_a_rank_told_a_checkpoint_is_required_refuses_to_train_from_scratch(tmp_
                 w.restore(fresh)
             assert sorted(s.name for s in exc.value.skipped) == ["step-0000000001", "step-0000000002"]
             assert "refusing to train from scratch" in str(exc.value)
-            hb, _ = heartbeats_until(srv, TOKEN, lambda h: h.restore_state)
+            hb, _ = heartbeats_until(srv, KEYS.heartbeat, lambda h: h.restore_state)
             assert hb.restore_state == "failed" and hb.restored == ""
             assert "step-0000000002: " in hb.restore_skipped and "step-0000000001: " in hb.restore_skipped
         else:
             assert w.restore(fresh) is None
-            hb, _ = heartbeats_until(srv, TOKEN, lambda h: h.restore_state)
+            hb, _ = heartbeats_until(srv, KEYS.heartbeat, lambda h: h.restore_state)
             assert hb.restore_state == "fresh"
         assert w.state.restore_state == hb.restore_state
         assert hb.ckpt_root == str(root.resolve())
-        assert api.asked == ["/v1/restore-point?attempt=3"]  # the controller was asked, once
+        # the controller was asked, once, with a request that names no key
+        assert api.asked == [f"/v1/restore-point?attempt=3&rank=0&launch={LAUNCH}"] and api.refused == []
     finally:
         stop_sender(w.heartbeat, srv, addr)
         srv.close()
         api.close()
+
+
+def test_a_rank_takes_only_the_controllers_own_answer_and_its_request_names_no_key(caplog):
+    from supervisor.worker.runtime import Worker
+
+    reply = {"checkpoint": "step-0000000002", "exclude": ["step-0000000003"], "required": True}
+    genuine, forged = RestorePoint(reply, TOKEN), RestorePoint(reply, TOKEN, forge_answer=True)
+    other_token = RestorePoint(reply, b"another job's token")
+    try:
+        session = dict(rank=0, world_size=1, attempt=3, token=TOKEN, launch=LAUNCH)
+        assert Worker(Session(api=genuine.url, **session)).restore_point() == reply
+        # an answer without the controller's MAC (a stranger on the path answering for it) is not taken
+        assert Worker(Session(api=forged.url, **session)).restore_point() is None
+        assert "restore_point_unavailable" in caplog.text and "the answer is not the controller's" in caplog.text
+        # a controller with another token refuses the request: the rank's MAC is not its key's
+        assert Worker(Session(api=other_token.url, **session)).restore_point() is None
+        assert other_token.refused == ["unauthenticated"] * 3  # tried 3 times, each signed anew
+        for url in genuine.asked + forged.asked + other_token.asked:
+            assert TOKEN.decode() not in url and "Bearer" not in url
+    finally:
+        for api in (genuine, forged, other_token):
+            api.close()

@@ -2,8 +2,9 @@
 
 Tasks (each named; one that dies unexpectedly stops the daemon loudly):
 
-* ``intake``: the UDP heartbeat endpoint (:class:`Intake`), authenticated and fenced by
-  attempt; bad datagrams are counted by reason and change nothing.
+* ``intake``: the UDP heartbeat endpoint (:class:`Intake`), authenticated (the heartbeat key
+  derived from the job token) and fenced by launch id and attempt; bad datagrams are counted by
+  reason and change nothing.
 * ``http``: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` and ``/v1/restore-point``.
 * ``reconcile``: every ``TICK_S``: ask the platform for node states, run the detectors,
   and on a fault walk the escalation ladder (evidence first), then relaunch or stop.
@@ -80,12 +81,17 @@ from supervisor.protocol import (
     OUTCOME_STOPPED,
     PHASE_DONE,
     PHASE_FAILED,
+    REJECT_OTHER_LAUNCH,
     REJECT_STALE_ATTEMPT,
+    REJECT_UNAUTHENTICATED,
     ControlSequencer,
+    Keys,
     ProtocolError,
     control_message,
     decode_heartbeat,
+    derive_keys,
     encode,
+    new_launch_id,
 )
 
 log = logging.getLogger("supervisor.controller")
@@ -211,10 +217,19 @@ class Intake(asyncio.DatagramProtocol):
 
     def _take(self, data: bytes, addr) -> None:
         c = self.c
+        keys = c.keys
         try:
-            hb = decode_heartbeat(data, c.token)
+            if keys is None:
+                raise ProtocolError(REJECT_UNAUTHENTICATED, "no job token yet")
+            hb = decode_heartbeat(data, keys.heartbeat)
         except ProtocolError as exc:
             c.rejected[exc.reason] = c.rejected.get(exc.reason, 0) + 1
+            return
+        if hb.launch != c.launch_id:
+            # not this launch's: an earlier launch of this run (its ranks on their way out), or a
+            # launch this controller never made (another run's frame with the same token: replayed)
+            reason = REJECT_STALE_ATTEMPT if hb.launch in c.launch_ids else REJECT_OTHER_LAUNCH
+            c.rejected[reason] = c.rejected.get(reason, 0) + 1
             return
         if hb.attempt != c.attempt or hb.job != c.cfg.job:
             if hb.job == c.cfg.job and c.attempt < hb.attempt <= c.launch_attempt + c.in_place_allowed:
@@ -232,8 +247,11 @@ class Intake(asyncio.DatagramProtocol):
             c.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
 
     def send(self, payload: dict, addr) -> None:
-        if self.transport is not None and addr is not None:
-            self.transport.sendto(encode(payload, self.c.token), addr)
+        """A control message to a rank of the current launch (stamped with its id), under the
+        control key."""
+        c = self.c
+        if self.transport is not None and addr is not None and c.keys is not None:
+            self.transport.sendto(encode(payload | {"launch": c.launch_id}, c.keys.control), addr)
 
 
 class JobAlreadyFinished(Exception):
@@ -306,7 +324,12 @@ class Controller:
         self.ckpt_step_at_attempt_start = -1
         self.stop_reason = ""
         self.budget_exceeded = False
-        self.token = b""
+        self.keys: Keys | None = None
+        self.token = b""  # the job token (held, never sent); sets ``keys``, derived from it
+        self.launch_id = ""
+        """The random id of the running gang's launch (Env.LAUNCH): only its frames are taken."""
+        self.launch_ids: collections.deque[str] = collections.deque(maxlen=64)
+        """This run's launch ids, the current one last: a frame of an earlier one is a stale attempt."""
         self.intake_port = cfg.intake.port
         self.http_port = cfg.http.port
         self.intake: Intake | None = None
@@ -328,6 +351,22 @@ class Controller:
     def handed_off(self) -> bool:
         """This controller left on SIGTERM with the gang running, for the next one to adopt."""
         return self._handoff
+
+    @property
+    def token(self) -> bytes:
+        """The job token. It never leaves this host: frames and HTTP requests are MAC'd with the
+        keys derived from it (``keys``; None without a token: nothing is then authenticated)."""
+        return self._token
+
+    @token.setter
+    def token(self, token: bytes) -> None:
+        self._token = token
+        self.keys = derive_keys(token) if token else None
+
+    def _new_launch(self) -> None:
+        """A new launch of the gang: a new random id, in its ranks' environment and frames."""
+        self.launch_id = new_launch_id()
+        self.launch_ids.append(self.launch_id)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -626,6 +665,10 @@ class Controller:
         self.launch_attempt = _launched_as(saved)
         self.in_place_allowed = int(saved.get("in_place_allowed", 0))
         self.in_place_used = int(saved.get("in_place_used", 0))
+        # the running ranks' launch (their environment's): only its frames are theirs. A gang saved
+        # without one (an older controller's) speaks another wire: it is heard as silent and relaunched
+        self.launch_id = saved.get("launch_id", "")
+        self.launch_ids.append(self.launch_id)
         self.history = saved["history"]
         self.skip_steps = list(self.history.skip_steps)
         self.nodes = list(saved.get("nodes", []))
@@ -1273,6 +1316,7 @@ class Controller:
         self._root_judged = False
         self.ahead_attempt = None
         if launch is not None:
+            self._new_launch()  # from here the old gang's frames are a stale attempt's
             await launch(self._launch_spec(nodes))
             self.launch_attempt = self.attempt
             self.in_place_allowed = self.cfg.restart.in_place_restarts
@@ -1283,7 +1327,7 @@ class Controller:
             timer.scheduled_at = now
         self.phase = JobPhase.STARTING
         self.event("launched", attempt=self.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
-                   require_checkpoint=self.require_checkpoint, excluded=self.history.excluded,
+                   require_checkpoint=self.require_checkpoint, excluded=self.history.excluded, launch=self.launch_id,
                    **({} if launch is not None else {"in_place": True}))
         log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", self.attempt, nodes, world,
                  restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
@@ -1295,6 +1339,7 @@ class Controller:
         env = dict(self.cfg.env) | {
             Env.JOB: self.cfg.job,
             Env.ATTEMPT: str(self.attempt),
+            Env.LAUNCH: self.launch_id,
             Env.HEARTBEAT_ADDR: f"{self.platform.controller_address(self.cfg.intake.host)}:{self.intake_port}",
             Env.API: f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}",
             **self.platform.token_env(self.log_dir / "token"),
@@ -1387,7 +1432,7 @@ class Controller:
             "stop_reason": self.stop_reason, "ckpt_root": str(self.ckpt_root), "last_checkpoint": self.latest_ckpt,
             "run": self.run_no, "run_started": self.run_started,
             "launch_attempt": self.launch_attempt, "in_place_allowed": self.in_place_allowed,
-            "in_place_used": self.in_place_used,
+            "in_place_used": self.in_place_used, "launch_id": self.launch_id,
         } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
 
 

@@ -11,17 +11,21 @@
   most once a second and rendered off the event loop (:class:`StatusView`). Per-rank detail is
   capped above 256 ranks (the stalest and the slowest; ``ranks_summary`` sums up the rest);
   ``?offset=K&limit=N`` pages through every rank in rank order (``N`` at most 1,024).
-* ``GET /v1/restore-point?attempt=K``: which checkpoint attempt K resumes from. Requires
-  ``Authorization: Bearer <job token>``; an attempt other than the current one gets 409. A
-  rank restarted in place may ask for the next attempt before the controller has caught up
-  with its agent: that request waits up to ``IN_PLACE_WAIT_S`` for the controller's choice.
+* ``GET /v1/restore-point?attempt=K&rank=R&launch=L``: which checkpoint attempt K resumes
+  from. The request is MAC'd with the HTTP key derived from the job token, over its method,
+  path, launch, attempt, rank, time and nonce (:func:`supervisor.protocol.check_restore_request`;
+  401 naming the reason otherwise: stale, unauthenticated, replayed; no key is ever sent); the
+  answer carries the controller's MAC for that nonce. Another launch or an attempt other than
+  the current one gets 409. A rank restarted in place may ask for the next attempt before the
+  controller has caught up with its agent: that request waits up to ``IN_PLACE_WAIT_S`` for
+  the controller's choice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -31,6 +35,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from supervisor.metrics import Exporter, accepts_gzip
 from supervisor.platforms.slurm_guard import GUARD_PATH, guard_mac, valid_nonce
+from supervisor.protocol import (
+    HEADER_MAC,
+    HEADER_NONCE,
+    RESTORE_POINT_PATH,
+    NonceCache,
+    ProtocolError,
+    check_restore_request,
+    restore_answer_mac,
+)
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
@@ -136,18 +149,28 @@ def build_app(controller: "Controller") -> web.Application:
     async def close_status(_app: web.Application) -> None:
         status_view.close()
 
+    nonces = NonceCache()  # the nonces of the restore-point requests taken in the freshness window
+
     async def restore_point(request: web.Request) -> web.Response:
-        auth = request.headers.get("Authorization", "")
+        keys = controller.keys
+        if keys is None:  # no job token: nothing can be authenticated, nothing is answered
+            return web.json_response({"error": "unauthenticated", "detail": "this controller holds no job token"},
+                                     status=401)
         try:
-            given = auth[7:].encode() if auth.startswith("Bearer ") else b""
-        except UnicodeEncodeError:  # bytes that are not UTF-8 (kept as surrogates): not the token
-            given = b""
-        if not hmac.compare_digest(given, controller.token):
-            return web.json_response({"error": "unauthenticated"}, status=401)
-        try:
-            attempt = int(request.query.get("attempt", ""))
-        except ValueError:
-            return web.json_response({"error": "attempt must be an integer"}, status=400)
+            launch, attempt, _rank = check_restore_request(keys.http, method=request.method, path=request.path,
+                                                           query=request.query, headers=request.headers,
+                                                           nonces=nonces)
+        except ProtocolError as exc:  # nothing MAC'd back: an unauthenticated request learns nothing
+            return web.json_response({"error": exc.reason, "detail": str(exc)}, status=401)
+        nonce = request.headers[HEADER_NONCE]
+
+        def answer(obj: dict, status: int = 200) -> web.Response:
+            body = json.dumps(obj).encode()
+            return web.Response(body=body, status=status, content_type="application/json",
+                                headers={HEADER_MAC: restore_answer_mac(keys.http, nonce, status, body)})
+
+        if launch != controller.launch_id:
+            return answer({"error": "another launch: this rank's gang is not the controller's current one"}, 409)
         if controller.attempt < attempt <= controller.launch_attempt + controller.in_place_allowed:
             # a rank restarted in place asks before the controller has caught up with its agent:
             # the answer is the checkpoint the controller then chooses (briefly waited for)
@@ -155,16 +178,15 @@ def build_app(controller: "Controller") -> web.Application:
             while controller.attempt < attempt and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         if attempt != controller.attempt:
-            return web.json_response({"error": f"attempt {attempt} is not the current attempt {controller.attempt}"},
-                                     status=409)
-        return web.json_response(controller.restore_point())
+            return answer({"error": f"attempt {attempt} is not the current attempt {controller.attempt}"}, 409)
+        return answer(controller.restore_point())
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get(GUARD_PATH, guard)
     app.router.add_get("/status", status)
-    app.router.add_get("/v1/restore-point", restore_point)
+    app.router.add_get(RESTORE_POINT_PATH, restore_point)
     app.on_cleanup.append(close_exporter)
     app.on_cleanup.append(close_status)
     return app

@@ -1,5 +1,7 @@
-"""The job token: the key of every heartbeat and control frame's MAC, and the bearer token of the
-HTTP API's ``/v1/restore-point``. Whoever reads it can speak for the controller to every rank.
+"""The job token: the secret every key of the wire is derived from (HKDF, one key for heartbeats,
+one for control frames, one for the HTTP API: :func:`supervisor.protocol.derive_keys`). It is
+never sent, neither is any key derived from it; whoever reads it can speak for the controller
+to every rank, and for every rank to the controller.
 
 It lives in ``LOG_DIR/token`` (ranks read it through ``SUPERVISOR_TOKEN_FILE``):
 

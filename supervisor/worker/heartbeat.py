@@ -6,9 +6,11 @@
 * Listens on the same socket for control messages (``dump``, ``abort``) from the controller;
   an abort for this rank and attempt calls ``on_abort`` (the runtime dumps stacks, then SIGKILLs).
   The socket is connected to the controller's address, so the kernel drops datagrams from any
-  other source; a message must carry the job token's MAC and a ``seq`` above the last one
-  accepted (a replayed frame is refused). Rejected datagrams are counted in ``rejected`` and
-  logged at most once per :data:`REJECT_LOG_INTERVAL_S` (with the count since the last line).
+  other source; a message must carry the MAC of the control key (derived from the job token),
+  this rank's launch id (:data:`~supervisor.protocol.REJECT_OTHER_LAUNCH` otherwise: another
+  run's frame, replayed) and a ``seq`` above the last one accepted (a replayed frame is
+  refused). Rejected datagrams are counted in ``rejected`` and logged at most once per
+  :data:`REJECT_LOG_INTERVAL_S` (with the count since the last line).
 * Without a controller address it writes the heartbeat atomically to
   ``LOG_DIR/heartbeat-rank-R.json`` (what ``supervisor status`` and people can read).
 * A daemon thread: it dies with the process, and a SIGSTOPped process goes silent with it.
@@ -26,7 +28,7 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from supervisor.protocol import REJECT_REPLAYED, Heartbeat, ProtocolError, decode_control, encode
+from supervisor.protocol import REJECT_OTHER_LAUNCH, REJECT_REPLAYED, Heartbeat, ProtocolError, decode_control, encode
 from supervisor.worker.session import Session
 from supervisor.worker.telemetry import RankState
 
@@ -42,6 +44,7 @@ class HeartbeatSender:
         self.state = state
         self.on_abort = on_abort
         self.on_dump = on_dump
+        self._keys = session.keys  # derived once; the token is never a key
         self.seq = 0
         self.sent = 0
         self.send_errors = 0
@@ -55,7 +58,7 @@ class HeartbeatSender:
         self.last_control_seq = 0
         """The ``seq`` of the last control message accepted: only a higher one is obeyed."""
         self.rejected: dict[str, int] = {}
-        """Control datagrams refused, by reason (malformed, unauthenticated, schema, replayed)."""
+        """Control datagrams refused, by reason (malformed, unauthenticated, schema, other_launch, replayed)."""
         self._reject_logged_at: float | None = None
         self._reject_unlogged = 0
         self._wake_r, self._wake_w = socket.socketpair()  # stop() wakes the thread out of its wait
@@ -93,7 +96,8 @@ class HeartbeatSender:
         fields = asdict(s)
         return Heartbeat(
             job=self.session.job, attempt=self.session.attempt, rank=self.session.rank,
-            world_size=self.session.world_size, seq=self.seq, node=self.session.node[:256], pid=os.getpid(),
+            world_size=self.session.world_size, seq=self.seq, launch=self.session.launch,
+            node=self.session.node[:256], pid=os.getpid(),
             **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in fields.items()},
         )
 
@@ -120,7 +124,7 @@ class HeartbeatSender:
         if now < self._backoff_until:
             return
         try:
-            frame = encode(hb.to_payload(), self.session.token or b"")
+            frame = encode(hb.to_payload(), self._keys.heartbeat)
             self._connect()
             try:
                 self._sock.send(frame)
@@ -179,9 +183,12 @@ class HeartbeatSender:
         except OSError:  # e.g. ECONNREFUSED reported for an earlier send: ignore
             return
         try:
-            msg = decode_control(frame, self.session.token or b"")
+            msg = decode_control(frame, self._keys.control)
         except ProtocolError as exc:
             self._reject(exc.reason)
+            return
+        if msg.launch != self.session.launch:
+            self._reject(REJECT_OTHER_LAUNCH)
             return
         if msg.attempt != self.session.attempt or msg.rank != self.session.rank:
             return

@@ -59,9 +59,14 @@ from supervisor.protocol import (
     PHASE_DATA,
     PHASE_DONE,
     PHASE_RESTORE,
+    HEADER_MAC,
     RESTORE_FAILED,
     RESTORE_FRESH,
+    RESTORE_POINT_PATH,
     RESTORE_RESTORED,
+    Keys,
+    check_restore_answer,
+    restore_request,
 )
 from supervisor.procfs import descendants
 from supervisor.worker import collectives
@@ -473,12 +478,17 @@ class Worker:
         return result
 
     def restore_point(self) -> dict[str, Any] | None:
-        """Ask the controller which checkpoint to resume from; None without one or on failure."""
+        """Ask the controller which checkpoint to resume from; None without one or on failure.
+
+        The request is signed with the HTTP key (never the token) over this rank's launch,
+        attempt and rank, a time and a nonce; only an answer MAC'd by the controller for that
+        nonce is taken (:mod:`supervisor.protocol`)."""
         if not self.session.api:
             return None
-        url = f"{self.session.api.rstrip('/')}/v1/restore-point?attempt={self.session.attempt}"
+        s = self.session
+        url = f"{s.api.rstrip('/')}{RESTORE_POINT_PATH}"
         try:
-            raw = _get_json(url, self.session.token or b"")
+            raw = _get_json(url, s.keys, s.launch, s.attempt, s.rank)
         except (OSError, ValueError, urllib.error.URLError) as exc:
             log.warning("event=restore_point_unavailable url=%s error=%s action=scan_checkpoint_dir", url, exc)
             return None
@@ -513,9 +523,9 @@ def _skipped_text(skipped: list[Skipped]) -> str:
 _get_json_retrying = None
 
 
-def _get_json(url: str, token: bytes) -> dict[str, Any]:
+def _get_json(url: str, keys: Keys, launch: str, attempt: int, rank: int) -> dict[str, Any]:
     """:func:`_get_json_once`, tried 3 times with exponential back-off (tenacity is imported on
-    first use: only rank 0 of a supervised job asks, once per attempt)."""
+    first use: only rank 0 of a supervised job asks, once per attempt); each try is signed anew."""
     global _get_json_retrying
     if _get_json_retrying is None:
         from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
@@ -523,13 +533,15 @@ def _get_json(url: str, token: bytes) -> dict[str, Any]:
         _get_json_retrying = retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)),
                                    stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
                                    reraise=True)(_get_json_once)
-    return _get_json_retrying(url, token)
+    return _get_json_retrying(url, keys, launch, attempt, rank)
 
 
-def _get_json_once(url: str, token: bytes) -> dict[str, Any]:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token.decode()}"})
+def _get_json_once(url: str, keys: Keys, launch: str, attempt: int, rank: int) -> dict[str, Any]:
+    signed = restore_request(keys, launch=launch, attempt=attempt, rank=rank)
+    req = urllib.request.Request(f"{url}?{signed.query}", headers=signed.headers)
     with urllib.request.urlopen(req, timeout=5) as resp:
         body = resp.read(1 << 20)
+        check_restore_answer(keys.http, signed.nonce, resp.status, body, resp.headers.get(HEADER_MAC))
     obj = json.loads(body)
     if not isinstance(obj, dict):
         raise ValueError("restore point is not a JSON object")

@@ -6,6 +6,7 @@ one process): heartbeats are written to the rank's log directory instead of bein
 
 ========================================  ===================================================
 ``SUPERVISOR_ATTEMPT``                    the supervisor's attempt number (fences messages)
+``SUPERVISOR_LAUNCH``                     the launch's random id (required with an address)
 ``SUPERVISOR_JOB``                        job name (default ``local``)
 ``SUPERVISOR_NODE``                       node name (default: host name)
 ``SUPERVISOR_HEARTBEAT_ADDR``             ``host:port`` of the controller's UDP intake
@@ -39,12 +40,15 @@ from supervisor.procfs import start_time
 
 from supervisor.protocol import (
     Env,
+    Keys,
     PHASE_CHECKPOINT,
     PHASE_COLLECTIVE,
     PHASE_COMPUTE,
     PHASE_DATA,
     PHASE_INIT,
     PHASE_RESTORE,
+    derive_keys,
+    launch_problem,
 )
 
 # Rank watchdog timeouts (seconds). They must stay below the supervisor's hang timeouts so
@@ -75,7 +79,9 @@ class Session:
     node: str = field(default_factory=socket.gethostname)
     heartbeat_addr: tuple[str, int] | None = None
     api: str | None = None
-    token: bytes | None = None
+    token: bytes | None = field(default=None, repr=False)
+    launch: str = ""
+    """The id of the launch that started this rank (:data:`Env.LAUNCH`): in its every frame."""
     log_dir: Path | None = None
     heartbeat_interval: float = 1.0
     timeouts: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TIMEOUTS))
@@ -85,6 +91,11 @@ class Session:
     @property
     def supervised(self) -> bool:
         return self.heartbeat_addr is not None
+
+    @property
+    def keys(self) -> Keys:
+        """The keys derived from the job token (the token itself is never a key, nor sent)."""
+        return derive_keys(self.token or b"")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, log_dir: str | os.PathLike | None = None) -> "Session":
@@ -112,6 +123,10 @@ class Session:
             token = env[Env.TOKEN].encode()
         if (addr or env.get(Env.API)) and not token:
             raise SessionError("a supervisor address is set but no SUPERVISOR_TOKEN(_FILE): refusing to talk unauthenticated")
+        launch = env.get(Env.LAUNCH, "")
+        if (addr or env.get(Env.API)) and launch_problem(launch):
+            raise SessionError(f"a supervisor address is set but {Env.LAUNCH} {launch_problem(launch)} (the supervisor "
+                               "sets it for every launch)")
         interval = _float(env, Env.HEARTBEAT_INTERVAL, 1.0)
         if not 0.05 <= interval <= 60:
             raise SessionError(f"SUPERVISOR_HEARTBEAT_INTERVAL={interval} is outside [0.05, 60] seconds")
@@ -139,7 +154,7 @@ class Session:
         return cls(
             rank=rank, local_rank=_int(env, "LOCAL_RANK", 0, minimum=0), world_size=world, attempt=attempt,
             job=job, node=env.get(Env.NODE) or socket.gethostname(), heartbeat_addr=addr,
-            api=env.get(Env.API) or None, token=token, log_dir=Path(ld) if ld else None,
+            api=env.get(Env.API) or None, token=token, launch=launch, log_dir=Path(ld) if ld else None,
             heartbeat_interval=interval, timeouts=timeouts, skip_steps=skip,
         )
 
