@@ -26,11 +26,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from supervisor.metrics import Exporter, accepts_gzip
@@ -192,8 +195,50 @@ def build_app(controller: "Controller") -> web.Application:
     return app
 
 
+BAD_REQUEST_LOG_EVERY_S = 60.0
+"""At most one log line per this many seconds for malformed requests (each is still answered)."""
+
+
+class BadRequestLog(logging.LoggerAdapter):
+    """The logger aiohttp's request handler reports through. A request aiohttp cannot parse (it
+    answers 400 and closes) is one warning line without a traceback, at most one per ``every_s``,
+    which counts those left unlogged since the last: an unauthenticated client cannot flood the
+    log. Any other error (a handler's own defect: a 500) keeps its traceback."""
+
+    def __init__(self, logger: logging.Logger, *, every_s: float = BAD_REQUEST_LOG_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(logger, {})
+        self.every_s = every_s
+        self.clock = clock
+        self.unlogged = 0
+        self._last: float | None = None
+
+    def exception(self, msg: object, *args: object, exc_info: object = True, **kw: object) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if not isinstance(exc, HttpProcessingError):
+            self.logger.error(msg, *args, exc_info=exc_info, **kw)  # type: ignore[arg-type]
+            return
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self.unlogged += 1
+            return
+        self._last = now
+        remote = args[0] if args else "?"
+        what = " ".join(str(exc.message or exc).split())[:200]
+        self.logger.warning("event=http_bad_request remote=%s status=%s error=%s unlogged_since_last=%d",
+                            remote, exc.code or 400, what, self.unlogged)
+        self.unlogged = 0
+
+
+def http_runner(app: web.Application, **kw: object) -> web.AppRunner:
+    """The runner the controller serves ``app`` with: no access log, malformed requests logged
+    by :class:`BadRequestLog` (``kw`` goes to it)."""
+    return web.AppRunner(app, access_log=None,
+                         logger=BadRequestLog(logging.getLogger("supervisor.controller.http"), **kw))
+
+
 async def start_http(controller: "Controller", host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(build_app(controller), access_log=None)
+    runner = http_runner(build_app(controller))
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
