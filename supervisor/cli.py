@@ -518,10 +518,13 @@ def render_final(saved: dict, log_dir: str) -> str:
 
 
 def _read_events(path: Path) -> list[dict]:
-    """The event records of events.jsonl; a line that is not a JSON object (torn, garbled,
-    nested too deeply) is passed over."""
+    """The event records of events.jsonl, its archived generations first (events.jsonl.N ... .1:
+    it rotates past a size cap); a line that is not a JSON object (torn, garbled, nested too
+    deeply) is passed over."""
+    from supervisor.files import read_lines
+
     try:
-        text = path.read_text(errors="replace")
+        lines = list(read_lines(path))
     except OSError:
         return []
     events = []

@@ -6,7 +6,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 TMP_RANDOM_BYTES = 8
 """Random bytes in a temporary file's name (hex): two writers, even with the same pid (two
@@ -115,3 +115,34 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
                 yield from (line.rstrip("\n") for line in f)
         except FileNotFoundError:
             continue
+
+
+def prune_oldest(folder: str | os.PathLike, max_bytes: int, *, suffix: str = "", keep: Iterable[str] = ()) -> list[Path]:
+    """Remove the oldest regular files of ``folder`` (by mtime, then name; only names ending in
+    ``suffix``, never a name in ``keep``, never a temporary ``.NAME.*.tmp``) until what is left
+    weighs at most ``max_bytes``; returns what was removed, oldest first."""
+    kept = set(keep)
+    files = []
+    with os.scandir(folder) as it:
+        for e in it:
+            if not e.name.endswith(suffix) or e.name.startswith(".") or not e.is_file(follow_symlinks=False):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            files.append((st.st_mtime_ns, e.name, st.st_size))
+    total = sum(size for _, _, size in files)
+    removed = []
+    for _, name, size in sorted(files):
+        if total <= max_bytes:
+            break
+        if name in kept:
+            continue
+        try:
+            os.unlink(Path(folder) / name)
+        except FileNotFoundError:
+            pass
+        total -= size
+        removed.append(Path(folder) / name)
+    return removed

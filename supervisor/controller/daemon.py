@@ -38,7 +38,7 @@ from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller import preflight
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
-from supervisor.files import set_aside
+from supervisor.files import prune_oldest, rotate, set_aside, write_atomic
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     ACTION_ABORT,
@@ -111,6 +111,14 @@ LEASE_RENEW_S = 10.0  # the job's owner lease (controller.state.JobLock) is rene
 RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = state_file.STATE_FILE
 EVENTS_FILE = "events.jsonl"
+EVENTS_MAX_BYTES = 64 << 20
+"""events.jsonl is archived (``events.jsonl.1``; the older ones move up) once it reaches this size."""
+EVENTS_KEPT = 8
+"""Archived generations of events.jsonl kept beside it (the oldest beyond them is removed): at most
+(1 + EVENTS_KEPT) x EVENTS_MAX_BYTES in all, tens of thousands of faults' worth."""
+EVIDENCE_MAX_BYTES = 512 << 20
+"""The evidence folder's size at most: past it the oldest evidence files go (an event names them).
+A fault's file at 16,384 ranks is ~10 MB (every rank's last heartbeat)."""
 STATUS_ALL_RANKS = 256
 """``/status`` lists every rank of a job of at most this many ranks (as ``/metrics`` does)."""
 STATUS_WORST_RANKS = 16
@@ -1276,23 +1284,18 @@ class Controller:
             await asyncio.sleep(0.01)
         now = self.clock()
         ev_dir = self.log_dir / "evidence"
-        ev_dir.mkdir(exist_ok=True)
         path = ev_dir / f"attempt-{self.attempt}-{int(time.time())}-{fault.kind}.json"
-        ranks = {
-            r: {"heartbeat": rec.hb.to_payload(), "age_s": round(now - rec.received, 3)}
-            for r, rec in sorted(self.registry.ranks.items())
-        }
-        path.write_text(json.dumps({
-            "fault": fault.to_dict(), "attempt": self.attempt, "time": time.time(),
-            "findings": [f.to_dict() for f in self.findings],
-            "nodes": {n: asdict(s) for n, s in self.node_status.items()},
-            "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
-            # asked to dump their stacks; of those, the ones that could answer; the ones that did
-            "asked": sorted(asked), "awaited": sorted(awaited),
-            "answered": sorted(filter(answered, asked)),
-            "rank_log_dir": str(self.log_dir / "ranks"),
-        }, indent=1, default=str))
+        head = {"fault": fault.to_dict(), "attempt": self.attempt, "time": time.time(),
+                "findings": list(self.findings), "nodes": dict(self.node_status)}
+        # built, encoded and written in a worker thread (16,384 ranks' heartbeats are megabytes);
+        # the records as they are now (a heartbeat arriving meanwhile replaces one, whole)
+        pruned = await asyncio.to_thread(_write_evidence, path, head, list(self.registry.ranks.items()), asked,
+                                         awaited, answered, self.clock(), self.log_dir / "ranks")
         self.event("evidence_saved", attempt=self.attempt, path=str(path))
+        if pruned:
+            self.event("evidence_rotated", removed=[p.name for p in pruned[:20]], count=len(pruned),
+                       cap_bytes=EVIDENCE_MAX_BYTES, detail="the oldest evidence files of this log directory, past "
+                       "its cap")
 
     async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
         await self._arm(nodes, restore_from, timer, self.platform.launch)
@@ -1417,8 +1420,15 @@ class Controller:
         now = time.time()
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
                "event": name, "job": self.cfg.job, "run": self.run_no} | fields
-        with open(self.log_dir / EVENTS_FILE, "a") as f:
+        path = self.log_dir / EVENTS_FILE
+        with open(path, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
+            full = f.tell() >= EVENTS_MAX_BYTES
+        if full:  # archived beside it (events.jsonl.1, .2, ...): readers take them all (files.read_lines)
+            try:
+                rotate(path, EVENTS_KEPT)
+            except OSError as exc:
+                log.warning("event=events_rotate_failed path=%s error=%s", path, exc)
         self.platform.tell(name, rec)
 
     def _save_state(self) -> None:
@@ -1523,6 +1533,26 @@ def render_status(snap: StatusSnapshot, *, offset: int | None = None, limit: int
 def status_json(snap: StatusSnapshot, *, offset: int | None = None, limit: int | None = None) -> bytes:
     """:func:`render_status` encoded (what ``/status`` serves; off the event loop)."""
     return json.dumps(render_status(snap, offset=offset, limit=limit)).encode()
+
+
+def _write_evidence(path: Path, head: dict, records: list, asked: dict[int, int], awaited, answered,
+                    now: float, rank_log_dir: Path) -> list[Path]:
+    """The evidence file of a fault (off the event loop), then the oldest evidence files past
+    :data:`EVIDENCE_MAX_BYTES` removed (never this one); returns those."""
+    ranks = {r: {"heartbeat": rec.hb.to_payload(), "age_s": round(now - rec.received, 3)} for r, rec in sorted(records)}
+    doc = {
+        "fault": head["fault"], "attempt": head["attempt"], "time": head["time"],
+        "findings": [f.to_dict() for f in head["findings"]],
+        "nodes": {n: asdict(st) for n, st in head["nodes"].items()},
+        "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
+        # asked to dump their stacks; of those, the ones that could answer; the ones that did
+        "asked": sorted(asked), "awaited": sorted(awaited),
+        "answered": sorted(filter(answered, asked)),
+        "rank_log_dir": str(rank_log_dir),
+    }
+    path.parent.mkdir(exist_ok=True)
+    write_atomic(path, json.dumps(doc, indent=1, default=str).encode(), mode=0o644)
+    return prune_oldest(path.parent, EVIDENCE_MAX_BYTES, suffix=".json", keep=[path.name])
 
 
 def _launched_as(saved: dict) -> int:

@@ -8,6 +8,7 @@ any error, forever, without ever stopping the job).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 from typing import Any, Callable
@@ -23,6 +24,10 @@ from supervisor.platforms.kube.lease import is_transient
 log = logging.getLogger("supervisor.platform.kube")
 
 USER_AGENT = "elastic-supervisor-controller"
+DELETED_KEPT = 4096
+"""Gone objects a :class:`Watcher` remembers at most (their last state, for the platform to read
+why a pod went away): two whole gangs of 2,048 pods (16,384 ranks at 8 a pod) torn down before
+the platform reads them; the oldest beyond it is dropped."""
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -109,11 +114,15 @@ class Watcher:
     """Keeps every object of one kind that matches a label selector, current: a list, then a
     watch from its resourceVersion (with bookmarks); a 410 Gone relists; any error reconnects
     after a backoff. Runs in a daemon thread; readers take :meth:`snapshot`. ``deleted`` keeps
-    the last state of objects that went away (by name), until :meth:`forget`."""
+    the last state of objects that went away (by name), until :meth:`forget`, and at most the
+    last ``deleted_kept`` of them (:data:`DELETED_KEPT` by default; the oldest is dropped first):
+    a long job that relaunches its gang many times, or a selector that sees churn it never
+    forgets, does not grow the controller's memory. A gone object no longer kept reads as gone
+    without a last state (:meth:`gone` returns None)."""
 
     def __init__(self, name: str, list_fn: Callable[..., Any], *, label_selector: str = "",
                  field_selector: str = "", timeout_s: float = 10.0, on_change: Callable[[], None] | None = None,
-                 **list_kwargs: Any) -> None:
+                 deleted_kept: int = 0, **list_kwargs: Any) -> None:
         self.name = name
         self.list_fn = list_fn
         self.selector = {"label_selector": label_selector} if label_selector else {}
@@ -123,7 +132,8 @@ class Watcher:
         self.timeout_s = timeout_s
         self.on_change = on_change
         self.objects: dict[str, Any] = {}
-        self.deleted: dict[str, Any] = {}
+        self.deleted: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self.deleted_kept = deleted_kept or DELETED_KEPT
         self.synced = threading.Event()
         self.last_error = ""
         self.relists = 0
@@ -157,6 +167,14 @@ class Watcher:
             for n in names:
                 self.deleted.pop(n, None)
 
+    def _gone(self, name: str, obj: Any) -> None:
+        """Keep ``obj`` as the last state of ``name``, gone (the lock is held): the newest
+        ``deleted_kept`` at most."""
+        self.deleted[name] = obj
+        self.deleted.move_to_end(name)
+        while len(self.deleted) > self.deleted_kept:
+            self.deleted.popitem(last=False)
+
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
@@ -170,7 +188,7 @@ class Watcher:
                     fresh = {o.metadata.name: o for o in listed.items}
                     for name, obj in self.objects.items():
                         if name not in fresh:
-                            self.deleted[name] = obj
+                            self._gone(name, obj)
                     self.objects = fresh
                 self.relists += 1
                 self.synced.set()
@@ -225,7 +243,7 @@ class Watcher:
             with self._lock:
                 if kind == "DELETED":
                     self.objects.pop(name, None)
-                    self.deleted[name] = obj
+                    self._gone(name, obj)
                 else:
                     self.objects[name] = obj
             rv = obj.metadata.resource_version or rv
