@@ -528,7 +528,7 @@ def _read_events(path: Path) -> list[dict]:
     except OSError:
         return []
     events = []
-    for line in text.splitlines():
+    for line in lines:
         try:
             e = json.loads(line) if line.strip() else None
         except (ValueError, RecursionError):
