@@ -134,6 +134,8 @@ class Snapshot:
     step_rate: float = 0.0
     stop_requested: bool = False
     run_started_unix: float = 0.0
+    waiting_for_capacity_s: float = 0.0
+    """How long the cluster has not been able to place the gang (0: placed)."""
 
 
 def take_snapshot(c: "Controller", state: MetricsState) -> Snapshot:
@@ -177,6 +179,7 @@ def take_snapshot(c: "Controller", state: MetricsState) -> Snapshot:
         excluded_nodes=len(c.history.excluded), step_rate=max(0.0, float(step_rate)),
         stop_requested=stop_requested,
         run_started_unix=float(getattr(c, "run_started", None) or state.started_unix),
+        waiting_for_capacity_s=now - c.capacity_since if getattr(c, "capacity_since", None) is not None else 0.0,
     )
 
 
@@ -194,6 +197,9 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield _gauge("supervisor_run_start_time_seconds",
                  "Unix time this run of the job started (a newer run of the same job supersedes an older one)",
                  job, s.run_started_unix)
+    yield _gauge("supervisor_waiting_for_capacity_seconds",
+                 "How long the cluster has not been able to place the gang (Unschedulable, gated); 0 once placed",
+                 job, s.waiting_for_capacity_s)
     yield _gauge("supervisor_stop_requested",
                  "1 once the supervisor was asked to stop (SIGTERM/SIGINT or the scheduler's warning signal)",
                  job, 1.0 if s.stop_requested else 0.0)

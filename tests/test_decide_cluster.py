@@ -17,6 +17,7 @@ from supervisor.controller.decide import (
     Stop,
     capacity,
     classify,
+    grow,
     plan_next,
 )
 from supervisor.platforms.agent_output import RankFailure
@@ -134,3 +135,15 @@ def test_an_evicted_pod_is_lost_not_a_bad_node():
     f = classify(gang(RUN, evicted), [], now=5.0, last_heard={}, phase_started={}, rank_nodes={0: "a", 1: "b"})
     assert (f.kind, f.node_failure, f.exclude_now) == ("node_lost", False, False)
     assert "low on resource" in f.detail
+
+
+@pytest.mark.parametrize("current, returned, kw, expect", [
+    (("a", "b"), ("c",), {}, ("a", "b", "c")),             # the running nodes first, then the returned one
+    (("a", "b"), (), {}, None),                             # nothing came back
+    (("a", "b", "c"), ("d",), {}, None),                    # already at nodes.max
+    (("a", "b"), ("c",), {"excluded": ("c",)}, None),       # an excluded machine never comes back
+    (("a", "b"), ("c", "d"), {"nodes_max": 4, "world_size_multiple_of": 2}, ("a", "b", "c", "d")),
+    (("a", "b"), ("c",), {"nodes_max": 4, "world_size_multiple_of": 2}, None),  # 3 is not a size the job accepts
+])
+def test_grow(current, returned, kw, expect):
+    assert grow(current, returned, **({"nodes_min": 1, "nodes_max": 3} | kw)) == expect

@@ -8,6 +8,8 @@ SIGKILLed. Each run's loss path is compared with an uninterrupted control under 
 
 from __future__ import annotations
 
+import hashlib
+
 import os
 import signal
 import time
@@ -42,7 +44,11 @@ def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, contr
     assert done["phase"] == "completed"
     assert_same_path(run, control)
     pods = cluster.pods(**{"elastic-supervisor/job": JOB_NAME})
-    assert sorted(p["metadata"]["name"] for p in pods) == ["kjob-a0-fake-node-0", "kjob-a0-fake-node-1"]
+    # the release's objects: named with a hash of its ConfigMap's uid, labelled with the uid
+    uid = cluster.api.get("configmaps", NS, "demo-elastic-supervisor-config")["metadata"]["uid"]
+    base = f"kjob-{hashlib.sha256(uid.encode()).hexdigest()[:5]}"
+    assert sorted(p["metadata"]["name"] for p in pods) == [f"{base}-a0-fake-node-0", f"{base}-a0-fake-node-1"]
+    assert {p["metadata"]["labels"]["elastic-supervisor/owner"] for p in pods} == {uid}
     for p in pods:
         spec = p["spec"]
         assert spec["restartPolicy"] == "Never" and p["status"]["phase"] == "Succeeded"
@@ -56,7 +62,8 @@ def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, contr
         assert [o["name"] for o in p["metadata"]["ownerReferences"]] == ["demo-elastic-supervisor-config"]
         node = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert node["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == [spec["nodeName"]]
-    service = cluster.api.get("services", NS, "kjob-rdzv")
+    service = cluster.api.get("services", NS, f"{base}-rdzv")
+    assert service["spec"]["selector"]["elastic-supervisor/owner"] == uid
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert cluster.api.request_count(verb="watch", resource="pods") >= 1  # observed by watch
     made = cluster.api.request_counts(user_agent=USER_AGENT)
