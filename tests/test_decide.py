@@ -40,7 +40,14 @@ from supervisor.controller.decide import (
 from supervisor.health import Finding, Kind
 from supervisor.platforms.agent_output import RankFailure
 from supervisor.platforms.base import NodeState, NodeStatus
-from supervisor.protocol import OUTCOME_FINISHED, OUTCOME_STOPPED, RANK_EXITS, RESTART_PHASES, Heartbeat
+from supervisor.protocol import (
+    EXIT_PREFLIGHT,
+    OUTCOME_FINISHED,
+    OUTCOME_STOPPED,
+    RANK_EXITS,
+    RESTART_PHASES,
+    Heartbeat,
+)
 
 
 def node(name, state=NodeState.RUNNING, code=None, ours=False, stopped=False):
@@ -407,6 +414,36 @@ def test_the_same_failure_before_the_first_step_twice_stops_at_once():
     plan_next(history=h, fault=broken, **PLAN | {"report": nothing})
     other = Fault("rank_error", (0,), ("a",), "rank 0 crashed: OSError: disk full", RUNG_TEARDOWN, False, 0.0)
     assert isinstance(plan_next(history=h, fault=other, **PLAN | {"report": nothing}), Relaunch)
+
+
+NO_TORCH = "PreflightError: the job's interpreter /usr/bin/python cannot import torch, so every rank would fail"
+
+
+@pytest.mark.parametrize("b, kind, said", [
+    # the node's agent refused the command before it started a rank: its own line says why
+    (NodeStatus("b", 0, NodeState.EXITED, exit_code=EXIT_PREFLIGHT, output_error=NO_TORCH), "preflight_failed",
+     f"node b: {NO_TORCH}"),
+    # its line unread (the log gone): the check is still named
+    (NodeStatus("b", 0, NodeState.EXITED, exit_code=EXIT_PREFLIGHT), "preflight_failed",
+     f"node b: its check of the command failed (exit code {EXIT_PREFLIGHT})"),
+    # the same code where the agent names a rank that ran and ended with it: that rank's exit
+    (NodeStatus("b", 0, NodeState.EXITED, exit_code=EXIT_PREFLIGHT,
+                failures=(RankFailure(1, EXIT_PREFLIGHT, "", True),)), "rank_exit", ""),
+    # the agent's ordinary failure code, whatever its last line: a plain exit, restarted
+    (NodeStatus("b", 0, NodeState.EXITED, exit_code=1, output_error=NO_TORCH), "rank_exit", ""),
+])
+def test_a_nodes_failed_preflight_stops_the_job_on_its_first_attempt(b, kind, said):
+    assert EXIT_PREFLIGHT not in RANK_EXITS and "preflight_failed" in FAULT_KINDS
+    f = classify({"a": node("a"), "b": b}, [], **KW)
+    assert f.kind == kind and f.nodes == ("b",)
+    h = History()
+    d = plan_next(history=h, fault=f, **PLAN | {"report": RestoreReport()})
+    if said:
+        assert f.detail == said
+        assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_STARTUP_FAILURE and EXIT_CODES[d.phase] == 8
+        assert said in d.reason and h.restarts == 0  # at once: no restart spent, none planned
+    else:
+        assert isinstance(d, Relaunch)
 
 
 @pytest.mark.parametrize("available, lo, hi, nproc, sizes, multiple, want", [

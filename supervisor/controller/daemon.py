@@ -613,10 +613,13 @@ class Controller:
 
     async def _preflight(self) -> None:
         """The commonest mistakes as one clear line before anything is launched (off the loop:
-        the interpreter probe may take seconds)."""
+        the interpreter probe may take seconds). The command is checked here only where this host
+        shares the workers' environment (``Platform.checks_command_here``); elsewhere each node's
+        agent checks it before it starts ranks (``LaunchSpec.check_command``)."""
         try:
             warnings = await asyncio.to_thread(preflight.check, self.cfg.command,
-                                               dict(os.environ) | dict(self.cfg.env), self.ckpt_root)
+                                               dict(os.environ) | dict(self.cfg.env), self.ckpt_root,
+                                               command_here=self.platform.checks_command_here)
         except preflight.PreflightError as exc:
             self.event("preflight_failed", error=str(exc))
             raise state_file.StateError(str(exc)) from None
@@ -1364,6 +1367,7 @@ class Controller:
             rdzv_endpoint=self.platform.rendezvous_endpoint(self.attempt, self.cfg.platform.host),
             rdzv_id=f"{self.cfg.job}-{self.attempt}", max_restarts=in_place,
             fork_ranks=self.cfg.platform.fork_ranks,
+            check_command=not self.platform.checks_command_here,  # then each agent checks it where it runs
         )
 
     def _finish(self, phase: JobPhase, reason: str) -> None:

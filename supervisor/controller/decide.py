@@ -49,6 +49,7 @@ from supervisor.health import Finding, Kind
 from supervisor.platforms.base import WAIT_CANNOT_START, WAIT_CAPACITY, NodeState, NodeStatus
 from supervisor.protocol import (
     EXIT_NONFINITE,
+    EXIT_PREFLIGHT,
     EXIT_PREEMPTED,
     OUTCOME_FINISHED,
     OUTCOME_STOPPED,
@@ -105,10 +106,10 @@ RUNG_IN_PLACE, RUNG_ABORT, RUNG_KILL_NODE, RUNG_TEARDOWN = 0, 1, 2, 3
 _EXIT_KINDS = RANK_EXITS
 # Every fault kind a restart can carry (the label values of supervisor_restarts_total{reason}).
 FAULT_KINDS = ("node_lost", "rank_killed", "rank_error", "rank_exit", *RANK_EXITS.values(), "stopped_early",
-               "oom", "cannot_start", "node_rejected",
+               "oom", "cannot_start", "node_rejected", "preflight_failed",
                *(k.value for k in Kind if k != Kind.NONFINITE))
 # Faults no restart fixes: the job stops at once with the fault's own message (exit 8).
-STOP_AT_ONCE = frozenset({"cannot_start"})
+STOP_AT_ONCE = frozenset({"cannot_start", "preflight_failed"})
 # Failures that repeat the same way before the first step are a broken job, not bad luck.
 _STARTUP_KINDS = frozenset({"rank_error", "rank_exit", "crash"})
 # Failures after a restore and before a step that may be the restored state's doing.
@@ -302,6 +303,11 @@ def classify(
             if n.exit_code is not None and n.exit_code < 0:
                 return Fault("node_lost", ranks, (name,), f"node {name} killed by signal {-n.exit_code}",
                              RUNG_TEARDOWN, True, now)
+            if n.exit_code == EXIT_PREFLIGHT and not n.failures:
+                # its agent checked the command where the ranks run and refused it before starting
+                # any (supervisor.preflight): the check's own line, and no restart fixes that
+                said = n.output_error or f"its check of the command failed (exit code {n.exit_code})"
+                return Fault("preflight_failed", ranks, (name,), f"node {name}: {said}", RUNG_TEARDOWN, False, now)
             root = next((f for f in n.failures if f.root_cause), n.failures[0] if n.failures else None)
             if root is not None:
                 error = (failed_errors or {}).get(root.rank) or root.error

@@ -18,7 +18,7 @@ from typing import Mapping
 from supervisor.platforms.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
 from supervisor.platforms.base import LaunchSpec
 from supervisor.platforms import forking_agent
-from supervisor.platforms.forking_agent import FORK_ENV
+from supervisor.platforms.forking_agent import FORK_ENV, PREFLIGHT_ENV
 from supervisor.protocol import Env
 
 
@@ -58,7 +58,7 @@ def agent_env(spec: LaunchSpec, node: str, tmp_dir: Path) -> dict[str, str]:
         "TMPDIR": str(tmp_dir),
         "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
         FORK_ENV: "1" if spec.fork_ranks else "0",
-    }
+    } | ({PREFLIGHT_ENV: "1"} if spec.check_command else {})  # the command is checked where the ranks run
 
 
 def read_failures(log_path: Path) -> tuple[tuple[RankFailure, ...], str]:

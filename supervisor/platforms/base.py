@@ -101,6 +101,9 @@ class LaunchSpec:
     fork_ranks: bool = True
     """Python ranks start forked from their agent, torch already imported
     (:mod:`supervisor.platforms.forking_agent`); False: a new interpreter each, as under torchrun."""
+    check_command: bool = False
+    """Each node's agent checks the command where its ranks run before it starts them
+    (:mod:`supervisor.preflight`), the controller could not (:attr:`Platform.checks_command_here`)."""
 
 
 class Supervised(Protocol):
@@ -138,6 +141,11 @@ class Platform(abc.ABC):
     kills_ranks: bool = False
     """The platform can SIGKILL one rank process and leave its node's agent running
     (:meth:`kill_ranks`): a silent rank on a healthy node can then be restarted in place."""
+    checks_command_here: bool = True
+    """The controller shares the workers' environment (local, Slurm), so its preflight checks the job's
+    command. False (Kubernetes: the controller's image is not the workers'): it checks only what it
+    sees (the checkpoint root), and each node's agent checks the command where its ranks run
+    (``LaunchSpec.check_command``), ending with ``EXIT_PREFLIGHT`` when it fails."""
 
     @abc.abstractmethod
     async def launch(self, spec: LaunchSpec) -> None:

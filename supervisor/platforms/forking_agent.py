@@ -48,9 +48,13 @@ import time
 import uuid
 from typing import Sequence
 
-from supervisor.protocol import Env
+from supervisor import preflight as _preflight
+from supervisor.protocol import EXIT_PREFLIGHT, Env
 
 FORK_ENV = "SUPERVISOR_FORK_RANKS"
+PREFLIGHT_ENV = "SUPERVISOR_AGENT_PREFLIGHT"
+"""``1``: the agent checks the job's command where its ranks run before it starts them (the
+controller could not: ``LaunchSpec.check_command``). Its own interpreter's torch is always checked."""
 PRELOAD_ENV = "SUPERVISOR_FORK_PRELOAD"
 PRELOAD = ("torch.distributed.checkpoint", "torch.nn.parallel", "supervisor.worker", "torch._dynamo")
 """What the agent imports for its ranks before it forks them (``SUPERVISOR_FORK_PRELOAD``: a
@@ -372,7 +376,36 @@ def _unbuffered_flag(cmd_args: Sequence[str]) -> bool:
     return list(cmd_args[:1]) == ["-u"]
 
 
+def command_of(argv: Sequence[str]) -> list[str]:
+    """The job's command in the agent's torchrun arguments: what follows the options, which
+    :func:`~supervisor.platforms.agent.torchrun_argv` writes as ``--name=value`` or bare flags."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return list(argv[i + 1:])
+        if not arg.startswith("-"):
+            return list(argv[i:])
+    return []
+
+
+def check_before_torch(argv: Sequence[str]) -> None:
+    """Before anything imports torch: with :data:`PREFLIGHT_ENV`, the job's command (its program
+    resolves on this PATH, its Python imports torch and, a warning, the worker SDK:
+    :func:`supervisor.preflight.check_command`, the controller's own checks); always, this
+    interpreter's torch. A failure is one line on stderr and exit :data:`EXIT_PREFLIGHT`, not a
+    traceback from ``import torch``."""
+    try:
+        command = command_of(argv) if os.environ.get(PREFLIGHT_ENV) == "1" else []
+        warnings = _preflight.check_command(command, os.environ) if command else []
+        _preflight.check_agent_interpreter()
+    except _preflight.PreflightError as exc:
+        print(_preflight.error_line(exc), file=sys.stderr, flush=True)
+        sys.exit(EXIT_PREFLIGHT)
+    for warning in warnings:
+        print(f"preflight: warning: {warning}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    check_before_torch(list(sys.argv[1:] if argv is None else argv))
     # torch's LaunchConfig asks torch.cuda.is_available(): through the CUDA runtime that would
     # make every forked rank unable to use CUDA; through NVML it does not
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")

@@ -208,6 +208,7 @@ class KubernetesPlatform(Platform):
     kind = "kubernetes"
     hands_off_on_sigterm = True   # SIGTERM: our pod is replaced (upgrade, drain); the gang trains on
     reruns_finished = False       # the Deployment restarts a controller that exited: the verdict stands
+    checks_command_here = False   # the controller's image is not the workers': each pod's agent checks it
 
     def __init__(self, api: KubeApi, settings: Settings) -> None:
         self.api = api
