@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from conftest import TRAIN, job_env, kill_tree, losses_by_step, read_log, run_job
+from controller_venv import controller_env, controller_python
 from fakes.kube_apiserver import RESOURCES, FakeKubeAPIServer
 from fakes.kubelet import FakeKubelet
 from helm_rbac import allows, rendered_rbac
@@ -87,12 +88,15 @@ def cluster(tmp_path):
 
 
 class KubeRun:
-    """``supervisor run`` with ``platform.kind: kubernetes`` as a real subprocess."""
+    """``supervisor run`` with ``platform.kind: kubernetes`` as a real subprocess: the controller as
+    its image ships it (``controller``, default :func:`controller_venv.controller_python`: no torch,
+    the package installed with ``--no-deps``), its pods with this test environment's python."""
 
     def __init__(self, tmp: Path, cluster: Cluster, *, fault: str | None = None, job: list[str] = JOB,
                  nodes: int = 2, overrides: dict | None = None, name: str = "controller",
-                 kube: dict | None = None) -> None:
+                 kube: dict | None = None, controller: Path | None = None) -> None:
         self.tmp, self.cluster, self.name = tmp, cluster, name
+        self.controller = Path(controller or controller_python())
         self.log_dir, self.ckpt = tmp / "logs", tmp / "ckpt"
         kube = {"namespace": NS, "worker": {"image": "fake.invalid/worker:1"}, "python": PY,
                 "kubeconfig": str(cluster.kubeconfig), "rdzv_port": 0, "rendezvous": "ip", "node_reads": True,
@@ -109,12 +113,13 @@ class KubeRun:
             cfg[key] = value | cfg.get(key, {}) if isinstance(value, dict) and key != "platform" else value
         self.config = tmp / f"{name}.json"
         self.config.write_text(json.dumps(cfg))
-        self.env = job_env(tmp)
+        self.env = controller_env(job_env(tmp))  # its own copy of the package, not this checkout's
         self.start()
 
     def start(self) -> None:
         self.out = open(self.tmp / f"{self.name}-output.txt", "a")
-        self.proc = subprocess.Popen([PY, "-m", "supervisor", "run", "--config", str(self.config)], env=self.env,
+        self.proc = subprocess.Popen([str(self.controller), "-m", "supervisor", "run", "--config", str(self.config)],
+                                     env=self.env,
                                      stdout=self.out, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.tmp)
 
     def output(self) -> str:
@@ -170,11 +175,12 @@ class KubeRun:
 
 
 @pytest.fixture
-def kube_run(tmp_path, cluster):
+def kube_run(tmp_path, cluster, tmp_path_factory):
     runs: list[KubeRun] = []
+    controller = controller_python(tmp_path_factory)  # built once per session, under pytest's tmp
 
     def start(**kw) -> KubeRun:
-        run = KubeRun(tmp_path, cluster, **kw)
+        run = KubeRun(tmp_path, cluster, **{"controller": controller, **kw})
         runs.append(run)
         return run
 
