@@ -158,7 +158,8 @@ def read_manifest(ckpt_dir: str | os.PathLike) -> Manifest:
             path=str(ckpt_dir),
         )
     with open(path, "rb") as f:
-        data = f.read(MAX_MANIFEST_BYTES + 1)
+        # read(n) allocates n bytes at once: ask for what the file holds (bounded), not the cap
+        data = f.read(min(st.st_size, MAX_MANIFEST_BYTES) + 1)
     try:
         return parse(data)
     except ManifestError as exc:

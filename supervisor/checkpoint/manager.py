@@ -785,7 +785,7 @@ class CheckpointManager:
             return None
         try:
             with open(ckpt_path / rel, "rb") as f:
-                data = f.read(MAX_RNG_BYTES + 1)
+                data = f.read(min(os.fstat(f.fileno()).st_size, MAX_RNG_BYTES) + 1)
             if len(data) > MAX_RNG_BYTES:
                 raise ValueError(f"{rel} is over {MAX_RNG_BYTES} bytes")
             return prepare_rng(json.loads(data))

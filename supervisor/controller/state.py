@@ -242,9 +242,10 @@ def load(path: Path) -> dict[str, Any] | None:
         raise StateError(f"{path} cannot be read ({exc.strerror or exc}). {fresh_hint}") from None
     try:
         with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 raise StateError(f"{path} is unreadable: not a regular file. {fresh_hint}")
-            data = f.read(MAX_STATE_BYTES + 1)
+            data = f.read(min(st.st_size, MAX_STATE_BYTES) + 1)  # read(n) allocates n at once
     except OSError as exc:
         raise StateError(f"{path} cannot be read ({exc.strerror or exc}). {fresh_hint}") from None
     if len(data) > MAX_STATE_BYTES:
