@@ -43,6 +43,8 @@ def test_a_killed_rank_is_restarted_in_place_from_the_controllers_checkpoint(sup
     assert act["restore_from"] == "step-0000000010" and act["left"] == 1
     again = run.wait_event("launched", attempt=1)
     assert again["in_place"] is True and again["restore_from"] == "step-0000000010"
+    # the agents restarted their ranks in the launch's environment: the same launch id, a new attempt
+    assert again["launch"] == run.wait_event("launched", attempt=0)["launch"]
     assert not run.events("action") or all(a["action"] != "tear_down" for a in run.events("action"))
     assert len(agents(run)) == 2  # the two agents of attempt 0 and no others
     # every rank of attempt 1 restored the controller's pick, and said so with attempt 1
