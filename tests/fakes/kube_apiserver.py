@@ -52,7 +52,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextvars
 import copy
+import hashlib
 import json
 import random
 import re
@@ -60,6 +62,8 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any, Callable
 
 from aiohttp import web
@@ -373,16 +377,850 @@ def json_patch(doc: JSON, ops: list[JSON]) -> JSON:
     return doc
 
 
+# --- quantities -----------------------------------------------------------------------------------
+
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_QUANTITY_BODY = re.compile(QUANTITY_PATTERN[1:-1])
+_BINARY_SUFFIXES = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50, "Ei": 2 ** 60}
+_DECIMAL_SUFFIXES = {"n": Fraction(1, 10 ** 9), "u": Fraction(1, 10 ** 6), "m": Fraction(1, 1000), "": Fraction(1),
+                     "k": Fraction(10 ** 3), "M": Fraction(10 ** 6), "G": Fraction(10 ** 9),
+                     "T": Fraction(10 ** 12), "P": Fraction(10 ** 15), "E": Fraction(10 ** 18)}
+
+
+class QuantityError(ValueError):
+    """Not a Kubernetes quantity; the message is resource.ParseQuantity's."""
+
+
+def parse_quantity(value: Any) -> Fraction:
+    """A Kubernetes quantity (``"500m"``, ``"1Gi"``, ``"2e3"``, ``8``) as an exact number of base
+    units (cores, bytes, devices). Raises :class:`QuantityError` with the API's own messages."""
+    if isinstance(value, bool):
+        raise QuantityError("quantities must be strings or numbers")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(str(value))
+    if not isinstance(value, str):
+        raise QuantityError("quantities must be strings or numbers")
+    m = _QUANTITY_BODY.fullmatch(value)
+    if not m:
+        raise QuantityError(f"quantities must match the regular expression '{QUANTITY_PATTERN}'")
+    number, suffix = m.groups()
+    try:
+        amount = Fraction(Decimal(number))
+    except (InvalidOperation, ValueError):
+        raise QuantityError("unable to parse numeric part of quantity") from None
+    if suffix in _BINARY_SUFFIXES:
+        return amount * _BINARY_SUFFIXES[suffix]
+    if suffix in _DECIMAL_SUFFIXES:
+        return amount * _DECIMAL_SUFFIXES[suffix]
+    e = re.fullmatch(r"[eE]([-+]?[0-9]+)", suffix)
+    if e:
+        return amount * Fraction(10) ** int(e.group(1))
+    raise QuantityError("unable to parse quantity's suffix")
+
+
+# --- the API's name and label rules (k8s.io/apimachinery/pkg/util/validation) --------------------
+
+def _regex_error(msg: str, fmt: str, *examples: str) -> str:
+    if not examples:
+        return f"{msg} (regex used for validation is '{fmt}')"
+    return msg + " (e.g. " + " or ".join(f"'{e}', " for e in examples) + f"regex used for validation is '{fmt}')"
+
+
+def _max_len(n: int) -> str:
+    return f"must be no more than {n} characters"
+
+
+_DNS1123_LABEL_FMT = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN_FMT = _DNS1123_LABEL_FMT + "(\\." + _DNS1123_LABEL_FMT + ")*"
+_DNS1035_LABEL_FMT = "[a-z]([-a-z0-9]*[a-z0-9])?"
+_QNAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_LABEL_VALUE_FMT = "(" + _QNAME_FMT + ")?"
+_ENV_VAR_FMT = "[-._a-zA-Z][-._a-zA-Z0-9]*"
+_CONFIG_KEY_FMT = "[-._a-zA-Z0-9]+"
+
+
+def _full(fmt: str) -> re.Pattern:
+    return re.compile("^(?:" + fmt + ")$")
+
+
+_RX = {fmt: _full(fmt) for fmt in (_DNS1123_LABEL_FMT, _DNS1123_SUBDOMAIN_FMT, _DNS1035_LABEL_FMT, _QNAME_FMT,
+                                   _LABEL_VALUE_FMT, _ENV_VAR_FMT, _CONFIG_KEY_FMT)}
+
+
+def is_dns1123_label(value: str) -> list[str]:
+    errs = [_max_len(63)] if len(value) > 63 else []
+    if not _RX[_DNS1123_LABEL_FMT].match(value):
+        if _RX[_DNS1123_SUBDOMAIN_FMT].match(value):
+            errs.append("must not contain dots")
+        else:
+            errs.append(_regex_error("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
+                                     "or '-', and must start and end with an alphanumeric character",
+                                     _DNS1123_LABEL_FMT, "my-name", "123-abc"))
+    return errs
+
+
+def is_dns1123_subdomain(value: str) -> list[str]:
+    errs = [_max_len(253)] if len(value) > 253 else []
+    if not _RX[_DNS1123_SUBDOMAIN_FMT].match(value):
+        errs.append(_regex_error("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                                 "characters, '-' or '.', and must start and end with an alphanumeric character",
+                                 _DNS1123_SUBDOMAIN_FMT, "example.com"))
+    return errs
+
+
+def is_dns1035_label(value: str) -> list[str]:
+    errs = [_max_len(63)] if len(value) > 63 else []
+    if not _RX[_DNS1035_LABEL_FMT].match(value):
+        errs.append(_regex_error("a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+                                 "start with an alphabetic character, and end with an alphanumeric character",
+                                 _DNS1035_LABEL_FMT, "my-name", "abc-123"))
+    return errs
+
+
+def is_qualified_name(value: str) -> list[str]:
+    """A label key (``[prefix/]name``), as IsQualifiedName says it."""
+    errs: list[str] = []
+    parts = value.split("/")
+    if len(parts) == 1:
+        name = parts[0]
+    elif len(parts) == 2:
+        prefix, name = parts
+        if not prefix:
+            errs.append("prefix part must be non-empty")
+        else:
+            errs += ["prefix part " + m for m in is_dns1123_subdomain(prefix)]
+    else:
+        return ["a qualified name " + _regex_error(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+            "character", _QNAME_FMT, "MyName", "my.name", "123-abc")
+            + " with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"]
+    if not name:
+        errs.append("name part must be non-empty")
+    elif len(name) > 63:
+        errs.append("name part " + _max_len(63))
+    if not _RX[_QNAME_FMT].match(name):
+        errs.append("name part " + _regex_error(
+            "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+            "character", _QNAME_FMT, "MyName", "my.name", "123-abc"))
+    return errs
+
+
+def is_label_value(value: str) -> list[str]:
+    errs = [_max_len(63)] if len(value) > 63 else []
+    if not _RX[_LABEL_VALUE_FMT].match(value):
+        errs.append(_regex_error("a valid label must be an empty string or consist of alphanumeric characters, '-', "
+                                 "'_' or '.', and must start and end with an alphanumeric character",
+                                 _LABEL_VALUE_FMT, "MyValue", "my_value", "12345"))
+    return errs
+
+
+def _chdir_prefix(value: str) -> list[str]:
+    if value == ".":
+        return ["must not be '.'"]
+    if value == "..":
+        return ["must not be '..'"]
+    if value.startswith(".."):
+        return ["must not start with '..'"]
+    return []
+
+
+def is_env_var_name(value: str) -> list[str]:
+    errs = [] if _RX[_ENV_VAR_FMT].match(value) else [_regex_error(
+        "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', or '.', and "
+        "must not start with a digit", _ENV_VAR_FMT, "my.env-name", "MY_ENV.NAME", "MyEnvName1")]
+    return errs + _chdir_prefix(value)
+
+
+def is_config_map_key(value: str) -> list[str]:
+    errs = [_max_len(253)] if len(value) > 253 else []
+    if not _RX[_CONFIG_KEY_FMT].match(value):
+        errs.append(_regex_error("a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+                                 _CONFIG_KEY_FMT, "key.name", "KEY_NAME", "key-name"))
+    return errs + _chdir_prefix(value)
+
+
+def is_valid_port_name(value: str) -> list[str]:
+    errs = [_max_len(15)] if len(value) > 15 else []
+    if not re.fullmatch(r"[-a-z0-9]+", value):
+        errs.append("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)")
+    if not re.search(r"[a-z]", value):
+        errs.append("must contain at least one letter (a-z)")
+    if "--" in value:
+        errs.append("must not contain consecutive hyphens")
+    if value and (value[0] == "-" or value[-1] == "-"):
+        errs.append("must not begin or end with a hyphen")
+    return errs
+
+
+# --- field errors, as field.Error and apierrors.NewInvalid write them ---------------------------
+
+_ERROR_TYPES = {"Required": ("FieldValueRequired", "Required value"),
+                "Invalid": ("FieldValueInvalid", "Invalid value"),
+                "NotSupported": ("FieldValueNotSupported", "Unsupported value"),
+                "Forbidden": ("FieldValueForbidden", "Forbidden"),
+                "Duplicate": ("FieldValueDuplicate", "Duplicate value"),
+                "NotFound": ("FieldValueNotFound", "Not found"),
+                "TooLong": ("FieldValueTooLong", "Too long")}
+_NO_VALUE = object()
+
+
+@dataclass(frozen=True)
+class FieldError:
+    type: str           # a key of _ERROR_TYPES
+    field: str          # "metadata.labels", "spec.containers[0].name"
+    value: Any = _NO_VALUE
+    detail: str = ""
+
+    def body(self) -> str:
+        text = _ERROR_TYPES[self.type][1]
+        if self.type not in ("Required", "Forbidden", "TooLong") and self.value is not _NO_VALUE:
+            v = self.value
+            if v is None:
+                text += ": null"
+            elif isinstance(v, bool):
+                text += f": {'true' if v else 'false'}"
+            elif isinstance(v, (int, float)):
+                text += f": {v}"
+            elif isinstance(v, str):
+                text += ": " + json.dumps(v, ensure_ascii=False)
+            else:
+                text += ": " + json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+        if self.detail:
+            text += f": {self.detail}"
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.body()}"
+
+
+def _not_supported(path: str, value: Any, valid: list[str]) -> FieldError:
+    return FieldError("NotSupported", path, value, "supported values: " + ", ".join(json.dumps(v) for v in valid))
+
+
+def invalid_error(rt: "ResourceType", name: str, errs: list[FieldError]) -> ApiError:
+    """The 422 ``Invalid`` Status of apierrors.NewInvalid: ``Pod "x" is invalid: <errors>``."""
+    unique: list[FieldError] = []
+    seen: set[str] = set()
+    for err in errs:
+        if str(err) not in seen:
+            seen.add(str(err))
+            unique.append(err)
+    aggregate = str(unique[0]) if len(unique) == 1 else "[" + ", ".join(map(str, unique)) + "]"
+    qualified = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
+    details: JSON = {"name": name, "kind": rt.kind,
+                     "causes": [{"reason": _ERROR_TYPES[e.type][0], "message": e.body(), "field": e.field}
+                                for e in unique]}
+    if rt.group:
+        details["group"] = rt.group
+    return ApiError(422, f'{qualified} "{name}" is invalid: {aggregate}', reason="Invalid", details=details)
+
+
+# --- the OpenAPI schema (kubernetes-validate, strict), as the API server's decoder enforces it -----
+
+SCHEMA_VERSION = "1.30"
+"""The Kubernetes version whose OpenAPI schema objects are checked against (the chart's kubeVersion)."""
+
+_SCHEMAS: dict[tuple[str, str, str], Any] = {}
+_SCHEMA_LOCK = threading.Lock()
+
+
+def _schema_validator(kind: str, api_version: str, version: str = SCHEMA_VERSION) -> Any:
+    """A cached (jsonschema validator, definitions) for one kind (None: kubernetes-validate has no
+    schema for it: a custom resource, whose objects are then not checked)."""
+    key = (kind, api_version, version)
+    with _SCHEMA_LOCK:
+        if key in _SCHEMAS:
+            return _SCHEMAS[key]
+        try:
+            import jsonschema
+            from kubernetes_validate import utils as kv
+            from referencing import Registry, Resource
+        except ImportError:      # the package is not installed: no schema checks
+            _SCHEMAS[key] = None
+            return None
+        schema_dir = f"v{[v for v in kv.all_versions() if kv.major_minor(v) <= version][-1]}-local-strict"
+        group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+        try:
+            schema = kv.schema_contents(f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json",
+                                        version)
+        except (FileNotFoundError, OSError):
+            _SCHEMAS[key] = None
+            return None
+        defs_key = ("_defs", schema_dir, "")
+        if defs_key not in _SCHEMAS:
+            _SCHEMAS[defs_key] = kv.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json", version)
+        defs = _SCHEMAS[defs_key]
+        registry = Resource.from_contents(defs) @ (Resource.from_contents(schema) @ Registry())
+        # with the definitions, for the decoder's messages (Go type names)
+        _SCHEMAS[key] = (jsonschema.validators.Draft202012Validator(schema, registry=registry), defs["$defs"])
+        return _SCHEMAS[key]
+
+
+def _json_path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _go_field(validator: Any, defs: JSON, kind: str, path: list) -> tuple[str, str]:
+    """(Go struct, Go type) of the field at ``path``, for ``json: cannot unmarshal`` messages."""
+    node: Any = validator.schema
+    struct = kind
+
+    def resolve(n: Any) -> Any:
+        nonlocal struct
+        while isinstance(n, dict) and "$ref" in n:
+            name = n["$ref"].rsplit("/", 1)[1]
+            struct = name.rsplit(".", 1)[1]
+            n = defs.get(name, {})
+        return n
+    for part in path:
+        node = resolve(node)
+        if isinstance(part, int):
+            node = node.get("items", {})
+        else:
+            node = (node.get("properties") or {}).get(part, node.get("additionalProperties", {}))
+    owner = struct
+    target: Any = node if isinstance(node, dict) else {}
+    if "$ref" in target:
+        go_type = "v1." + target["$ref"].rsplit(".", 1)[1]
+    else:
+        raw = target.get("type") or []
+        types = [t for t in ([raw] if isinstance(raw, str) else raw) if t != "null"]
+        fmt = target.get("format")
+        go_type = {"string": "string", "boolean": "bool", "number": "float64",
+                   "integer": fmt or "int64", "array": "[]interface {}",
+                   "object": "map[string]string"}.get(types[0] if types else "", "interface {}")
+        if types and types[0] == "array":
+            items = target.get("items", {})
+            if "$ref" in items:
+                go_type = "[]v1." + items["$ref"].rsplit(".", 1)[1]
+            elif items.get("type"):
+                item_types = [items["type"]] if isinstance(items["type"], str) else items["type"]
+                go_type = "[]" + [t for t in item_types if t != "null"][0]
+    return owner, go_type
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _unknown_fields(err: Any) -> list[str]:
+    props = set((err.schema.get("properties") or {}))
+    instance = err.instance if isinstance(err.instance, dict) else {}
+    base = list(err.absolute_path)
+    return [_json_path(base + [key]) for key in instance if key not in props]
+
+
+def _prune(obj: Any, path: str) -> None:
+    parts = re.findall(r"[^.\[\]]+|\[\d+\]", path)
+    node = obj
+    for part in parts[:-1]:
+        node = node[int(part[1:-1])] if part.startswith("[") else node.get(part)
+        if node is None:
+            return
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def decode_check(rt: "ResourceType", obj: JSON, mode: str = "Strict") -> tuple[list[str], list[FieldError]]:
+    """What kube-apiserver's decoder says of ``obj`` (the request body with apiVersion and kind).
+
+    Unknown fields: with ``mode`` Strict a 400 ``strict decoding error``; with Warn they are
+    dropped from ``obj`` and returned as warnings; with Ignore dropped silently. A value of the
+    wrong JSON type is a 400 (``json: cannot unmarshal``). A missing required field is returned
+    as a field error: the semantic validation's 422 (as the real server answers) says it.
+    Returns (warnings, missing required fields).
+    """
+    cached = _schema_validator(rt.kind, rt.api_version)
+    if cached is None:
+        return [], []
+    validator, defs = cached
+    unknown: list[str] = []
+    type_errors: list[str] = []
+    required: list[FieldError] = []
+    for err in validator.iter_errors(obj):
+        path = list(err.absolute_path)
+        if err.validator == "required":
+            instance = err.instance if isinstance(err.instance, dict) else {}
+            required += [FieldError("Required", _json_path(path + [r])) for r in err.validator_value
+                         if instance.get(r) in (None, "")]
+        elif err.validator == "additionalProperties":
+            unknown += _unknown_fields(err)
+        elif err.validator in ("type", "oneOf", "enum"):
+            if err.validator == "enum" and path in (["apiVersion"], ["kind"]):
+                continue
+            if err.validator == "oneOf" and isinstance(err.instance, str):
+                continue       # a quantity string: its format is checked where it is parsed
+            owner, go_type = _go_field(validator, defs, rt.kind, path)
+            field_path = ".".join(str(p) for p in path if not isinstance(p, int))
+            type_errors.append(f"json: cannot unmarshal {_json_type(err.instance)} into Go struct field "
+                               f"{owner}.{field_path} of type {go_type}")
+    prefix = f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+    if type_errors:
+        raise ApiError(400, prefix + type_errors[0])
+    if not unknown:
+        return [], required
+    if mode == "Strict":
+        raise ApiError(400, prefix + "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+    for path in unknown:
+        _prune(obj, path)
+    return ([f'unknown field "{u}"' for u in unknown] if mode == "Warn" else []), required
+
+
+# --- semantic validation: what pkg/apis/core/validation checks beyond the schema ------------------
+
+_STANDARD_FINALIZERS = {"kubernetes", "orphan", "foregroundDeletion"}
+_NAME_RULES: dict[str, Callable[[str], list[str]]] = {"services": is_dns1035_label}
+"""metadata.name rules by resource; every other kind here: DNS-1123 subdomain."""
+_RESTART_POLICIES = ["Always", "Never", "OnFailure"]
+_PULL_POLICIES = ["Always", "IfNotPresent", "Never"]
+_DNS_POLICIES = ["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]
+_FIELD_REF_PATHS = ["metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName",
+                    "spec.serviceAccountName", "status.hostIP", "status.hostIPs", "status.podIP", "status.podIPs"]
+_STANDARD_CONTAINER_RESOURCES = {"cpu", "memory", "ephemeral-storage"}
+_SERVICE_TYPES = ["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"]
+MAX_SECRET_SIZE = 1024 * 1024
+TOTAL_ANNOTATION_SIZE = 256 * 1024
+
+
+def is_native_resource(name: str) -> bool:
+    return "/" not in name or "kubernetes.io/" in name
+
+
+def is_extended_resource(name: str) -> bool:
+    """Extended resources (``nvidia.com/gpu``): integers, requests equal to limits, not overcommitted."""
+    return not is_native_resource(name) and not name.startswith("requests.")
+
+
+def _labels(labels: Any, path: str, errs: list[FieldError]) -> None:
+    for key, value in (labels or {}).items():
+        errs += [FieldError("Invalid", path, key, m) for m in is_qualified_name(key)]
+        errs += [FieldError("Invalid", path, value, m) for m in is_label_value(str(value))]
+
+
+def _object_meta(rt: "ResourceType", meta: JSON, errs: list[FieldError]) -> None:
+    rule = _NAME_RULES.get(rt.plural, is_dns1123_subdomain)
+    name = meta.get("name") or ""
+    if name:
+        errs += [FieldError("Invalid", "metadata.name", name, m) for m in rule(name)]
+    elif not meta.get("generateName"):
+        errs.append(FieldError("Required", "metadata.name", detail="name or generateName is required"))
+    if rt.namespaced and meta.get("namespace"):
+        errs += [FieldError("Invalid", "metadata.namespace", meta["namespace"], m)
+                 for m in is_dns1123_label(meta["namespace"])]
+    _labels(meta.get("labels"), "metadata.labels", errs)
+    annotations = meta.get("annotations") or {}
+    for key in annotations:
+        errs += [FieldError("Invalid", "metadata.annotations", key, m) for m in is_qualified_name(key.lower())]
+    if sum(len(k) + len(str(v)) for k, v in annotations.items()) > TOTAL_ANNOTATION_SIZE:
+        errs.append(FieldError("TooLong", "metadata.annotations", detail=f"must have at most {TOTAL_ANNOTATION_SIZE} bytes"))
+    for ref in meta.get("ownerReferences") or []:
+        api_version = ref.get("apiVersion") or ""
+        if not api_version.rsplit("/", 1)[-1]:
+            errs.append(FieldError("Invalid", "metadata.ownerReferences.apiVersion", api_version,
+                                   "version must not be empty"))
+        for key, what in (("kind", "kind"), ("name", "name"), ("uid", "uid")):
+            if not ref.get(key):
+                errs.append(FieldError("Invalid", f"metadata.ownerReferences.{key}", ref.get(key) or "",
+                                       f"{what} must not be empty"))
+    for i, finalizer in enumerate(meta.get("finalizers") or []):
+        path = f"metadata.finalizers[{i}]"
+        msgs = is_qualified_name(finalizer)
+        errs += [FieldError("Invalid", path, finalizer, m) for m in msgs]
+        if not msgs and "/" not in finalizer and finalizer not in _STANDARD_FINALIZERS:
+            errs.append(FieldError("Invalid", path, finalizer,
+                                   "name is neither a standard finalizer name nor is it fully qualified"))
+
+
+def _resources(res: JSON, path: str, errs: list[FieldError]) -> None:
+    limits, requests = res.get("limits") or {}, res.get("requests") or {}
+    parsed: dict[tuple[str, str], Fraction] = {}
+    for section, values in (("limits", limits), ("requests", requests)):
+        for name, raw in values.items():
+            key_path = f"{path}.{section}[{name}]"
+            if "/" not in name and name not in _STANDARD_CONTAINER_RESOURCES and not name.startswith("hugepages-"):
+                errs.append(FieldError("Invalid", key_path, name, "must be a standard resource for containers"))
+                continue
+            if "/" in name:
+                errs += [FieldError("Invalid", key_path, name, m) for m in is_qualified_name(name)]
+            try:
+                q = parse_quantity(raw)
+            except QuantityError as exc:    # the decoder refuses it first on a real server
+                raise ApiError(400, f'Pod in version "v1" cannot be handled as a Pod: {exc}') from None
+            parsed[(section, name)] = q
+            if q < 0:
+                errs.append(FieldError("Invalid", key_path, str(raw), "must be greater than or equal to 0"))
+            if (is_extended_resource(name) or name.startswith("hugepages-")) and q.denominator != 1:
+                errs.append(FieldError("Invalid", key_path, str(raw), "must be an integer"))
+    for name, raw in requests.items():
+        if ("requests", name) not in parsed:
+            continue
+        q = parsed[("requests", name)]
+        overcommit = is_native_resource(name) and not name.startswith("hugepages-")
+        if name in limits and ("limits", name) in parsed:
+            limit = parsed[("limits", name)]
+            if not overcommit and q != limit:
+                errs.append(FieldError("Invalid", f"{path}.requests", str(raw),
+                                       f"must be equal to {name} limit of {limits[name]}"))
+            elif q > limit:
+                errs.append(FieldError("Invalid", f"{path}.requests", str(raw),
+                                       f"must be less than or equal to {name} limit of {limits[name]}"))
+        elif not overcommit:
+            errs.append(FieldError("Required", f"{path}.limits",
+                                   detail="Limit must be set for non overcommitable resources"))
+
+
+def _env(env: list, path: str, errs: list[FieldError]) -> None:
+    for i, var in enumerate(env or []):
+        p = f"{path}[{i}]"
+        name = var.get("name") or ""
+        if not name:
+            errs.append(FieldError("Required", f"{p}.name"))
+        else:
+            errs += [FieldError("Invalid", f"{p}.name", name, m) for m in is_env_var_name(name)]
+        source = var.get("valueFrom")
+        if source is None:
+            continue
+        if var.get("value"):
+            errs.append(FieldError("Invalid", f"{p}.valueFrom", "", "may not be specified when `value` is not empty"))
+        kinds = [k for k in ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef") if source.get(k)]
+        if len(kinds) != 1:
+            errs.append(FieldError("Invalid", f"{p}.valueFrom", "",
+                                   "must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or "
+                                   "`secretKeyRef`" if not kinds else "may not have more than one field specified at a time"))
+            continue
+        ref, rp = source[kinds[0]], f"{p}.valueFrom.{kinds[0]}"
+        if kinds[0] in ("secretKeyRef", "configMapKeyRef"):
+            if not ref.get("name"):
+                errs.append(FieldError("Required", f"{rp}.name"))
+            key = ref.get("key") or ""
+            if not key:
+                errs.append(FieldError("Required", f"{rp}.key"))
+            else:
+                errs += [FieldError("Invalid", f"{rp}.key", key, m) for m in is_config_map_key(key)]
+        elif kinds[0] == "fieldRef":
+            fp = ref.get("fieldPath") or ""
+            if not fp:
+                errs.append(FieldError("Required", f"{rp}.fieldPath"))
+            elif not re.fullmatch(r"metadata\.(labels|annotations)\['[^']+'\]", fp) and fp not in _FIELD_REF_PATHS:
+                errs.append(_not_supported(f"{rp}.fieldPath", fp, _FIELD_REF_PATHS))
+
+
+def _container(c: JSON, path: str, volumes: set[str], names: set[str], errs: list[FieldError]) -> None:
+    name = c.get("name") or ""
+    if not name:
+        errs.append(FieldError("Required", f"{path}.name"))
+    else:
+        errs += [FieldError("Invalid", f"{path}.name", name, m) for m in is_dns1123_label(name)]
+        if name in names:
+            errs.append(FieldError("Duplicate", f"{path}.name", name))
+        names.add(name)
+    image = c.get("image") or ""
+    if not image:
+        errs.append(FieldError("Required", f"{path}.image"))
+    elif image != image.strip():
+        errs.append(FieldError("Invalid", f"{path}.image", image, "must not have leading or trailing whitespace"))
+    policy = c.get("imagePullPolicy")
+    if policy is not None and policy not in _PULL_POLICIES:
+        errs.append(_not_supported(f"{path}.imagePullPolicy", policy, _PULL_POLICIES))
+    _env(c.get("env") or [], f"{path}.env", errs)
+    _resources(c.get("resources") or {}, f"{path}.resources", errs)
+    for i, port in enumerate(c.get("ports") or []):
+        n = port.get("containerPort")
+        if isinstance(n, int) and not 1 <= n <= 65535:
+            errs.append(FieldError("Invalid", f"{path}.ports[{i}].containerPort", n, "must be between 1 and 65535, inclusive"))
+        if port.get("name"):
+            errs += [FieldError("Invalid", f"{path}.ports[{i}].name", port["name"], m)
+                     for m in is_valid_port_name(port["name"])]
+    mount_paths: set[str] = set()
+    for i, mount in enumerate(c.get("volumeMounts") or []):
+        mp = f"{path}.volumeMounts[{i}]"
+        if not mount.get("name"):
+            errs.append(FieldError("Required", f"{mp}.name"))
+        elif mount["name"] not in volumes:
+            errs.append(FieldError("NotFound", f"{mp}.name", mount["name"]))
+        if not mount.get("mountPath"):
+            errs.append(FieldError("Required", f"{mp}.mountPath"))
+        elif mount["mountPath"] in mount_paths:
+            errs.append(FieldError("Invalid", f"{mp}.mountPath", mount["mountPath"], "must be unique"))
+        mount_paths.add(mount.get("mountPath") or "")
+
+
+def _node_selector_terms(required: JSON, path: str, errs: list[FieldError]) -> None:
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        errs.append(FieldError("Required", f"{path}.nodeSelectorTerms", detail="must have at least one node selector term"))
+    for t, term in enumerate(terms):
+        for kind in ("matchExpressions", "matchFields"):
+            for e, expr in enumerate(term.get(kind) or []):
+                p = f"{path}.nodeSelectorTerms[{t}].{kind}[{e}]"
+                op, values = expr.get("operator"), expr.get("values") or []
+                if op in ("In", "NotIn"):
+                    if not values:
+                        errs.append(FieldError("Required", f"{p}.values",
+                                               detail="must be specified when `operator` is 'In' or 'NotIn'"))
+                elif op in ("Exists", "DoesNotExist"):
+                    if values:
+                        errs.append(FieldError("Forbidden", f"{p}.values",
+                                               detail="may not be specified when `operator` is 'Exists' or 'DoesNotExist'"))
+                elif op in ("Gt", "Lt"):
+                    if len(values) != 1:
+                        errs.append(FieldError("Required", f"{p}.values",
+                                               detail="must be specified single value when `operator` is 'Lt' or 'Gt'"))
+                else:
+                    errs.append(FieldError("Invalid", f"{p}.operator", op, "not a valid selector operator"))
+                if kind == "matchExpressions":
+                    errs += [FieldError("Invalid", f"{p}.key", expr.get("key") or "", m)
+                             for m in is_qualified_name(expr.get("key") or "")]
+
+
+def _tolerations(tolerations: list, path: str, errs: list[FieldError]) -> None:
+    for i, tol in enumerate(tolerations or []):
+        p = f"{path}[{i}]"
+        key, op, effect = tol.get("key") or "", tol.get("operator") or "Equal", tol.get("effect") or ""
+        if key:
+            errs += [FieldError("Invalid", f"{p}.key", key, m) for m in is_qualified_name(key)]
+        elif op != "Exists":
+            errs.append(FieldError("Invalid", f"{p}.operator", op,
+                                   'operator must be Exists when `key` is empty, which means "match all values and all keys"'))
+        if tol.get("tolerationSeconds") is not None and effect != "NoExecute":
+            errs.append(FieldError("Invalid", f"{p}.effect", effect,
+                                   "effect must be 'NoExecute' when `tolerationSeconds` is set"))
+        if op == "Exists" and tol.get("value"):
+            errs.append(FieldError("Invalid", f"{p}.operator", tol["value"],
+                                   "value must be empty when `operator` is 'Exists'"))
+        elif op not in ("Equal", "Exists"):
+            errs.append(_not_supported(f"{p}.operator", op, ["Equal", "Exists"]))
+        if effect and effect not in ("NoExecute", "NoSchedule", "PreferNoSchedule"):
+            errs.append(_not_supported(f"{p}.effect", effect, ["NoExecute", "NoSchedule", "PreferNoSchedule"]))
+
+
+def _pod_spec(spec: JSON, errs: list[FieldError], *, create: bool) -> None:
+    volumes: set[str] = set()
+    for i, vol in enumerate(spec.get("volumes") or []):
+        vname = vol.get("name") or ""
+        if not vname:
+            errs.append(FieldError("Required", f"spec.volumes[{i}].name"))
+        else:
+            errs += [FieldError("Invalid", f"spec.volumes[{i}].name", vname, m) for m in is_dns1123_label(vname)]
+            if vname in volumes:
+                errs.append(FieldError("Duplicate", f"spec.volumes[{i}].name", vname))
+        volumes.add(vname)
+    containers = spec.get("containers") or []
+    if not containers:
+        errs.append(FieldError("Required", "spec.containers"))
+    names: set[str] = set()
+    for i, c in enumerate(spec.get("initContainers") or []):
+        _container(c, f"spec.initContainers[{i}]", volumes, names, errs)
+    for i, c in enumerate(containers):
+        _container(c, f"spec.containers[{i}]", volumes, names, errs)
+    policy = spec.get("restartPolicy")
+    if policy is not None and policy not in _RESTART_POLICIES:
+        errs.append(_not_supported("spec.restartPolicy", policy, _RESTART_POLICIES))
+    dns = spec.get("dnsPolicy")
+    if dns is not None and dns not in _DNS_POLICIES:
+        errs.append(_not_supported("spec.dnsPolicy", dns, _DNS_POLICIES))
+    for key in ("hostname", "subdomain"):
+        if spec.get(key):
+            errs += [FieldError("Invalid", f"spec.{key}", spec[key], m) for m in is_dns1123_label(spec[key])]
+    for key in ("serviceAccountName", "priorityClassName"):
+        if spec.get(key):
+            errs += [FieldError("Invalid", f"spec.{key}", spec[key], m) for m in is_dns1123_subdomain(spec[key])]
+    if spec.get("nodeName"):
+        errs += [FieldError("Invalid", "spec.nodeName", spec["nodeName"], m) for m in is_dns1123_subdomain(spec["nodeName"])]
+    _labels(spec.get("nodeSelector"), "spec.nodeSelector", errs)
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if required is not None:
+        _node_selector_terms(required, "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution", errs)
+    _tolerations(spec.get("tolerations") or [], "spec.tolerations", errs)
+    deadline = spec.get("activeDeadlineSeconds")
+    if isinstance(deadline, int) and deadline <= 0:
+        errs.append(FieldError("Invalid", "spec.activeDeadlineSeconds", deadline, "must be between 1 and 2147483647, inclusive"))
+    gates: set[str] = set()
+    for i, gate in enumerate(spec.get("schedulingGates") or []):
+        gname = gate.get("name") or ""
+        errs += [FieldError("Invalid", f"spec.schedulingGates[{i}]", gname, m) for m in is_qualified_name(gname)]
+        if gname in gates:
+            errs.append(FieldError("Duplicate", f"spec.schedulingGates[{i}]", gname))
+        gates.add(gname)
+    if create and gates and spec.get("nodeName"):
+        errs.append(FieldError("Forbidden", "spec.nodeName", detail="cannot be set until all schedulingGates have been cleared"))
+
+
+def _service(obj: JSON, errs: list[FieldError]) -> None:
+    spec = obj.get("spec") or {}
+    kind = spec.get("type") or "ClusterIP"
+    if kind not in _SERVICE_TYPES:
+        errs.append(_not_supported("spec.type", kind, _SERVICE_TYPES))
+    ports = spec.get("ports") or []
+    if not ports and spec.get("clusterIP") != "None" and kind != "ExternalName":
+        errs.append(FieldError("Required", "spec.ports"))
+    seen: set[str] = set()
+    for i, port in enumerate(ports):
+        p = f"spec.ports[{i}]"
+        name = port.get("name") or ""
+        if not name and len(ports) > 1:
+            errs.append(FieldError("Required", f"{p}.name"))
+        elif name:
+            errs += [FieldError("Invalid", f"{p}.name", name, m) for m in is_dns1123_label(name)]
+            if name in seen:
+                errs.append(FieldError("Duplicate", f"{p}.name", name))
+            seen.add(name)
+        n = port.get("port")
+        if not isinstance(n, int) or not 1 <= n <= 65535:
+            errs.append(FieldError("Invalid", f"{p}.port", n if n is not None else 0, "must be between 1 and 65535, inclusive"))
+    _labels(spec.get("selector"), "spec.selector", errs)
+
+
+def _base64_error(value: str) -> int | None:
+    """Where Go's decoder would stop on ``value`` (None: it is valid base64)."""
+    try:
+        base64.b64decode(value, validate=True)
+        return None
+    except ValueError:
+        bad = next((i for i, ch in enumerate(value) if ch not in
+                    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="), None)
+        return bad if bad is not None else len(value)
+
+
+def _data_keys(obj: JSON, kind: str, errs: list[FieldError]) -> None:
+    total = 0
+    keys: set[str] = set()
+    for section in ("data", "binaryData") if kind == "ConfigMap" else ("data",):
+        for key, value in (obj.get(section) or {}).items():
+            errs += [FieldError("Invalid", f"{section}[{key}]", key, m) for m in is_config_map_key(key)]
+            if key in keys:
+                errs.append(FieldError("Invalid", f"{section}[{key}]", key, "duplicate of key present in data"))
+            keys.add(key)
+            value = value or ""
+            if kind == "Secret" or section == "binaryData":
+                at = _base64_error(value)
+                if at is not None:
+                    raise ApiError(400, f'{kind} in version "v1" cannot be handled as a {kind}: illegal base64 '
+                                        f"data at input byte {at}")
+                total += len(base64.b64decode(value))
+            else:
+                total += len(value)
+    if total > MAX_SECRET_SIZE:
+        errs.append(FieldError("TooLong", "data" if kind == "Secret" else "", detail=f"must have at most {MAX_SECRET_SIZE} bytes"))
+
+
+def semantic_errors(rt: "ResourceType", obj: JSON, old: JSON | None = None) -> list[FieldError]:
+    """The validation kube-apiserver runs after decoding and defaulting (create: ``old`` None)."""
+    errs: list[FieldError] = []
+    _object_meta(rt, obj.get("metadata") or {}, errs)
+    if rt.plural == "pods":
+        _pod_spec(obj.get("spec") or {}, errs, create=old is None)
+        if old is not None:
+            old_gates = {g.get("name") for g in (old.get("spec") or {}).get("schedulingGates") or []}
+            for i, gate in enumerate((obj.get("spec") or {}).get("schedulingGates") or []):
+                if gate.get("name") not in old_gates:
+                    errs.append(FieldError("Forbidden", f"spec.schedulingGates[{i}].name",
+                                           detail=f"only deletion is allowed, but found new scheduling gate "
+                                                  f"'{gate.get('name')}'"))
+    elif rt.plural == "services":
+        _service(obj, errs)
+    elif rt.plural in ("secrets", "configmaps"):
+        _data_keys(obj, rt.kind, errs)
+        if rt.plural == "secrets" and old is not None and obj.get("type") != old.get("type"):
+            errs.append(FieldError("Invalid", "type", obj.get("type"), "field is immutable"))
+    elif rt.plural == "leases":
+        spec = obj.get("spec") or {}
+        duration = spec.get("leaseDurationSeconds")
+        if duration is not None and duration <= 0:
+            errs.append(FieldError("Invalid", "spec.leaseDurationSeconds", duration, "must be greater than 0"))
+        transitions = spec.get("leaseTransitions")
+        if transitions is not None and transitions < 0:
+            errs.append(FieldError("Invalid", "spec.leaseTransitions", transitions, "must be greater than or equal to 0"))
+    elif rt.plural == "events":
+        involved = obj.get("involvedObject") or {}
+        ns = (obj.get("metadata") or {}).get("namespace") or ""
+        inv_ns = involved.get("namespace") or ""
+        if not obj.get("eventTime") and (inv_ns != ns if inv_ns else ns not in ("", "default")):
+            errs.append(FieldError("Invalid", "involvedObject.namespace", inv_ns, "does not match event.namespace"))
+    return errs
+
+
 # --- per-type rules -----------------------------------------------------------------------------
 
 _POD_MUTABLE = ("activeDeadlineSeconds", "tolerations", "schedulingGates")
 
 
+def default_pull_policy(image: str) -> str:
+    """The API's default ``imagePullPolicy``: Always for ``:latest`` or no tag, else IfNotPresent."""
+    ref = image.split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    if "@" in image:
+        return "IfNotPresent"
+    tag = last.split(":", 1)[1] if ":" in last else "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
 def _pod_spec_defaults(spec: JSON) -> JSON:
+    """SetDefaults_PodSpec and SetDefaults_Container (the fields a 1.30 server fills in)."""
     spec = copy.deepcopy(spec)
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("enableServiceLinks", True)
+    for key in ("containers", "initContainers"):
+        for c in spec.get(key) or []:
+            if isinstance(c, dict):
+                c.setdefault("imagePullPolicy", default_pull_policy(str(c.get("image") or "")))
+                c.setdefault("terminationMessagePath", "/dev/termination-log")
+                c.setdefault("terminationMessagePolicy", "File")
     return spec
+
+
+def effective_requests(container: JSON) -> dict[str, str]:
+    """A container's requests as the API defaults them: a limit without a request is the request."""
+    resources = container.get("resources") or {}
+    return {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+
+
+def qos_class(spec: JSON) -> str:
+    """``status.qosClass``: Guaranteed, Burstable or BestEffort (only cpu and memory count)."""
+    containers = (spec.get("containers") or []) + (spec.get("initContainers") or [])
+    any_set, guaranteed = False, True
+    for c in containers:
+        limits = (c.get("resources") or {}).get("limits") or {}
+        requests = effective_requests(c)
+        for res in ("cpu", "memory"):
+            if res in requests or res in limits:
+                any_set = True
+            if res not in limits or parse_quantity(requests.get(res, limits[res])) != parse_quantity(limits[res]):
+                guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+DEFAULT_TOLERATION_SECONDS = 300
+"""What the DefaultTolerationSeconds admission plugin gives every pod for a NotReady/unreachable node."""
+
+
+def _default_tolerations(spec: JSON) -> None:
+    tolerations = spec.setdefault("tolerations", [])
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any((t.get("key") == key or (not t.get("key") and t.get("operator") == "Exists"))
+                   and t.get("effect") in (None, "", "NoExecute") for t in tolerations):
+            tolerations.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                "tolerationSeconds": DEFAULT_TOLERATION_SECONDS})
 
 
 def _check_pod_spec_update(name: str, old: JSON, new: JSON) -> None:
@@ -419,8 +1257,17 @@ def _fold_string_data(obj: JSON) -> None:
 
 def _prepare_for_create(rt: ResourceType, obj: JSON) -> None:
     if rt.plural == "pods":
-        obj["spec"] = _pod_spec_defaults(obj.get("spec") or {})
-        obj["status"] = {"phase": "Pending"}
+        spec = obj["spec"] = _pod_spec_defaults(obj.get("spec") or {})
+        # the ServiceAccount and DefaultTolerationSeconds admission plugins
+        if not spec.get("serviceAccountName"):
+            spec["serviceAccountName"] = spec.get("serviceAccount") or "default"
+        spec["serviceAccount"] = spec["serviceAccountName"]
+        _default_tolerations(spec)
+        try:
+            qos = qos_class(spec)
+        except QuantityError:
+            qos = "BestEffort"     # refused by the validation that follows
+        obj["status"] = {"phase": "Pending", "qosClass": qos}
     elif rt.plural == "services":
         obj["status"] = {"loadBalancer": {}}
     elif rt.plural == "secrets":
@@ -497,11 +1344,27 @@ def _is_true(value: str | None) -> bool:
     return value in ("true", "True", "1")
 
 
+FIELD_VALIDATION_MODES = ("Ignore", "Warn", "Strict")
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
+_FIELD_VALIDATION: contextvars.ContextVar[str] = contextvars.ContextVar("field_validation", default="Strict")
+_WARNINGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("warnings", default=None)
+
+
 class FakeKubeAPIServer:
     """See the module docstring. Start with ``with FakeKubeAPIServer() as api:`` or ``start()``."""
 
     def __init__(self, *, history_size: int = 1000, bookmark_interval_s: float = 1.0,
-                 host: str = "127.0.0.1", port: int = 0, first_resource_version: int = 100) -> None:
+                 host: str = "127.0.0.1", port: int = 0, first_resource_version: int = 100,
+                 validate: bool = True, field_validation: str = "Strict",
+                 priority_classes: dict[str, int] | None = None) -> None:
+        if field_validation not in FIELD_VALIDATION_MODES:
+            raise ValueError(f"field_validation must be one of {FIELD_VALIDATION_MODES}")
+        self.validate = validate
+        """Check every create/update/patch against the 1.30 schema and the API's own rules."""
+        self.field_validation = field_validation
+        """The mode for a request that names none (the real server's default is Warn)."""
+        self.priority_classes = {**SYSTEM_PRIORITY_CLASSES, **(priority_classes or {})}
+        """PriorityClass name -> value (the Priority admission plugin resolves spec.priorityClassName)."""
         self.history_size = history_size
         self.bookmark_interval_s = bookmark_interval_s
         self._host, self._port = host, port
@@ -714,15 +1577,24 @@ class FakeKubeAPIServer:
             fault = next((f for f in self._faults if f.matches(verb, resource, name, agent)), None)
             if fault is not None:
                 fault.hits += 1
+        warnings: list[str] = []
+        _WARNINGS.set(warnings)
         try:
             if fault is not None:
                 if fault.delay_s:
                     await asyncio.sleep(fault.delay_s)
                 if fault.status is not None:
                     raise ApiError(fault.status, fault.message)
+            mode = q.get("fieldValidation", "") or self.field_validation
+            if mode not in FIELD_VALIDATION_MODES:
+                raise ApiError(400, f'fieldValidation: Unsupported value: "{mode}": supported values: "", '
+                                    '"Ignore", "Strict", "Warn"')
+            _FIELD_VALIDATION.set(mode)
             response = await self._dispatch(request, verb, rt, namespace, name, sub)
         except ApiError as err:
             response = self._error(err)
+        for text in warnings:
+            response.headers.add("Warning", '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
         with self._lock:
             self._responses[(verb, resource, response.status)] += 1
         return response
@@ -922,11 +1794,9 @@ class FakeKubeAPIServer:
         if not name:
             raise ApiError(422, f'{rt.kind} "" is invalid: metadata.name: Required value: name or '
                                 "generateName is required", details={"kind": rt.kind})
-        key = self._key(rt, namespace, name)
-        if key in self._objects:
-            raise ApiError(409, f'{rt.qualified} "{name}" already exists', reason="AlreadyExists",
-                           details=_details(rt, name))
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        required = self._decode(rt, obj)
+        meta = obj.setdefault("metadata", {})
         meta["name"] = name
         if rt.namespaced:
             meta["namespace"] = namespace
@@ -937,7 +1807,54 @@ class FakeKubeAPIServer:
         for transient in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
             meta.pop(transient, None)
         _prepare_for_create(rt, obj)
+        if rt.plural == "pods":
+            self._admit_priority(name, obj["spec"])
+        self._validate(rt, name, obj, None, required)
+        key = self._key(rt, namespace, name)
+        if key in self._objects:
+            raise ApiError(409, f'{rt.qualified} "{name}" already exists', reason="AlreadyExists",
+                           details=_details(rt, name))
         return self._write(rt, key, obj, "ADDED", None)
+
+    def _decode(self, rt: ResourceType, obj: JSON) -> list[FieldError]:
+        """The decoder's checks (400s, unknown fields per fieldValidation); the missing required fields."""
+        if not self.validate:
+            return []
+        warnings, required = decode_check(rt, obj, _FIELD_VALIDATION.get())
+        collected = _WARNINGS.get()
+        if collected is not None:
+            collected.extend(warnings)
+        return required
+
+    def _validate(self, rt: ResourceType, name: str, obj: JSON, old: JSON | None,
+                  required: list[FieldError], status_only: bool = False) -> None:
+        if not self.validate:
+            return
+        if status_only:
+            errs: list[FieldError] = []
+            _object_meta(rt, obj.get("metadata") or {}, errs)
+        else:
+            errs = semantic_errors(rt, obj, old)
+        errs = required + errs
+        if errs:
+            raise invalid_error(rt, name, errs)
+
+    def _admit_priority(self, name: str, spec: JSON) -> None:
+        """The Priority admission plugin: ``spec.priority`` from ``spec.priorityClassName``."""
+        class_name = spec.get("priorityClassName")
+        if class_name:
+            if class_name not in self.priority_classes:
+                raise ApiError(403, f'pods "{name}" is forbidden: no PriorityClass with name {class_name} was found',
+                               details={"name": name, "kind": "pods"})
+            value = self.priority_classes[class_name]
+        else:
+            value = 0
+        if spec.get("priority") is not None and spec["priority"] != value:
+            raise ApiError(403, f'pods "{name}" is forbidden: the integer value of priority ({spec["priority"]}) '
+                                f"must not be provided in pod spec; priority admission controller computed {value} "
+                                "from the given PriorityClass name", details={"name": name, "kind": "pods"})
+        spec["priority"] = value
+        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
 
     def _check_preconditions(self, rt: ResourceType, name: str, old: JSON,
                              rv: str | None, uid: str | None) -> None:
@@ -962,7 +1879,11 @@ class FakeKubeAPIServer:
             raise ApiError(400, "the namespace of the provided object does not match the namespace "
                                 "sent on the request")
         self._check_preconditions(rt, name, old, meta.get("resourceVersion"), meta.get("uid"))
+        body = copy.deepcopy(body)
+        body["apiVersion"], body["kind"] = rt.api_version, rt.kind
+        required = self._decode(rt, body)
         new = self._next_version(rt, old, body, sub)
+        self._validate(rt, name, new, old, required if sub != "status" else [], status_only=sub == "status")
         if new == old:
             return old       # a no-op update writes nothing and keeps the resourceVersion
         self._write(rt, key, new, "MODIFIED", old)
@@ -1038,6 +1959,10 @@ class FakeKubeAPIServer:
             raise ApiError(422, f'Binding "{name}" is invalid: target.name: Required value')
         if (old.get("spec") or {}).get("nodeName"):
             raise _conflict(rt, name, f'pod {name} is already assigned to node "{old["spec"]["nodeName"]}"')
+        if old["metadata"].get("deletionTimestamp"):
+            raise _conflict(rt, name, f"pod {name} is being deleted, cannot be assigned to a host")
+        if (old.get("spec") or {}).get("schedulingGates"):
+            raise _conflict(rt, name, f"pod {name} has non-empty .spec.schedulingGates")
         new = copy.deepcopy(old)
         new["spec"]["nodeName"] = node
         self._write(rt, self._key(rt, namespace, name), new, "MODIFIED", old)
@@ -1097,9 +2022,11 @@ class FakeKubeAPIServer:
 
     # --- watch ---
 
-    def _bookmark(self, rt: ResourceType) -> JSON:
-        return {"kind": rt.kind, "apiVersion": rt.api_version,
-                "metadata": {"resourceVersion": str(self._rv)}}
+    def _bookmark(self, rt: ResourceType, initial_events_end: bool = False) -> JSON:
+        meta: JSON = {"resourceVersion": str(self._rv)}
+        if initial_events_end:   # the end of a sendInitialEvents watch's initial state (1.27+)
+            meta["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}
 
     def _close_watches(self) -> None:
         for w in self._watchers:
@@ -1113,8 +2040,25 @@ class FakeKubeAPIServer:
         timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
         since = q.get("resourceVersion", "")
         expired: ApiError | None = None
+        initial = _is_true(q.get("sendInitialEvents"))
+        if initial:
+            errs = []
+            if q.get("resourceVersionMatch") != "NotOlderThan":
+                errs.append(FieldError("Forbidden", "resourceVersionMatch",
+                                       detail="sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"))
+            if not watcher.bookmarks:
+                errs.append(FieldError("Forbidden", "allowWatchBookmarks",
+                                       detail="sendInitialEvents requires setting allowWatchBookmarks to true"))
+            if errs:
+                raise invalid_error(ResourceType("listoptions", "ListOptions", group="meta.k8s.io"), "", errs)
         # from here to registering the watcher nothing awaits: no change can slip between
-        if since in ("", "0"):
+        if initial:
+            if since not in ("", "0") and int(since) > self._rv:
+                raise ApiError(504, f"Timeout: Too large resource version: {since}, current: {self._rv}")
+            for obj in self._selected(rt, namespace, watcher.selector):
+                watcher.queue.put_nowait(("ADDED", obj))
+            watcher.queue.put_nowait(("BOOKMARK", self._bookmark(rt, initial_events_end=True)))
+        elif since in ("", "0"):
             for obj in self._selected(rt, namespace, watcher.selector):
                 watcher.queue.put_nowait(("ADDED", obj))
         else:
