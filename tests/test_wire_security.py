@@ -176,9 +176,22 @@ class Recorder:
         """A datagram to a rank, from the address its controller answers from."""
         self.udp.sendto(frame, rank_addr)
 
-    def blobs(self) -> list[bytes]:
+    def from_ranks(self) -> list[tuple[tuple, bytes]]:
         with self._lock:
-            return [d for _, d in self.up + self.down] + [bytes(b) for ex in self.http for b in ex.values()]
+            return list(self.up)
+
+    def to_ranks(self) -> list[tuple[tuple, bytes]]:
+        with self._lock:
+            return list(self.down)
+
+    def exchanges(self) -> list[dict[str, bytes]]:
+        with self._lock:
+            return [{k: bytes(v) for k, v in ex.items()} for ex in self.http]
+
+    def blobs(self) -> list[bytes]:
+        """Every datagram and every HTTP request and answer recorded."""
+        return [d for _, d in self.from_ranks() + self.to_ranks()] + [
+            b for ex in self.exchanges() for b in ex.values()]
 
     def _udp_loop(self) -> None:
         while not self._stop.is_set():
@@ -301,15 +314,12 @@ def wire(tmp_path):
 
 def heartbeats(recorder: Recorder, keys):
     """(rank address, frame, heartbeat) of every datagram a rank sent (all authentic)."""
-    with recorder._lock:
-        up = list(recorder.up)
-    return [(addr, data, decode_heartbeat(data, keys.heartbeat)) for addr, data in up]
+    return [(addr, data, decode_heartbeat(data, keys.heartbeat)) for addr, data in recorder.from_ranks()]
 
 
 def orders(recorder: Recorder, keys):
-    with recorder._lock:
-        down = list(recorder.down)
-    return [(addr, data, decode_control(data, keys.control)) for addr, data in down]
+    """(rank address, frame, order) of every datagram the controller sent a rank (all authentic)."""
+    return [(addr, data, decode_control(data, keys.control)) for addr, data in recorder.to_ranks()]
 
 
 def wait_until(what: str, cond, run: WireRun, timeout: float = 120):
@@ -413,7 +423,7 @@ def test_nothing_recorded_verifies_a_frame_and_forgeries_made_from_the_recording
         paced(lambda f: s.sendto(f, ("127.0.0.1", intake)), forged_hbs)
     paced(lambda f: rec.inject(f, rank1_addr), forged_orders)
     # and the rank's restore-point request replayed, and replayed with another attempt
-    (request,) = [bytes(ex["request"]) for ex in rec.http if b"attempt=1&" in ex["request"]]
+    (request,) = [ex["request"] for ex in rec.exchanges() if b"attempt=1&" in ex["request"]]
     replies = []
     for raw in (request, request.replace(b"attempt=1&", b"attempt=0&")):
         with socket.create_connection(("127.0.0.1", http), timeout=10) as c:
@@ -443,10 +453,10 @@ def test_nothing_recorded_verifies_a_frame_and_forgeries_made_from_the_recording
 
     # and nothing on the wire could verify a frame: no token, no derived key, in any form
     blobs = rec.blobs()
-    assert len(rec.up) > 20 and len(rec.down) >= 3 and len(rec.http) == 2
+    assert len(rec.from_ranks()) > 20 and len(rec.to_ranks()) >= 3 and len(rec.exchanges()) == 2
     for name, needle in secrets_of(token).items():
         assert not any(needle in b for b in blobs), f"the {name} was on the wire"
-    for ex in rec.http:
+    for ex in rec.exchanges():
         assert b"Authorization" not in ex["request"] and HEADER_MAC.encode() in ex["request"]
         assert ex["answer"].startswith(b"HTTP/1.1 200") and HEADER_MAC.encode() in ex["answer"]
 
