@@ -575,3 +575,179 @@ def test_injected_faults_answer_with_a_status_and_can_be_scoped(api):
     expect_error(500, "InternalError", vb.list_node)
     api.clear_faults()
     vb.list_node()
+
+
+# --- validation: the 1.30 schema and the API's own rules --------------------------------------
+
+def raw_create(api, v1, plural: str, body: dict, query: str = ""):
+    """A create through the real client's transport, past its own model checks (the client refuses
+    unknown fields and wrong types before sending: these are what the server says of them)."""
+    ac = v1.api_client
+    resp = ac.call_api("POST", f"{api.url}/api/v1/namespaces/{NS}/{plural}{query}",
+                       header_params={"Content-Type": "application/json", "Accept": "application/json"}, body=body)
+    resp.read()
+    return resp
+
+
+def test_a_label_value_of_64_characters_is_422_invalid_with_its_cause(v1):
+    body = expect_error(422, "Invalid", v1.create_namespaced_pod, NS, pod("p0", {"team": "x" * 64}))
+    value = json.dumps("x" * 64)
+    assert body["message"] == f'Pod "p0" is invalid: metadata.labels: Invalid value: {value}: must be no more than 63 characters'
+    assert body["details"] == {"name": "p0", "kind": "Pod", "causes": [{
+        "reason": "FieldValueInvalid", "message": f"Invalid value: {value}: must be no more than 63 characters",
+        "field": "metadata.labels"}]}
+    v1.create_namespaced_pod(NS, pod("p0", {"team": "x" * 63}))
+
+
+def test_a_misspelled_field_is_a_strict_decoding_error_or_dropped_with_a_warning(api, v1):
+    bad = pod("p0")
+    bad["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    resp = raw_create(api, v1, "pods", bad)
+    assert resp.status == 400
+    body = json.loads(resp.data)
+    assert (body["reason"], body["message"]) == ("BadRequest", 'Pod in version "v1" cannot be handled as a Pod: '
+                                                 'strict decoding error: unknown field "spec.containers[0].imagePullPolcy"')
+    warned = raw_create(api, v1, "pods", bad, "?fieldValidation=Warn")    # the real server's default
+    assert warned.status == 201
+    assert warned.headers["Warning"] == '299 - "unknown field \\"spec.containers[0].imagePullPolcy\\""'
+    assert "imagePullPolcy" not in json.dumps(api.get("pods", NS, "p0"))
+    typed = pod("p1")
+    typed["spec"]["terminationGracePeriodSeconds"] = "30"
+    resp = raw_create(api, v1, "pods", typed)
+    assert resp.status == 400 and json.loads(resp.data)["message"] == (
+        'Pod in version "v1" cannot be handled as a Pod: json: cannot unmarshal string into Go struct field '
+        'PodSpec.spec.terminationGracePeriodSeconds of type int64')
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p["spec"].update(containers=[]), "spec.containers: Required value"),
+    (lambda p: p["spec"]["containers"][0].update(image=""), "spec.containers[0].image: Required value"),
+    (lambda p: p["spec"]["containers"][0].update(name="Agent"),
+     'spec.containers[0].name: Invalid value: "Agent": a lowercase RFC 1123 label must consist of lower case '
+     "alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or "
+     "'123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"),
+    (lambda p: p["spec"].update(hostname="a.b"), 'spec.hostname: Invalid value: "a.b": must not contain dots'),
+    (lambda p: p["spec"].update(subdomain="x" * 64), f'spec.subdomain: Invalid value: "{"x" * 64}": must be no more '
+                                                     "than 63 characters"),
+    (lambda p: p["spec"]["containers"][0].update(env=[{"name": "1X", "value": "v"}]),
+     'spec.containers[0].env[0].name: Invalid value: "1X": a valid environment variable name must consist of '
+     "alphabetic characters, digits, '_', '-', or '.', and must not start with a digit (e.g. 'my.env-name',  or "
+     "'MY_ENV.NAME',  or 'MyEnvName1', regex used for validation is '[-._a-zA-Z][-._a-zA-Z0-9]*')"),
+    (lambda p: p["spec"].update(restartPolicy="Sometimes"),
+     'spec.restartPolicy: Unsupported value: "Sometimes": supported values: "Always", "Never", "OnFailure"'),
+    (lambda p: p["spec"]["containers"][0].update(resources={"limits": {"nvidia.com/gpu": "1"},
+                                                            "requests": {"nvidia.com/gpu": "2"}}),
+     'spec.containers[0].resources.requests: Invalid value: "2": must be equal to nvidia.com/gpu limit of 1'),
+    (lambda p: p["spec"]["containers"][0].update(resources={"requests": {"nvidia.com/gpu": "1"}}),
+     "spec.containers[0].resources.limits: Required value: Limit must be set for non overcommitable resources"),
+    (lambda p: p["spec"]["containers"][0].update(volumeMounts=[{"name": "ckpt", "mountPath": "/ckpt"}]),
+     'spec.containers[0].volumeMounts[0].name: Not found: "ckpt"'),
+    (lambda p: p["spec"].update(schedulingGates=[{"name": "g"}], nodeName="n1"),
+     "spec.nodeName: Forbidden: cannot be set until all schedulingGates have been cleared"),
+    (lambda p: p["metadata"].update(name="Bad_Name"),
+     'metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain must consist of lower case '
+     "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. "
+     "'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"),
+])
+def test_pods_the_real_server_refuses_are_refused(v1, change, message):
+    body = pod("p0")
+    change(body)
+    err = expect_error(422, "Invalid", v1.create_namespaced_pod, NS, body)
+    assert err["message"] == f'Pod "{body["metadata"]["name"]}" is invalid: {message}'
+    assert [c["field"] for c in err["details"]["causes"]] == [message.split(":")[0]]
+
+
+def test_several_errors_are_listed_in_brackets(v1):
+    body = pod("p0", {"a": "-bad-"})
+    body["spec"]["hostname"] = "UPPER"
+    err = expect_error(422, "Invalid", v1.create_namespaced_pod, NS, body)
+    assert err["message"].startswith('Pod "p0" is invalid: [metadata.labels: Invalid value: "-bad-": ')
+    assert ", spec.hostname: Invalid value: \"UPPER\": " in err["message"] and err["message"].endswith("]")
+    assert len(err["details"]["causes"]) == 2
+
+
+def test_service_names_are_dns_1035_labels_and_other_kinds_subdomains(v1):
+    err = expect_error(422, "Invalid", v1.create_namespaced_service, NS,
+                       {"metadata": {"name": "1-rdzv"}, "spec": {"clusterIP": "None"}})
+    assert err["message"].startswith('Service "1-rdzv" is invalid: metadata.name: Invalid value: "1-rdzv": a DNS-1035 label')
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "1-rdzv.config"}})
+    err = expect_error(422, "Invalid", v1.create_namespaced_secret, NS,
+                       {"metadata": {"name": "s"}, "data": {"bad key": "eA=="}})
+    assert err["message"].startswith('Secret "s" is invalid: data[bad key]: Invalid value: "bad key": a valid config key')
+
+
+def test_pod_defaults_and_admission(v1, api):
+    created = v1.create_namespaced_pod(NS, pod("p0"))
+    c = created.spec.containers[0]
+    assert (c.image_pull_policy, c.termination_message_path, c.termination_message_policy) == \
+        ("IfNotPresent", "/dev/termination-log", "File")
+    assert (created.spec.dns_policy, created.spec.scheduler_name, created.spec.service_account_name,
+            created.spec.priority) == ("ClusterFirst", "default-scheduler", "default", 0)
+    assert {(t.key, t.effect, t.toleration_seconds) for t in created.spec.tolerations} == {
+        ("node.kubernetes.io/not-ready", "NoExecute", 300), ("node.kubernetes.io/unreachable", "NoExecute", 300)}
+    assert created.status.qos_class == "BestEffort"
+    body = pod("p1")
+    body["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    assert v1.create_namespaced_pod(NS, body).status.qos_class == "Guaranteed"
+    err = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS, {**pod("p2"), "spec": {
+        **pod("p2")["spec"], "priorityClassName": "high"}})
+    assert err["message"] == 'pods "p2" is forbidden: no PriorityClass with name high was found'
+
+
+def test_validation_can_be_switched_off_and_costs_little(api, v1):
+    import time as clock
+
+    from fakes.kube_apiserver import RESOURCES, decode_check, semantic_errors
+    body = pod("p0", {"elastic-supervisor/job": "j1"})
+    body["spec"]["containers"][0]["env"] = [{"name": f"V{i}", "value": "x"} for i in range(40)]
+    body.update(apiVersion="v1", kind="Pod")
+    decode_check(RESOURCES["pods"], body)        # the schema loads once per kind
+    started = clock.perf_counter()
+    for _ in range(20):
+        decode_check(RESOURCES["pods"], body)
+        semantic_errors(RESOURCES["pods"], body)
+    per_pod = (clock.perf_counter() - started) / 20
+    assert per_pod < 0.020, f"{per_pod * 1000:.1f} ms per pod"
+    api.validate = False
+    v1.create_namespaced_pod(NS, pod("p1", {"team": "x" * 64}))
+
+
+def test_kinds_without_a_schema_are_not_checked():
+    from fakes.kube_apiserver import ResourceType, decode_check
+    crd = ResourceType("widgets", "Widget", group="example.com")
+    assert decode_check(crd, {"apiVersion": "example.com/v1", "kind": "Widget", "spce": {}}) == ([], [])
+
+
+def test_parse_quantity():
+    from fractions import Fraction
+
+    from fakes.kube_apiserver import QuantityError, parse_quantity
+    assert parse_quantity("500m") == Fraction(1, 2)
+    assert parse_quantity("1Gi") == 2 ** 30 and parse_quantity("1G") == 10 ** 9
+    assert parse_quantity("1.5Ki") == 1536 and parse_quantity("2e3") == 2000 and parse_quantity(8) == 8
+    assert parse_quantity("100Mi") == 100 * 2 ** 20 and parse_quantity("1k") == 1000
+    for bad in ("1GB", "", " 1", "1 ", "abc", "1.2.3", "--1", True, None):
+        with pytest.raises(QuantityError):
+            parse_quantity(bad)
+
+
+def test_initial_events_end_with_an_annotated_bookmark(api, v1):
+    v1.create_namespaced_pod(NS, pod("p0"))
+    raw = v1.api_client.call_api("GET", f"{api.url}/api/v1/namespaces/{NS}/pods?watch=true&sendInitialEvents=true"
+                                 "&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1")
+    raw.read()
+    events = [json.loads(line) for line in raw.data.decode().splitlines() if line]
+    assert [e["type"] for e in events[:2]] == ["ADDED", "BOOKMARK"]
+    assert events[1]["object"]["metadata"] == {"resourceVersion": api.resource_version,
+                                               "annotations": {"k8s.io/initial-events-end": "true"}}
+    refused = v1.api_client.call_api("GET", f"{api.url}/api/v1/namespaces/{NS}/pods?watch=true&sendInitialEvents=true")
+    refused.read()
+    assert refused.status == 422 and "sendInitialEvents requires setting allowWatchBookmarks to true" in refused.data.decode()
+
+
+def test_plain_bookmarks_carry_only_the_resource_version(api, v1):
+    marked = LiveWatch(api, v1.list_namespaced_pod, NS, resource_version=api.resource_version,
+                       allow_watch_bookmarks=True, timeout_seconds=20)
+    api.send_bookmarks()
+    assert marked.wait_for(1)[0]["object"]["metadata"] == {"resourceVersion": api.resource_version}
+    api.close_watches()

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import os
 import re
@@ -69,15 +70,20 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Self
 
 import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+
+from .kube_apiserver import (QuantityError, default_pull_policy, effective_requests, is_extended_resource,
+                             parse_label_selector, parse_quantity)
 
 JSON = dict[str, Any]
 
@@ -236,6 +242,339 @@ def node_is_ready(node: JSON) -> bool:
     return bool(cond and cond.get("status") == "True")
 
 
+# --- images: a fake registry ------------------------------------------------------------------------
+
+DEFAULT_IMAGES: tuple[str, ...] = ("fake.invalid/worker:1", "trainer:1", "trainer:2", "img:1")
+"""The images the fake registry holds unless told otherwise (the ones the project's tests name)."""
+
+_ALNUM = r"[a-z0-9]+"
+_SEP = r"(?:[._]|__|[-]+)"
+_PATH_COMPONENT = _ALNUM + r"(?:" + _SEP + _ALNUM + r")*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = r"(?:" + _DOMAIN_COMPONENT + r"(?:\." + _DOMAIN_COMPONENT + r")*|\[(?:[a-fA-F0-9:]+)\])"
+_IMAGE_NAME = r"(?:" + _HOST + r"(?::[0-9]+)?/)?" + _PATH_COMPONENT + r"(?:/" + _PATH_COMPONENT + r")*"
+_REFERENCE = re.compile(r"(" + _IMAGE_NAME + r")(?::([\w][\w.-]{0,127}))?"
+                        r"(?:@([A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*[:][0-9a-fA-F]{32,}))?", re.ASCII)
+
+
+class ImageReferenceError(ValueError):
+    """Not an image reference (the kubelet's ``InvalidImageName``); the message is distribution/reference's."""
+
+
+def _split_docker_domain(name: str) -> tuple[str, str]:
+    if "/" not in name:
+        return "docker.io", "library/" + name
+    maybe_domain, remote = name.split("/", 1)
+    if maybe_domain == "index.docker.io":
+        domain = "docker.io"
+    elif maybe_domain == "localhost" or any(ch in maybe_domain for ch in ".:") or maybe_domain.lower() != maybe_domain:
+        domain = maybe_domain
+    else:
+        domain, remote = "docker.io", name
+    if domain == "docker.io" and "/" not in remote:
+        remote = "library/" + remote
+    return domain, remote
+
+
+def normalize_image(image: str) -> tuple[str, str]:
+    """(the reference the runtime pulls, e.g. ``docker.io/library/x:latest``, its repository
+    ``docker.io/library/x``) as ParseNormalizedNamed and the kubelet's default tag make them.
+    Raises :class:`ImageReferenceError`."""
+    if re.fullmatch(r"[a-f0-9]{64}", image):
+        raise ImageReferenceError(f"invalid repository name ({image}), cannot specify 64-byte hexadecimal strings")
+    domain, remainder = _split_docker_domain(image)
+    remote = remainder.split(":", 1)[0]
+    if remote.lower() != remote:
+        raise ImageReferenceError(f"invalid reference format: repository name ({remote}) must be lowercase")
+    full = f"{domain}/{remainder}"
+    m = _REFERENCE.fullmatch(full)
+    if not m:
+        if _REFERENCE.fullmatch(full.lower()):
+            raise ImageReferenceError("invalid reference format: repository name must be lowercase")
+        raise ImageReferenceError("invalid reference format")
+    name, tag, digest = m.groups()
+    if len(name.split("/", 1)[1]) > 255:
+        raise ImageReferenceError("repository name must not be more than 255 characters")
+    if digest:
+        return f"{name}@{digest}", name
+    return f"{name}:{tag or 'latest'}", name
+
+
+def image_id(ref: str) -> str:
+    """The runtime's ``imageID`` (a repo digest) of a pulled reference: ``repo@sha256:<hex>``."""
+    repo = ref.split("@", 1)[0]
+    last = repo.rsplit("/", 1)
+    if ":" in last[-1]:
+        repo = repo.rsplit(":", 1)[0]
+    return f"{repo}@sha256:{hashlib.sha256(ref.encode()).hexdigest()}"
+
+
+def _pull_error(ref: str, known_hosts: set[str]) -> str:
+    """What containerd says of a reference the registry does not have (the ``ErrImagePull`` message)."""
+    head = f'failed to pull and unpack image "{ref}": failed to resolve reference "{ref}"'
+    host = ref.split("/", 1)[0]
+    if host in known_hosts:
+        return f"rpc error: code = NotFound desc = {head}: {ref}: not found"
+    name, _, tag = ref.partition("@")[0].rpartition(":")
+    path = name.split("/", 1)[1]
+    return (f'rpc error: code = Unknown desc = {head}: failed to do request: Head "https://{host}/v2/{path}/'
+            f'manifests/{tag}": dial tcp: lookup {host.split(":")[0]}: no such host')
+
+
+@dataclass
+class _Pull:
+    """A container whose image cannot be pulled: the kubelet's image back-off."""
+    backoff_s: float
+    retry_at: float                 # monotonic time of the next pull
+    backoff_shown_at: float         # when the status turns to ImagePullBackOff
+    shown: str = "ErrImagePull"
+
+
+# --- memory limits: real cgroups ---------------------------------------------------------------------
+
+class MemoryCgroups:
+    """Memory cgroups for containers with ``resources.limits.memory``, under this process's own one.
+
+    cgroup v1 (the memory controller's ``memory.limit_in_bytes``, ``memory.oom_control``'s
+    ``oom_kill``) or v2 (``memory.max``, ``memory.swap.max`` 0, ``memory.oom.group`` 1,
+    ``memory.events``' ``oom_kill``). Nothing is touched until a container needs it.
+    """
+
+    def __init__(self) -> None:
+        self._probed = False
+        self.version: int | None = None
+        self.base: Path | None = None         # this process's memory cgroup
+        self.why_not = ""
+        self._root: Path | None = None        # this kubelet's folder under base
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _own_cgroups() -> tuple[str | None, str | None]:
+        v1 = v2 = None
+        try:
+            lines = Path("/proc/self/cgroup").read_text().splitlines()
+        except OSError:
+            return None, None
+        for line in lines:
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            if "memory" in parts[1].split(","):
+                v1 = parts[2]
+            elif parts[0] == "0" and parts[1] == "":
+                v2 = parts[2]
+        return v1, v2
+
+    def available(self) -> bool:
+        with self._lock:
+            if not self._probed:
+                self._probed = True
+                self._probe()
+            return self.version is not None
+
+    def _probe(self) -> None:
+        v1, v2 = self._own_cgroups()
+        candidates: list[tuple[int, Path]] = []
+        if v1 is not None:
+            candidates.append((1, Path("/sys/fs/cgroup/memory") / v1.lstrip("/")))
+        if v2 is not None:
+            for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                if (mount / "cgroup.controllers").exists():
+                    candidates.append((2, mount / v2.lstrip("/")))
+                    break
+        reasons = []
+        for version, base in candidates:
+            if version == 2:
+                try:
+                    if "memory" not in (base / "cgroup.subtree_control").read_text().split():
+                        (base / "cgroup.subtree_control").write_text("+memory")
+                except OSError as exc:
+                    reasons.append(f"cgroup v2 at {base}: no memory controller for children ({exc})")
+                    continue
+            probe = base / f"fake-kubelet-probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            try:
+                probe.mkdir()
+                try:
+                    (probe / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(64 << 20))
+                finally:
+                    probe.rmdir()
+            except OSError as exc:
+                reasons.append(f"cgroup v{version} at {base}: {exc}")
+                continue
+            self.version, self.base = version, base
+            return
+        self.why_not = "; ".join(reasons) or "no memory cgroup controller on this host"
+
+    def create(self, name: str, limit: int) -> Path:
+        """A cgroup limited to ``limit`` bytes (the container's processes join it at exec)."""
+        assert self.base is not None
+        with self._lock:
+            if self._root is None:
+                self._root = self.base / f"fake-kubelet-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+                self._root.mkdir()
+        path = self._root / name
+        path.mkdir()
+        if self.version == 1:
+            (path / "memory.limit_in_bytes").write_text(str(limit))
+            try:                                   # no swap either (absent without swap accounting)
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+            except OSError:
+                pass
+        else:
+            (path / "memory.max").write_text(str(limit))
+            for knob, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                try:
+                    (path / knob).write_text(value)
+                except OSError:
+                    pass
+        return path
+
+    def oom_kills(self, path: Path) -> int:
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            for line in (path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    @staticmethod
+    def pids(path: Path) -> set[int]:
+        try:
+            return {int(p) for p in (path / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            return set()
+
+    def remove(self, path: Path, timeout: float = 5.0) -> None:
+        """SIGKILL what is left in it and remove it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for pid in self.pids(path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+
+    def close(self) -> None:
+        with self._lock:
+            root, self._root = self._root, None
+        if root is not None:
+            for child in list(root.iterdir()) if root.exists() else []:
+                if child.is_dir():
+                    self.remove(child)
+            self.remove(root)
+
+
+def _join_cgroup(procs: bytes) -> Callable[[], None]:
+    """A preexec_fn: the child writes its pid into ``procs`` (a cgroup.procs path) before exec."""
+    def join() -> None:
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+    return join
+
+
+# --- resources ---------------------------------------------------------------------------------------
+
+def pod_requests(pod: JSON) -> dict[str, Fraction]:
+    """What the scheduler counts for a pod: per resource, the sum over its containers (a limit
+    without a request is the request) or the largest init container's, whichever is more."""
+    spec = pod.get("spec") or {}
+    total: dict[str, Fraction] = {}
+    for c in spec.get("containers") or []:
+        for name, value in effective_requests(c).items():
+            total[name] = total.get(name, Fraction(0)) + parse_quantity(value)
+    for c in spec.get("initContainers") or []:
+        for name, value in effective_requests(c).items():
+            total[name] = max(total.get(name, Fraction(0)), parse_quantity(value))
+    return {k: v for k, v in total.items() if v}
+
+
+def resource_units(resource: str, amount: Fraction) -> int:
+    """A quantity in the units the scheduler and kubelet print: millicores for cpu, else whole units."""
+    value = amount * 1000 if resource == "cpu" else amount
+    return -(-value.numerator // value.denominator)
+
+
+def format_bytes(n: int) -> str:
+    """Bytes as resource.Quantity writes them (BinarySI): ``10528Ki``, ``1Gi``, ``1000``."""
+    for suffix, size in (("Ei", 2 ** 60), ("Pi", 2 ** 50), ("Ti", 2 ** 40), ("Gi", 2 ** 30), ("Mi", 2 ** 20),
+                         ("Ki", 2 ** 10)):
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def _rss_bytes(pids: set[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _host_allocatable(pods: int) -> dict[str, str]:
+    """A node as big as this host (every fake node is this host)."""
+    memory = "0"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = f"{int(line.split()[1])}Ki"
+    except (OSError, ValueError, IndexError):
+        pass
+    disk = shutil.disk_usage(tempfile.gettempdir()).total
+    return {"cpu": str(os.cpu_count() or 1), "memory": memory, "ephemeral-storage": str(disk),
+            "pods": str(pods)}
+
+
+def _tolerates(tolerations: list[JSON], taint: JSON) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+
+
+def node_taints(node: JSON) -> list[JSON]:
+    """The node's taints, with the NoSchedule one the node lifecycle controller adds for a node that
+    is not Ready (not-ready) or silent (unreachable), as soon as the condition says so."""
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    cond = _condition(node, "Ready")
+    status = (cond or {}).get("status", "Unknown")
+    implied = None if status == "True" else (NOT_READY_TAINT if status == "False" else UNREACHABLE_TAINT)
+    if implied and not any(t.get("key") == implied and t.get("effect") == "NoSchedule" for t in taints):
+        taints.append({"key": implied, "effect": "NoSchedule"})
+    return taints
+
 # --- environment ----------------------------------------------------------------------------------
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
@@ -272,6 +611,11 @@ class _Container:
     kill_at: float | None = None        # monotonic time of the SIGKILL
     finished_deletion: bool = False
     waiter: threading.Thread | None = None
+    cgroup: Path | None = None          # the memory cgroup (a container with a memory limit)
+    oom_killed: bool = False            # the kernel's OOM killer fired in it
+    evicted: str | None = None          # the eviction message (node-pressure eviction)
+    image_ref: str = ""                 # the pulled reference, as the runtime names it
+    image_id: str = ""
 
     @property
     def pid(self) -> int:
@@ -283,27 +627,61 @@ class FakeKubelet:
 
     ``api``: the :class:`~fakes.kube_apiserver.FakeKubeAPIServer`; ``namespace``: the pods it
     runs; ``nodes``: how many Nodes it registers and runs; ``pods_per_node``: the pods a node
-    holds; ``log_dir``: where pod logs go (a temporary directory by default);
-    ``label_selector``: only pods that match; ``node_labels``: extra labels per node name;
-    ``node_prefix``: the node names' prefix.
+    holds (its ``pods`` allocatable); ``log_dir``: where pod logs go (a temporary directory by
+    default); ``label_selector``: only pods that match; ``node_labels``: extra labels per node
+    name; ``node_prefix``: the node names' prefix; ``allocatable``: resources of every node
+    (``{"nvidia.com/gpu": "8", "cpu": "16"}``; unnamed ones are this host's cpu, memory,
+    ephemeral-storage), ``node_allocatable``: per node name, over that; a node's ``capacity``
+    is its allocatable; every extended resource is served by a healthy device plugin of that
+    many devices (:meth:`set_device_health`); ``images``: the registry's references
+    (:data:`DEFAULT_IMAGES` by default); ``image_pull_backoff_s`` / ``image_pull_backoff_max_s``:
+    the image back-off's first and longest delay (a real kubelet: 10 s and 300 s);
+    ``enforce_memory``: run containers with a memory limit in a memory cgroup when the host
+    allows it (:attr:`enforces_memory`).
     """
 
     def __init__(self, api: Any, namespace: str = "default", *, nodes: int = 2, pods_per_node: int = 1,
                  log_dir: str | os.PathLike | None = None, label_selector: str | None = None,
                  node_labels: dict[str, dict[str, str]] | None = None,
-                 node_prefix: str = "fake-node-") -> None:
+                 node_prefix: str = "fake-node-",
+                 allocatable: dict[str, str] | None = None,
+                 node_allocatable: dict[str, dict[str, str]] | None = None,
+                 images: Iterable[str] | None = None,
+                 image_pull_backoff_s: float = 1.0, image_pull_backoff_max_s: float = 16.0,
+                 enforce_memory: bool = True) -> None:
         self.api = api
         self.namespace = namespace
         self.pods_per_node = pods_per_node
         self.label_selector = label_selector
+        self._selector = parse_label_selector(label_selector or "")
         self.nodes = [f"{node_prefix}{i}" for i in range(nodes)]
+        host = _host_allocatable(pods_per_node)
+        self._allocatable = {n: {k: str(v) for k, v in {**host, **(allocatable or {}),
+                                                          **(node_allocatable or {}).get(n, {})}.items()}
+                             for n in self.nodes}
+        for n, values in self._allocatable.items():
+            for v in values.values():
+                parse_quantity(v)           # a bad quantity fails here, not in the scheduler
+        self._devices: dict[str, dict[str, int]] = {
+            n: {k: int(parse_quantity(v)) for k, v in values.items() if is_extended_resource(k)}
+            for n, values in self._allocatable.items()}
+        self._registry: set[str] = {normalize_image(ref)[0] for ref in (DEFAULT_IMAGES if images is None else images)}
+        self.image_pull_backoff_s = image_pull_backoff_s
+        self.image_pull_backoff_max_s = image_pull_backoff_max_s
+        self.enforce_memory = enforce_memory
+        self._cgroups = MemoryCgroups()
         self._ips = {name: f"127.0.0.{i + 2}" for i, name in enumerate(self.nodes)}
         self._node_labels = node_labels or {}
         self._own_dir = tempfile.mkdtemp(prefix="fake-kubelet-")
         self.log_dir = Path(log_dir) if log_dir is not None else Path(self._own_dir) / "logs"
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
-        self._pods: dict[str, JSON] = {}            # the watch cache: name -> pod
+        self._pods: dict[str, JSON] = {}            # the watch cache of its pods: name -> pod
+        self._all: dict[tuple[str, str], JSON] = {}  # every pod of the cluster: (namespace, name) -> pod
+        self._admitted: set[str] = set()             # pod uids the kubelet admitted
+        self._rejected: set[str] = set()             # pod uids it rejected
+        self._pulls: dict[str, _Pull] = {}           # pod uid -> the image back-off
+        self._resync_at: dict[str, float] = {}       # pod name -> when to sync it again
         self._nodes: dict[str, JSON] = {}
         self._containers: dict[str, _Container] = {}  # pod uid -> container
         self._dead: set[str] = set()                # nodes whose kubelet is killed
@@ -352,6 +730,12 @@ class FakeKubelet:
             containers = list(self._containers.values())
         for c in containers:
             self._signal_container(c, signal.SIGKILL)
+            if c.cgroup is not None:
+                for pid in self._cgroups.pids(c.cgroup):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
         for c in containers:
             try:
                 c.popen.wait(timeout=10)
@@ -360,6 +744,7 @@ class FakeKubelet:
             self._reap_rest(c)
             if c.waiter is not None:
                 c.waiter.join(timeout=5)
+        self._cgroups.close()
         if self._v1 is not None:
             self._v1.api_client.close()
         shutil.rmtree(self._own_dir, ignore_errors=True)
@@ -379,6 +764,29 @@ class FakeKubelet:
 
     def node_ip(self, node: str) -> str:
         return self._ips[node]
+
+    @property
+    def enforces_memory(self) -> bool:
+        """Whether a container's memory limit is a real cgroup limit here (the kernel OOM-kills
+        past it); False where the host has no usable memory controller (see
+        :attr:`memory_unavailable_reason`)."""
+        return self.enforce_memory and self._cgroups.available()
+
+    @property
+    def memory_unavailable_reason(self) -> str:
+        return "" if self.enforces_memory else (self._cgroups.why_not or "enforce_memory=False")
+
+    def add_image(self, image: str) -> None:
+        """Push ``image`` to the fake registry (a pod waiting for it starts at its next pull)."""
+        ref, _ = normalize_image(image)
+        with self._lock:
+            self._registry.add(ref)
+
+    @property
+    def images(self) -> set[str]:
+        """The registry's references, normalized (``docker.io/library/trainer:1``)."""
+        with self._lock:
+            return set(self._registry)
 
     def log_path(self, pod: str) -> Path:
         """The pod's log file (``kubectl logs``); it exists once the container has started."""
@@ -456,6 +864,7 @@ class FakeKubelet:
         for c in self._node_containers(node):
             self._signal_container(c, signal.SIGSTOP)
         self._set_node_ready(node, "False", "KubeletNotReady", "the fake kubelet stopped the node's pods")
+        self._set_taint(node, NOT_READY_TAINT)
 
     def node_ready(self, node: str) -> None:
         """SIGCONT the node's pods, Ready=True; a killed node's kubelet comes back and resyncs."""
@@ -464,6 +873,7 @@ class FakeKubelet:
             self._dead.discard(node)
         for c in self._node_containers(node):
             self._signal_container(c, signal.SIGCONT)
+        self._set_taint(node, None)
         self._set_node_ready(node, "True", "KubeletReady", "kubelet is posting ready status")
         if revived:
             for c in self._node_containers(node):
@@ -481,6 +891,7 @@ class FakeKubelet:
         for c in self._node_containers(node):
             self._signal_container(c, signal.SIGKILL)
         self._set_node_ready(node, "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+        self._set_taint(node, UNREACHABLE_TAINT)
 
     def evict(self, pod: str) -> None:
         """The Eviction API: ``DisruptionTarget`` (EvictionByEvictionAPI), then a graceful delete."""
@@ -497,6 +908,85 @@ class FakeKubelet:
         if pid is None:
             raise LookupError(f"pod {pod} has no running process")
         os.kill(pid, sig)
+
+    def evict_for_pressure(self, pod: str, resource: str = "memory", *, grace_s: float = 0,
+                           threshold: str = "100Mi", available: str = "52Mi") -> str:
+        """Node-pressure eviction of a running pod, as the kubelet's eviction manager does it.
+
+        ``DisruptionTarget`` (True, ``TerminationByKubelet``, the eviction message) first, then
+        SIGTERM to the container and SIGKILL after ``grace_s`` (0: a hard eviction, SIGKILL at
+        once), then phase Failed with ``status.reason: Evicted`` and ``status.message`` the same
+        message; the container terminated with its exit code (137 when killed). The pod object
+        stays. Returns the message, e.g. ``The node was low on resource: memory. Threshold
+        quantity: 100Mi, available: 52Mi. Container agent was using 10528Ki, request is 0, has
+        larger consumption of memory. `` (with the trailing space, as the kubelet writes it).
+        """
+        c = self._current(pod)
+        if c is None or c.exited.is_set():
+            raise LookupError(f"pod {self.namespace}/{pod} has no running container")
+        message = f"The node was low on resource: {resource}. Threshold quantity: {threshold}, available: {available}. "
+        with self._lock:
+            spec_pod = self._pods.get(pod) or {}
+        container = ((spec_pod.get("spec") or {}).get("containers") or [{}])[0]
+        if resource == "memory":
+            usage = _rss_bytes(_container_pids(c.pid, c.uid, c.popen.returncode is None))
+            request = effective_requests(container).get("memory")
+            request_bytes = int(parse_quantity(request)) if request is not None else 0
+            if usage > request_bytes:
+                message += (f"Container {container.get('name', 'agent')} was using {format_bytes(usage)}, "
+                            f"request is {request if request is not None else '0'}, has larger consumption of "
+                            f"{resource}. ")
+        c.evicted = message
+
+        def flag(status: JSON) -> JSON:
+            _set_condition(status.setdefault("conditions", []), "DisruptionTarget", "True", "TerminationByKubelet",
+                           message)
+            return status
+        self._update_pod_status(pod, c.uid, flag)
+        with self._lock:
+            kill_at = time.monotonic() + grace_s
+            c.kill_at = kill_at if c.kill_at is None else min(c.kill_at, kill_at)
+        if grace_s <= 0:
+            self._signal_container(c, signal.SIGKILL)
+        else:
+            threading.Thread(target=self._kill_after_grace, args=(c,), name=f"fake-kubelet-evict-{pod}",
+                             daemon=True).start()
+        return message
+
+    def set_device_health(self, node: str, resource: str, healthy: int | None, *, publish: bool = False) -> None:
+        """The node's device plugin now reports ``healthy`` devices of ``resource`` (None: no plugin
+        serves it, as before it registers). The kubelet's own count changes at once; the Node's
+        ``allocatable`` only with ``publish`` or :meth:`publish_node_status` (the next node status
+        update), so the scheduler can still bind pods the kubelet then rejects
+        (UnexpectedAdmissionError)."""
+        if node not in self._ips:
+            raise LookupError(f"no node {node}")
+        with self._lock:
+            if healthy is None:
+                self._devices.setdefault(node, {}).pop(resource, None)
+            else:
+                self._devices.setdefault(node, {})[resource] = int(healthy)
+        if publish:
+            self.publish_node_status(node)
+
+    def device_health(self, node: str) -> dict[str, int]:
+        """The kubelet's own healthy device count per extended resource of ``node``."""
+        with self._lock:
+            return dict(self._devices.get(node, {}))
+
+    def publish_node_status(self, node: str) -> None:
+        """A node status update: ``allocatable`` of each device-plugin resource becomes the healthy
+        count (``capacity`` keeps the total, as the device manager reports them)."""
+        with self._lock:
+            devices = dict(self._devices.get(node, {}))
+
+        def change(status: JSON) -> None:
+            alloc = status.setdefault("allocatable", {})
+            capacity = status.setdefault("capacity", {})
+            for res, healthy in devices.items():
+                alloc[res] = str(healthy)
+                capacity[res] = str(max(healthy, int(parse_quantity(capacity.get(res, "0")))))
+        self._update_node_status(node, change)
 
     def _disrupt(self, pod: str, reason: str, message: str) -> None:
         raw = self._read_pod(pod)
@@ -523,8 +1013,8 @@ class FakeKubelet:
         status: JSON = {
             "conditions": [],
             "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
-            "capacity": {"pods": str(self.pods_per_node)},
-            "allocatable": {"pods": str(self.pods_per_node)},
+            "capacity": dict(self._allocatable[name]),
+            "allocatable": dict(self._allocatable[name]),
             "nodeInfo": {"kubeletVersion": "v1.37.0-fake", "operatingSystem": "linux",
                          "architecture": "amd64", "containerRuntimeVersion": "fake://local-processes",
                          "bootID": f"boot-{name}", "kernelVersion": os.uname().release, "kubeProxyVersion": "",
@@ -560,6 +1050,50 @@ class FakeKubelet:
                 return
         raise RuntimeError(f"could not update node {node}: too many conflicts")
 
+    def _update_node_status(self, node: str, change: Callable[[JSON], None]) -> None:
+        """Read the Node, ``change(status)`` in place, write the status; return once cached."""
+        for _ in range(20):
+            raw = json.loads(self.v1.read_node(node, _preload_content=False).data)
+            new = copy.deepcopy(raw)
+            change(new.setdefault("status", {}))
+            try:
+                written = json.loads(self.v1.replace_node_status(node, new, _preload_content=False).data)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            else:
+                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
+                with self._lock:
+                    self._schedule = True
+                    self._wake.notify_all()
+                return
+        raise RuntimeError(f"could not update node {node}: too many conflicts")
+
+    def _set_taint(self, node: str, key: str | None) -> None:
+        """The node lifecycle controller's NoSchedule taint for a NotReady (``not-ready``) or silent
+        (``unreachable``) node; None: the node is Ready again, neither."""
+        for _ in range(20):
+            raw = json.loads(self.v1.read_node(node, _preload_content=False).data)
+            taints = [t for t in (raw.get("spec") or {}).get("taints") or []
+                      if t.get("key") not in (NOT_READY_TAINT, UNREACHABLE_TAINT)]
+            if key is not None:
+                taints.append({"key": key, "effect": "NoSchedule"})
+            if taints == ((raw.get("spec") or {}).get("taints") or []):
+                return
+            new = copy.deepcopy(raw)
+            new.setdefault("spec", {})["taints"] = taints
+            if not taints:
+                new["spec"].pop("taints")
+            try:
+                written = json.loads(self.v1.replace_node(node, new, _preload_content=False).data)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            else:
+                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
+                return
+        raise RuntimeError(f"could not taint node {node}: too many conflicts")
+
     def _wait_cached(self, node: str, rv: int, timeout: float = 10.0) -> None:
         with self._lock:
             if not self._wake.wait_for(lambda: int((self._nodes.get(node) or {}).get("metadata", {})
@@ -570,9 +1104,8 @@ class FakeKubelet:
     # --- list + watch ---
 
     def _list(self, kind: str) -> tuple[list[JSON], str]:
-        if kind == "pods":
-            resp = self.v1.list_namespaced_pod(self.namespace, label_selector=self.label_selector,
-                                               _preload_content=False)
+        if kind == "pods":       # every namespace: the scheduler and admission count them all
+            resp = self.v1.list_pod_for_all_namespaces(_preload_content=False)
         else:
             resp = self.v1.list_node(_preload_content=False)
         body = json.loads(resp.data)
@@ -580,9 +1113,9 @@ class FakeKubelet:
 
     def _watch_loop(self, kind: str) -> None:
         rv: str | None = None
-        func = self.v1.list_namespaced_pod if kind == "pods" else self.v1.list_node
-        args = (self.namespace,) if kind == "pods" else ()
-        kwargs: JSON = {"label_selector": self.label_selector} if kind == "pods" and self.label_selector else {}
+        func = self.v1.list_pod_for_all_namespaces if kind == "pods" else self.v1.list_node
+        args: tuple = ()
+        kwargs: JSON = {}
         while not self._stopping.is_set():
             try:
                 if rv is None:
@@ -612,29 +1145,44 @@ class FakeKubelet:
                     return
                 self._stopping.wait(0.2)
 
+    def _mine(self, pod: JSON) -> bool:
+        """A pod this kubelet runs: of its namespace, matching its label selector."""
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        return meta.get("namespace") == self.namespace and all(r.matches(labels) for r in self._selector)
+
     def _replace(self, kind: str, items: list[JSON]) -> None:
         """A (re)list: the cache becomes the list; what vanished counts as deleted."""
         with self._lock:
-            cache = self._pods if kind == "pods" else self._nodes
-            fresh = {o["metadata"]["name"]: o for o in items}
-            changed = set(cache) | set(fresh)
-            cache.clear()
-            cache.update(fresh)
             if kind == "pods":
-                self._dirty |= changed
+                self._all = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in items}
+                fresh = {o["metadata"]["name"]: o for o in items if self._mine(o)}
+                self._dirty |= set(self._pods) | set(fresh)
+                self._pods = fresh
+            else:
+                self._nodes = {o["metadata"]["name"]: o for o in items}
             self._schedule = True
             self._wake.notify_all()
 
     def _apply(self, kind: str, type_: str, obj: JSON) -> None:
         name = obj["metadata"]["name"]
         with self._lock:
-            cache = self._pods if kind == "pods" else self._nodes
-            if type_ == "DELETED":
-                cache.pop(name, None)
-            else:
-                cache[name] = obj
             if kind == "pods":
-                self._dirty.add(name)
+                key = (obj["metadata"].get("namespace", ""), name)
+                if type_ == "DELETED":
+                    self._all.pop(key, None)
+                else:
+                    self._all[key] = obj
+                if type_ != "DELETED" and self._mine(obj):
+                    self._pods[name] = obj
+                    self._dirty.add(name)
+                elif key[0] == self.namespace and name in self._pods:
+                    del self._pods[name]      # gone, or out of the selector: as a DELETED
+                    self._dirty.add(name)
+            elif type_ == "DELETED":
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = obj
             self._schedule = True
             self._wake.notify_all()
 
@@ -644,13 +1192,18 @@ class FakeKubelet:
         next_retry = time.monotonic() + 0.5
         while not self._stopping.is_set():
             with self._lock:
+                wake = min([next_retry, *self._resync_at.values()])
                 self._wake.wait_for(lambda: self._dirty or self._schedule or self._stopping.is_set(),
-                                    timeout=max(0.0, next_retry - time.monotonic()))
+                                    timeout=max(0.0, wake - time.monotonic()))
                 if self._stopping.is_set():
                     return
-                if time.monotonic() >= next_retry:
+                now = time.monotonic()
+                if now >= next_retry:
                     self._dirty |= self._config_errors   # the kubelet's periodic resync
-                    next_retry = time.monotonic() + 0.5
+                    next_retry = now + 0.5
+                for name in [n for n, at in self._resync_at.items() if at <= now]:
+                    del self._resync_at[name]           # an image back-off step is due
+                    self._dirty.add(name)
                 dirty, self._dirty = self._dirty, set()
                 schedule, self._schedule = self._schedule, False
             for name in sorted(dirty):
@@ -674,15 +1227,86 @@ class FakeKubelet:
                         self._schedule = True
                     self._stopping.wait(0.1)
 
-    def _node_load(self) -> dict[str, int]:
-        """Non-terminated pods per node, the ones just bound included."""
-        load = dict.fromkeys(self.nodes, 0)
+    def _node_usage(self) -> dict[str, tuple[int, dict[str, Fraction]]]:
+        """Per node: how many non-terminated pods are bound to it (every namespace, the ones just
+        bound included) and the sum of their requests."""
+        counts = dict.fromkeys(self.nodes, 0)
+        used: dict[str, dict[str, Fraction]] = {n: {} for n in self.nodes}
         with self._lock:
-            for name, pod in self._pods.items():
-                node = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(name)
-                if node in load and (pod.get("status") or {}).get("phase") not in TERMINAL:
-                    load[node] += 1
-        return load
+            pods = list(self._all.values())
+            assumed = dict(self._assumed)
+        for pod in pods:
+            meta = pod["metadata"]
+            node = (pod.get("spec") or {}).get("nodeName") or (
+                assumed.get(meta["name"]) if meta.get("namespace") == self.namespace else None)
+            if node not in counts or (pod.get("status") or {}).get("phase") in TERMINAL:
+                continue
+            counts[node] += 1
+            try:
+                requests = pod_requests(pod)
+            except QuantityError:
+                continue
+            for res, q in requests.items():
+                used[node][res] = used[node].get(res, Fraction(0)) + q
+        return {n: (counts[n], used[n]) for n in self.nodes}
+
+    @staticmethod
+    def _filter(pod: JSON, requests: dict[str, Fraction], node: JSON,
+                usage: tuple[int, dict[str, Fraction]]) -> tuple[list[str], bool]:
+        """The default scheduler's filter plugins in their order (the first that fails gives the
+        node's reasons): NodeUnschedulable, TaintToleration, NodeAffinity (none of them helped by
+        preemption), NodeResourcesFit (every resource short, and ``Too many pods``).
+        Returns (reasons, whether preemption could help); no reasons: the pod fits."""
+        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        if (node.get("spec") or {}).get("unschedulable") and not _tolerates(
+                tolerations, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}):
+            return ["node(s) were unschedulable"], False
+        for taint in node_taints(node):
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(tolerations, taint):
+                return [f"node(s) had untolerated taint {{{taint.get('key', '')}: {taint.get('value', '')}}}"], False
+        if not node_matches(pod, node):
+            return ["node(s) didn't match Pod's node affinity/selector"], False
+        alloc = {k: parse_quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
+        count, used = usage
+        reasons = ["Too many pods"] if count + 1 > int(alloc.get("pods", 0)) else []
+        for res, q in sorted(requests.items()):
+            if q > alloc.get(res, Fraction(0)) - used.get(res, Fraction(0)):
+                reasons.append(f"Insufficient {res}")
+        return reasons, True
+
+    @staticmethod
+    def unschedulable_message(pod: JSON, verdicts: list[tuple[list[str], bool]]) -> str:
+        """The FitError message of kube-scheduler: the reasons' histogram, sorted, then the
+        preemption plugin's own (no pod here has a lower priority to preempt)."""
+        if not verdicts:
+            return "no nodes available to schedule pods"
+        n = len(verdicts)
+        histogram: dict[str, int] = {}
+        preemption: dict[str, int] = {}
+        for reasons, resolvable in verdicts:
+            for reason in reasons:
+                histogram[reason] = histogram.get(reason, 0) + 1
+            why = "No preemption victims found for incoming pod" if resolvable else \
+                "Preemption is not helpful for scheduling"
+            preemption[why] = preemption.get(why, 0) + 1
+        message = f"0/{n} nodes are available: " + ", ".join(sorted(f"{v} {k}" for k, v in histogram.items())) + "."
+        if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
+            return message + " preemption: not eligible due to preemptionPolicy=Never."
+        return message + f" preemption: 0/{n} nodes are available: " + \
+            ", ".join(sorted(f"{v} {k}" for k, v in preemption.items())) + "."
+
+    def _set_scheduled_condition(self, pod: JSON, reason: str, message: str) -> None:
+        cond = _condition(pod, "PodScheduled")
+        if cond and (cond.get("status"), cond.get("reason"), cond.get("message")) == ("False", reason, message):
+            return
+
+        def unschedulable(status: JSON) -> JSON | None:
+            if (status.get("phase") or "Pending") != "Pending":
+                return None
+            status["phase"] = "Pending"
+            _set_condition(status.setdefault("conditions", []), "PodScheduled", "False", reason, message)
+            return status
+        self._update_pod_status(pod["metadata"]["name"], pod["metadata"]["uid"], unschedulable)
 
     def _schedule_pending(self) -> None:
         with self._lock:
@@ -695,37 +1319,28 @@ class FakeKubelet:
                  and not p["metadata"].get("deletionTimestamp")
                  and (p.get("spec") or {}).get("schedulerName", "default-scheduler") == "default-scheduler"
                  and (p.get("status") or {}).get("phase", "Pending") == "Pending"),
-                key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
+                key=lambda p: (-int((p.get("spec") or {}).get("priority") or 0),
+                               p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
             nodes = [copy.deepcopy(self._nodes[n]) for n in self.nodes if n in self._nodes]
         for pod in pending:
             name = pod["metadata"]["name"]
-            load = self._node_load()
-            not_ready = [n for n in nodes if not node_is_ready(n)]
-            cordoned = [n for n in nodes if node_is_ready(n) and (n.get("spec") or {}).get("unschedulable")]
-            usable = [n for n in nodes if n not in not_ready and n not in cordoned]
-            mismatched = [n for n in usable if not node_matches(pod, n)]
-            full = [n for n in usable if n not in mismatched and load[n["metadata"]["name"]] >= self.pods_per_node]
-            fits = [n for n in usable if n not in mismatched and n not in full]
-            if not fits:
-                reasons = [f"{len(group)} {what}" for group, what in (
-                    (not_ready, "node(s) were not ready"),
-                    (cordoned, "node(s) were unschedulable"),
-                    (mismatched, "node(s) didn't match Pod's node affinity/selector"),
-                    (full, "Too many pods")) if group]
-                message = f"0/{len(nodes)} nodes are available: {', '.join(reasons)}."
-                cond = _condition(pod, "PodScheduled")
-                if not cond or (cond.get("status"), cond.get("reason"), cond.get("message")) != \
-                        ("False", "Unschedulable", message):
-                    def unschedulable(status: JSON, message: str = message) -> JSON | None:
-                        if (status.get("phase") or "Pending") != "Pending":
-                            return None
-                        status["phase"] = "Pending"
-                        _set_condition(status.setdefault("conditions", []), "PodScheduled", "False",
-                                       "Unschedulable", message)
-                        return status
-                    self._update_pod_status(name, pod["metadata"]["uid"], unschedulable)
+            if (pod.get("spec") or {}).get("schedulingGates"):
+                # the scheduling queue's PreEnqueue: a gated pod is not even tried
+                self._set_scheduled_condition(pod, "SchedulingGated",
+                                              "Scheduling is blocked due to non-empty scheduling gates")
                 continue
-            target = min(fits, key=lambda n: (load[n["metadata"]["name"]], n["metadata"]["name"]))
+            try:
+                requests = pod_requests(pod)
+            except QuantityError:
+                continue
+            usage = self._node_usage()
+            verdicts = [(n, *self._filter(pod, requests, n, usage[n["metadata"]["name"]])) for n in nodes]
+            fits = [n for n, reasons, _ in verdicts if not reasons]
+            if not fits:
+                self._set_scheduled_condition(pod, "Unschedulable", self.unschedulable_message(
+                    pod, [(reasons, resolvable) for _, reasons, resolvable in verdicts]))
+                continue
+            target = min(fits, key=lambda n: (usage[n["metadata"]["name"]][0], n["metadata"]["name"]))
             node = target["metadata"]["name"]
             body = client.V1Binding(metadata=client.V1ObjectMeta(name=name, uid=pod["metadata"]["uid"]),
                                     target=client.V1ObjectReference(kind="Node", name=node))
@@ -750,6 +1365,11 @@ class FakeKubelet:
                 self._signal_container(c, signal.SIGKILL)
         if pod is None:
             self._config_errors.discard(name)
+            with self._lock:
+                self._resync_at.pop(name, None)
+                live = {p["metadata"]["uid"] for p in self._pods.values()}
+                for uid in [u for u in self._pulls if u not in live]:
+                    del self._pulls[uid]
             return
         node = (pod.get("spec") or {}).get("nodeName")
         if node not in self._ips or node in self._dead:
@@ -862,25 +1482,140 @@ class FakeKubelet:
         env[MARKER] = pod["metadata"]["uid"]
         return env, declared
 
+    def _admit(self, pod: JSON, node: str) -> tuple[str, str] | None:
+        """The kubelet's admission: (status.reason, message) of a rejection, or None.
+
+        In the kubelet's order: the device manager allocates the extended resources its device
+        plugins serve (UnexpectedAdmissionError when it has fewer healthy devices free than asked),
+        then the predicate handler checks the pod against the node's allocatable as the API has it
+        (OutOf<resource>; extended resources the node does not list at all are not checked) and the
+        node affinity/selector.
+        """
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            node_obj = copy.deepcopy(self._nodes.get(node))
+            others = [p for p in self._all.values()
+                      if (p.get("spec") or {}).get("nodeName") == node and p["metadata"]["uid"] != uid
+                      and (p.get("status") or {}).get("phase") not in TERMINAL
+                      and p["metadata"]["uid"] not in self._rejected]
+            devices = dict(self._devices.get(node, {}))
+        spec = pod.get("spec") or {}
+        in_use: dict[str, int] = {}
+        for other in others:
+            for c in (other.get("spec") or {}).get("containers") or []:
+                for res, raw in ((c.get("resources") or {}).get("limits") or {}).items():
+                    if devices.get(res) is not None:
+                        in_use[res] = in_use.get(res, 0) + int(parse_quantity(raw))
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            for res, raw in ((c.get("resources") or {}).get("limits") or {}).items():
+                healthy = devices.get(res)
+                needed = int(parse_quantity(raw))
+                if healthy is None or needed == 0:
+                    continue
+                if healthy == 0:
+                    why = f"no healthy devices present; cannot allocate unhealthy devices {res}"
+                elif healthy - in_use.get(res, 0) < needed:
+                    why = (f"requested number of devices unavailable for {res}. Requested: {needed}, "
+                           f"Available: {max(0, healthy - in_use.get(res, 0))}")
+                else:
+                    in_use[res] = in_use.get(res, 0) + needed
+                    continue
+                return "UnexpectedAdmissionError", f"Allocate failed due to {why}, which is unexpected"
+        if node_obj is None:
+            return None
+        alloc = {k: parse_quantity(v) for k, v in ((node_obj.get("status") or {}).get("allocatable") or {}).items()}
+        wanted = {res: q for res, q in pod_requests(pod).items() if not is_extended_resource(res) or res in alloc}
+        used: dict[str, Fraction] = {}
+        for other in others:
+            for res, q in pod_requests(other).items():
+                used[res] = used.get(res, Fraction(0)) + q
+        pods = int(alloc.get("pods", 0))
+        if len(others) + 1 > pods:
+            return "OutOfpods", (f"Node didn't have enough resource: pods, requested: 1, used: {len(others)}, "
+                                 f"capacity: {pods}")
+        order = [r for r in ("cpu", "memory", "ephemeral-storage") if r in wanted] + \
+            sorted(r for r in wanted if r not in ("cpu", "memory", "ephemeral-storage"))
+        for res in order:
+            have, taken = alloc.get(res, Fraction(0)), used.get(res, Fraction(0))
+            if wanted[res] > have - taken:
+                return f"OutOf{res}", (f"Node didn't have enough resource: {res}, requested: "
+                                       f"{resource_units(res, wanted[res])}, used: {resource_units(res, taken)}, "
+                                       f"capacity: {resource_units(res, have)}")
+        if not node_matches(pod, node_obj):
+            return "NodeAffinity", "Predicate NodeAffinity failed"
+        return None
+
+    def _reject(self, name: str, uid: str, reason: str, message: str) -> None:
+        """rejectPod: phase Failed, the reason, "Pod was rejected: ..."; no container ever existed."""
+        with self._lock:
+            self._rejected.add(uid)
+
+        def rejected(status: JSON) -> JSON | None:
+            if status.get("phase") in TERMINAL:
+                return None
+            status.update(phase="Failed", reason=reason, message=f"Pod was rejected: {message}")
+            status.setdefault("startTime", _timestamp())
+            return status
+        self._update_pod_status(name, uid, rejected)
+
+    def _resync(self, name: str, at: float) -> None:
+        with self._lock:
+            self._resync_at[name] = min(at, self._resync_at.get(name, at))
+            self._wake.notify_all()
+
+    def _ensure_image(self, name: str, uid: str, ip: str, container: JSON) -> tuple[str, str] | None:
+        """The kubelet's image manager: (the reference, its imageID) once the image is there;
+        None while the container waits (InvalidImageName, ErrImageNeverPull, ErrImagePull and
+        ImagePullBackOff in turn, the back-off doubling up to its maximum)."""
+        image = str(container.get("image") or "")
+        now = time.monotonic()
+        try:
+            ref, _ = normalize_image(image)
+        except ImageReferenceError as exc:
+            self._write_waiting(name, uid, ip, "InvalidImageName", f'Failed to apply default image tag "{image}": '
+                                f"couldn't parse image name \"{image}\": {exc}", container)
+            self._resync(name, now + 1.0)
+            return None
+        with self._lock:
+            present = ref in self._registry
+        policy = container.get("imagePullPolicy") or default_pull_policy(image)
+        if present:
+            self._pulls.pop(uid, None)
+            return ref, image_id(ref)
+        if policy == "Never":
+            self._write_waiting(name, uid, ip, "ErrImageNeverPull",
+                                f'Container image "{image}" is not present with pull policy of Never', container)
+            self._resync(name, now + 1.0)
+            return None
+        pull = self._pulls.get(uid)
+        if pull is None or now >= pull.retry_at:
+            backoff = self.image_pull_backoff_s if pull is None else min(pull.backoff_s * 2, self.image_pull_backoff_max_s)
+            pull = self._pulls[uid] = _Pull(backoff, now + backoff, now + backoff / 2)
+            with self._lock:
+                hosts = {r.split("/", 1)[0] for r in self._registry} | {"docker.io"}
+            self._write_waiting(name, uid, ip, "ErrImagePull", _pull_error(ref, hosts), container)
+        elif now >= pull.backoff_shown_at and pull.shown != "ImagePullBackOff":
+            pull.shown = "ImagePullBackOff"
+            self._write_waiting(name, uid, ip, "ImagePullBackOff", f'Back-off pulling image "{image}"', container)
+        self._resync(name, pull.backoff_shown_at if now < pull.backoff_shown_at else pull.retry_at)
+        return None
+
     def _start(self, pod: JSON, node: str) -> None:
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         containers = (pod.get("spec") or {}).get("containers") or [{}]
         container = containers[0]
         ip = self._ips[node]
         with self._lock:
-            load = sum(1 for c in self._containers.values() if c.node == node and not c.exited.is_set())
-            node_obj = self._nodes.get(node)
-        # the kubelet's admission: a pod bound past the scheduler still has to fit
-        rejection = None
-        if load >= self.pods_per_node:
-            rejection = ("OutOfpods", "Pod was rejected: Node didn't have enough resource: pods")
-        elif node_obj is not None and not node_matches(pod, node_obj):
-            rejection = ("NodeAffinity", "Pod was rejected: Predicate NodeAffinity failed")
-        if rejection is not None:
-            def rejected(status: JSON) -> JSON:
-                status.update(phase="Failed", reason=rejection[0], message=rejection[1])
-                return status
-            self._update_pod_status(name, uid, rejected)
+            admitted = uid in self._admitted
+        if not admitted:
+            rejection = self._admit(pod, node)
+            if rejection is not None:
+                self._reject(name, uid, *rejection)
+                return
+            with self._lock:
+                self._admitted.add(uid)
+        pulled = self._ensure_image(name, uid, ip, container)
+        if pulled is None:
             return
         try:
             if not container.get("command"):
@@ -899,18 +1634,27 @@ class FakeKubelet:
         cwd = container.get("workingDir") or None
         if cwd:
             os.makedirs(cwd, exist_ok=True)
+        cgroup = None
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        if limit is not None and self.enforce_memory and self.enforces_memory:
+            cgroup = self._cgroups.create(uid, int(parse_quantity(limit)))
         log_path = self.log_path(name)
         started_at = _timestamp()
         with open(log_path, "wb") as log:
             try:
                 popen = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-            except OSError as exc:
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_join_cgroup(str(cgroup / "cgroup.procs").encode())
+                                         if cgroup is not None else None)
+            except (OSError, subprocess.SubprocessError) as exc:
+                if cgroup is not None:
+                    self._cgroups.remove(cgroup)
                 log.write(f"fake kubelet: cannot start {argv[0]!r}: {exc}\n".encode())
                 self._write_start_error(name, uid, ip, str(exc), container, started_at)
                 return
         c = _Container(pod=name, uid=uid, node=node, popen=popen, log_path=log_path, tmpdir=tmpdir,
-                       started_at=started_at, container_id=f"fake://{node}/{popen.pid}")
+                       started_at=started_at, container_id=f"fake://{node}/{popen.pid}", cgroup=cgroup,
+                       image_ref=pulled[0], image_id=pulled[1])
         with c.status_lock:
             with self._lock:
                 self._containers[uid] = c
@@ -920,19 +1664,25 @@ class FakeKubelet:
             self._update_pod_status(name, uid, lambda status: self._running_status(status, c, container, ip))
 
     def _container_status(self, container: JSON, state: JSON, *, ready: bool, c: _Container | None) -> JSON:
-        status: JSON = {"name": container.get("name", "agent"), "image": container.get("image", ""),
-                        "imageID": "", "ready": ready, "restartCount": 0, "started": "running" in state,
-                        "state": state}
+        status: JSON = {"name": container.get("name", "agent"),
+                        "image": c.image_ref if c is not None else container.get("image", ""),
+                        "imageID": c.image_id if c is not None else "", "ready": ready, "restartCount": 0,
+                        "started": "running" in state, "state": state}
         if c is not None:
             status["containerID"] = c.container_id
         return status
 
-    def _kubelet_conditions(self, status: JSON, ready: bool, reason: str | None) -> None:
+    def _kubelet_conditions(self, status: JSON, ready: bool, reason: str | None, *, sandbox: bool = True,
+                            unready: list[str] | None = None) -> None:
         conds = status.setdefault("conditions", [])
+        _set_condition(conds, "PodReadyToStartContainers", "True" if sandbox else "False")
         _set_condition(conds, "PodScheduled", "True")
         _set_condition(conds, "Initialized", "True")
+        message = f"containers with unready status: [{' '.join(unready)}]" \
+            if reason == "ContainersNotReady" and unready else None
         for type_ in ("ContainersReady", "Ready"):
-            _set_condition(conds, type_, "True" if ready else "False", None if ready else reason)
+            _set_condition(conds, type_, "True" if ready else "False", None if ready else reason,
+                           None if ready else message)
 
     def _running_status(self, status: JSON, c: _Container, container: JSON, ip: str) -> JSON | None:
         if status.get("phase") in TERMINAL or c.exited.is_set():
@@ -948,9 +1698,10 @@ class FakeKubelet:
         def waiting(status: JSON) -> JSON | None:
             if status.get("phase") not in (None, "Pending"):
                 return None
-            status.update(phase="Pending", hostIP=ip, hostIPs=[{"ip": ip}])
+            status.update(phase="Pending", hostIP=ip, hostIPs=[{"ip": ip}], podIP=ip, podIPs=[{"ip": ip}])
             status.setdefault("startTime", _timestamp())
-            self._kubelet_conditions(status, False, "ContainersNotReady")
+            self._kubelet_conditions(status, False, "ContainersNotReady",
+                                     unready=[str(container.get("name", "agent"))])
             status["containerStatuses"] = [self._container_status(
                 container, {"waiting": {"reason": reason, "message": message}}, ready=False, c=None)]
             return status
@@ -961,7 +1712,7 @@ class FakeKubelet:
         def failed(status: JSON) -> JSON:
             status.update(phase="Failed", hostIP=ip, hostIPs=[{"ip": ip}], podIP=ip, podIPs=[{"ip": ip}])
             status.setdefault("startTime", started_at)
-            self._kubelet_conditions(status, False, "PodFailed")
+            self._kubelet_conditions(status, False, "PodFailed", sandbox=False)
             status["containerStatuses"] = [self._container_status(container, {"terminated": {
                 "exitCode": 128, "reason": "StartError", "message": message,
                 "startedAt": started_at, "finishedAt": _timestamp()}}, ready=False, c=None)]
@@ -1003,9 +1754,26 @@ class FakeKubelet:
             time.sleep(0.01)
 
     def _wait_exit(self, c: _Container) -> None:
-        c.popen.wait()
+        if c.cgroup is None:
+            c.popen.wait()
+        else:
+            # memory.oom.group: the first OOM kill in the container ends the whole container
+            while c.popen.poll() is None:
+                if not c.oom_killed and self._cgroups.oom_kills(c.cgroup) > 0:
+                    c.oom_killed = True
+                    for pid in self._cgroups.pids(c.cgroup):
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                    self._signal_container(c, signal.SIGKILL)
+                time.sleep(0.02)
+            if self._cgroups.oom_kills(c.cgroup) > 0:
+                c.oom_killed = True
         c.finished_at = _timestamp()
         self._reap_rest(c)
+        if c.cgroup is not None:
+            self._cgroups.remove(c.cgroup)
         c.exited.set()
         self._report_exit(c)
         with self._lock:
@@ -1023,10 +1791,15 @@ class FakeKubelet:
         container = containers[0]
 
         def terminated(status: JSON) -> JSON:
-            status["phase"] = "Succeeded" if code == 0 else "Failed"
-            self._kubelet_conditions(status, False, "PodCompleted")
+            phase = "Failed" if code != 0 or c.evicted else "Succeeded"
+            status["phase"] = phase
+            if c.evicted:
+                status.update(reason="Evicted", message=c.evicted)
+            self._kubelet_conditions(status, False, "PodFailed" if phase == "Failed" else "PodCompleted",
+                                     sandbox=False)
+            reason = "OOMKilled" if c.oom_killed else ("Completed" if code == 0 else "Error")
             status["containerStatuses"] = [self._container_status(container, {"terminated": {
-                "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                "exitCode": code, "reason": reason,
                 "startedAt": c.started_at, "finishedAt": c.finished_at, "containerID": c.container_id}},
                 ready=False, c=c)]
             return status
