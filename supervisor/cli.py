@@ -636,8 +636,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                                 if v is not None)
                 with urllib.request.urlopen(f"{url}/status" + (f"?{page}" if page else ""), timeout=5) as resp:
                     st = json.loads(resp.read())
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                error = str(exc)
+                if not isinstance(st, dict):
+                    st, error = None, f"{url}/status answered a JSON {type(st).__name__}, not a status"
+            except (urllib.error.URLError, OSError, ValueError, RecursionError) as exc:
+                error = str(exc)[:300]
         if st is None:
             if saved is None:
                 print(f"error: no supervisor answering at {url}: {error}", file=sys.stderr)
@@ -654,9 +656,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(st, indent=1))
         else:
+            try:
+                text = render_status(st)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                # whatever listens on the port the state file names is not this job's supervisor
+                print(f"error: what answers at {url}/status is not this job's supervisor ({type(exc).__name__}: "
+                      f"{str(exc)[:200]})", file=sys.stderr)
+                return EXIT_FAILED
             if args.watch:
                 print("\033[2J\033[H", end="")
-            print(render_status(st))
+            print(text)
         if not args.watch:
             return EXIT_OK
         time.sleep(args.interval)

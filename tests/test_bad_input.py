@@ -191,6 +191,38 @@ def test_status_on_a_bad_state_file_says_why_and_fresh_sets_it_aside(tmp_path, b
     assert not path.exists() and where.parent == log_dir and where.name.startswith("supervisor-state.unreadable-")
 
 
+@pytest.mark.parametrize("answer", [b'{"x": 1}', b"[" * 100_000, b"[1, 2]", b"not json"])
+def test_status_names_a_port_that_is_not_the_jobs_supervisor(tmp_path, answer):
+    """A state file whose recorded port another service now holds: status says so, no traceback."""
+    import http.server
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        log_dir = tmp_path / "logs"
+        put_state(log_dir, json.dumps({"job": "local", "phase": "running", "attempt": 1, "http_host": "127.0.0.1",
+                                       "http_port": server.server_address[1]}).encode())
+        status = subprocess.run([PYTHON, "-m", "supervisor", "status", "--log-dir", str(log_dir)],
+                                capture_output=True, text=True, timeout=120, env=job_env(tmp_path))
+    finally:
+        server.shutdown()
+    assert "Traceback" not in status.stderr, status.stderr[-2000:]
+    if answer == b'{"x": 1}':
+        assert status.returncode == 1 and "not this job's supervisor" in status.stderr
+    else:  # not a status at all: the last recorded state instead, with a warning
+        assert status.returncode == 0 and "no supervisor answers" in status.stderr and "job local" in status.stdout
+
+
 @pytest.mark.slow
 def test_launch_fresh_runs_the_job_over_a_state_file_nested_100000_deep(tmp_path):
     """The state file that defeated --fresh (RecursionError: `controller_crashed ... run the same
