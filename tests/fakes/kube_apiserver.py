@@ -26,11 +26,45 @@ kube-apiserver does:
 - graceful deletion: a scheduled, unfinished pod gets ``deletionTimestamp`` and
   ``deletionGracePeriodSeconds`` and stays until the kubelet finishes it
   (:meth:`FakeKubeAPIServer.finish_deletion`) or a delete with ``gracePeriodSeconds=0``;
-  an object with finalizers stays until an update removes the last one.
+  an object with finalizers stays until an update removes the last one;
+- decoding as a 1.30 server does it (``validate=True``): every create, update and patch result
+  is checked against the Kubernetes 1.30 OpenAPI schema (``kubernetes-validate``, strict; a
+  validator cached per kind; kinds it has no schema for, custom resources, are not checked).
+  An unknown field is, per the request's ``fieldValidation`` (the constructor's
+  ``field_validation`` when it names none; default Strict, where the real server's default is
+  Warn): Strict a 400 ``Pod in version "v1" cannot be handled as a Pod: strict decoding error:
+  unknown field "spec.x"``, Warn dropped with a ``Warning: 299 - "unknown field ..."`` header,
+  Ignore dropped. A wrong JSON type or a malformed quantity: 400 (``json: cannot unmarshal``,
+  ``quantities must match the regular expression ...``). (The ``kubernetes`` client 37 itself
+  refuses unknown fields and wrong types in a body before sending it.);
+- validation (pkg/apis/core/validation, the messages verbatim): metadata.name (DNS-1123
+  subdomain; a Service's a DNS-1035 label), namespace, label keys and values, annotation keys
+  and total size, ownerReferences, finalizers; pods: containers required and named as DNS
+  labels without duplicates, image required and not padded, imagePullPolicy, env names and
+  sources, resources (quantities, requests <= limits, extended resources integers with
+  requests equal to limits), volume mounts naming a volume, restartPolicy, dnsPolicy,
+  hostname and subdomain (DNS labels), serviceAccountName, nodeName, nodeSelector, node
+  affinity terms, tolerations, scheduling gates (qualified, unique; not with nodeName at
+  create; an update may only remove them); services (type, ports, port names, selector);
+  secrets and configmaps (keys, base64, 1 MiB; a Secret's type immutable); leases; events
+  (involvedObject.namespace). A failure is the real 422 ``Invalid`` Status: ``Pod "x" is
+  invalid: <field>: <error>`` (several in ``[...]``), ``details.causes`` with each field's
+  ``reason`` (FieldValueInvalid, FieldValueRequired, ...), ``message`` and ``field``;
+- pod defaults and admission at create: ``imagePullPolicy`` (Always for ``:latest``/no tag),
+  ``terminationMessagePath``/``Policy``, ``dnsPolicy``, ``schedulerName``, ``securityContext``,
+  ``enableServiceLinks``, ``serviceAccountName: default``, the DefaultTolerationSeconds
+  tolerations (not-ready/unreachable, NoExecute, 300 s), ``priority`` from
+  ``priorityClassName`` (403 for a class not in ``priority_classes``), ``status.qosClass``;
+- ``sendInitialEvents=true`` watches (with ``resourceVersionMatch=NotOlderThan`` and
+  bookmarks, else 422): the current objects, then a BOOKMARK annotated
+  ``k8s.io/initial-events-end: "true"``; other bookmarks carry only ``metadata.resourceVersion``.
 
-Not kept (a real cluster has them): authentication and RBAC, admission and schema validation,
-namespaces as objects (every namespace exists), garbage collection by owner references,
-consistent snapshots across list pages, server-side apply, protobuf and CBOR.
+Not kept (a real cluster has them): authentication and RBAC, the admission plugins not named
+above (ResourceQuota, LimitRanger, PodSecurity, webhooks), a limit without a request stored as
+the request (only counted so: the stored spec keeps what the client sent), the validation of
+status updates beyond the schema, namespaces as objects (every namespace exists), garbage
+collection by owner references, consistent snapshots across list pages, server-side apply,
+protobuf and CBOR.
 
 For tests: a request counter per verb and resource, also per User-Agent (``request_counts``,
 e.g. what one client alone asked for, to check its RBAC), faults injected by

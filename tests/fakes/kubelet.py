@@ -7,13 +7,51 @@ in the same process both work. What it models:
 
 - N Nodes ``fake-node-0``... (label ``kubernetes.io/hostname``), each Ready with an InternalIP
   ``127.0.0.(i+2)``; a pod's ``podIP`` and ``hostIP`` are its node's IP (host-network-like:
-  every "node" is this machine, every IP a loopback address);
-- a scheduler: a pod without ``spec.nodeName`` (and the default scheduler) is bound through
-  ``pods/binding`` to a Ready, schedulable node with a free slot (``pods_per_node`` pods that
-  have not terminated) that satisfies ``spec.nodeSelector`` and the required node affinity
-  (``In``, ``NotIn``, ``Exists``, ``DoesNotExist``, ``Gt``, ``Lt``; ``matchFields`` on
-  ``metadata.name``), the least loaded first; otherwise ``PodScheduled=False``/``Unschedulable``
-  and another try whenever a pod or a node changes;
+  every "node" is this machine, every IP a loopback address). ``status.capacity`` =
+  ``status.allocatable`` = this host's cpu, memory and ephemeral-storage, ``pods`` =
+  ``pods_per_node``, overridden by ``allocatable`` (every node) and ``node_allocatable`` (per
+  node), extended resources (``nvidia.com/gpu``) included;
+- a scheduler (kube-scheduler's default filters): a pod without ``spec.nodeName`` (and the
+  default scheduler) is bound through ``pods/binding`` to a node that is not cordoned, has no
+  untolerated NoSchedule/NoExecute taint (a NotReady node has ``node.kubernetes.io/not-ready``,
+  a silent one ``node.kubernetes.io/unreachable``, as the node lifecycle controller adds them),
+  satisfies ``spec.nodeSelector`` and the required node affinity, and fits: the requests of
+  the non-terminated pods bound to it, in every namespace (a limit without a request counts as
+  the request; init containers as the scheduler counts them), plus this one's, within its
+  allocatable, and its pod count below ``pods``. Least loaded first, higher ``spec.priority``
+  first. Otherwise ``PodScheduled=False``/``Unschedulable`` with the scheduler's message:
+  ``0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2
+  Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: 1 Preemption is not
+  helpful for scheduling, 2 No preemption victims found for incoming pod.`` (reasons ``Too many
+  pods``, ``Insufficient <resource>``, ``node(s) were unschedulable``, ``node(s) had
+  untolerated taint {key: value}``), and another try whenever a pod or a node changes. A pod
+  with ``spec.schedulingGates`` is not tried: ``PodScheduled=False``/``SchedulingGated``
+  ``Scheduling is blocked due to non-empty scheduling gates`` until an update removes them;
+- kubelet admission, in the kubelet's order: the device manager (each extended resource of the
+  node is served by a device plugin of ``allocatable`` healthy devices, changed by
+  :meth:`~FakeKubelet.set_device_health` without touching the Node until
+  :meth:`~FakeKubelet.publish_node_status`): too few free healthy devices is ``status.reason:
+  UnexpectedAdmissionError``, ``Pod was rejected: Allocate failed due to requested number of
+  devices unavailable for nvidia.com/gpu. Requested: 1, Available: 0, which is unexpected``
+  (``no healthy devices present; cannot allocate unhealthy devices nvidia.com/gpu`` at 0);
+  then the pod against the Node's allocatable: ``OutOf<resource>``, ``Pod was rejected: Node
+  didn't have enough resource: cpu, requested: 3000, used: 0, capacity: 2000`` (millicores,
+  bytes, counts; ``OutOfpods``), then ``NodeAffinity``. A rejected pod is Failed with
+  ``startTime`` and no ``containerStatuses``, never started;
+- images: a fake registry (``images``, :data:`DEFAULT_IMAGES` by default;
+  :meth:`~FakeKubelet.add_image`). References are parsed and normalized as
+  distribution/reference does; an unparsable one waits with ``InvalidImageName`` (``Failed to
+  apply default image tag "Bad Image": couldn't parse image name "Bad Image": invalid reference
+  format...``); an image the registry lacks waits with ``ErrImagePull`` (containerd's ``rpc
+  error: code = NotFound desc = failed to pull and unpack image "docker.io/library/nope:1":
+  ...: not found``, or ``no such host`` for a registry it has never heard of), then
+  ``ImagePullBackOff`` (``Back-off pulling image "nope:1"``) halfway through the back-off, then
+  a new pull; the back-off doubles from ``image_pull_backoff_s`` to ``image_pull_backoff_max_s``.
+  ``imagePullPolicy: Never`` and an image not there: ``ErrImageNeverPull``. A started
+  container reports ``image`` (``docker.io/library/trainer:1``) and ``imageID``
+  (``docker.io/library/trainer@sha256:<hex>``). While it waits the pod is Pending with
+  ``Ready``/``ContainersReady`` False, ``ContainersNotReady``, ``containers with unready
+  status: [agent]``;
 - the kubelet: the one container's ``command`` runs as a local process in a session of its
   own, environment = ``os.environ`` + ``TMPDIR`` (fresh per pod) + ``POD_NAME``,
   ``POD_NAMESPACE``, ``POD_IP``, ``NODE_NAME`` + the container's ``env`` (which wins; values
@@ -21,9 +59,18 @@ in the same process both work. What it models:
   kubelet does), ``workingDir``, stdout+stderr to ``log_dir/<namespace>_<pod>.log``. Status
   through ``pods/status``: Running with ``startTime``, IPs, conditions and
   ``containerStatuses[0].state.running``; on exit Succeeded/Failed with
-  ``state.terminated`` (``exitCode`` 128+N for a signal N, ``Completed``/``Error``). A missing
-  Secret or key leaves the pod Pending with ``CreateContainerConfigError`` (retried); a
-  command that cannot be executed ends it Failed with ``StartError`` (exit code 128);
+  ``state.terminated`` (``exitCode`` 128+N for a signal N, ``Completed``/``Error``,
+  ``Ready`` reason PodCompleted/PodFailed). A missing Secret or key leaves the pod Pending with
+  ``CreateContainerConfigError`` (``secret "x" not found``, ``couldn't find key token in
+  Secret ns/x``; retried); a command that cannot be executed ends it Failed with
+  ``StartError`` (exit code 128);
+- memory limits: a container with ``resources.limits.memory`` runs in a memory cgroup of its
+  own under this process's (v1 ``memory.limit_in_bytes``, or v2 ``memory.max`` with
+  ``memory.oom.group``) when the host allows it (:attr:`~FakeKubelet.enforces_memory`), so the
+  kernel OOM-kills past the limit; at the first OOM kill the whole container is SIGKILLed (as
+  1.28+ on cgroup v2) and ends ``terminated.reason: OOMKilled``, exit code 137, the pod
+  Failed. The cgroup goes with the container; a container without a memory limit never
+  touches cgroups. Other limits (cpu) are not enforced;
 - the container's processes: the main process, its process group, its descendants and every
   process carrying ``FAKE_KUBELET_POD_UID=<uid>`` in its environment (set for each pod; the
   stand-in for a cgroup, it follows torchrun ranks, which get sessions of their own). When
@@ -32,21 +79,30 @@ in the same process both work. What it models:
   after ``deletionGracePeriodSeconds`` (a later, shorter one wins), then the final status and
   :meth:`FakeKubeAPIServer.finish_deletion`; a pod that vanishes (grace 0) is SIGKILLed at once;
 - faults: :meth:`FakeKubelet.node_not_ready` / :meth:`~FakeKubelet.node_ready` (SIGSTOP /
-  SIGCONT and the Ready condition; the kubelet keeps serving the API meanwhile, so a delete
-  still ends in SIGKILL), :meth:`~FakeKubelet.kill_node` (SIGKILL, Ready=Unknown, and the
-  kubelet of that node falls silent: nothing more is reported or acted on for its pods until
-  :meth:`~FakeKubelet.node_ready` brings it back), :meth:`~FakeKubelet.evict`,
-  :meth:`~FakeKubelet.preempt` and :meth:`~FakeKubelet.kill_pod_process`. The node faults
+  SIGCONT, the Ready condition and the not-ready taint; the kubelet keeps serving the API
+  meanwhile, so a delete still ends in SIGKILL), :meth:`~FakeKubelet.kill_node` (SIGKILL,
+  Ready=Unknown, the unreachable taint, and the kubelet of that node falls silent: nothing
+  more is reported or acted on for its pods until :meth:`~FakeKubelet.node_ready` brings it
+  back), :meth:`~FakeKubelet.evict`, :meth:`~FakeKubelet.preempt`,
+  :meth:`~FakeKubelet.kill_pod_process`, :meth:`~FakeKubelet.set_device_health` and
+  :meth:`~FakeKubelet.evict_for_pressure` (node-pressure eviction: ``DisruptionTarget``
+  True/``TerminationByKubelet`` with ``The node was low on resource: memory. Threshold
+  quantity: 100Mi, available: 52Mi. Container agent was using 10528Ki, request is 0, has larger
+  consumption of memory. ``, SIGTERM, SIGKILL after the grace, then Failed with
+  ``status.reason: Evicted`` and the same message; the pod object stays). The node faults
   return once the scheduler's node cache holds the new condition: a pod created next is
   scheduled against it.
 
-Not modelled: images and pulls, cgroups and resource limits, namespaces/isolation (all pods
-share this host's network, filesystem and pids), probes, restarts (only ``restartPolicy:
-Never`` behaves as specified), init and sidecar containers, volumes (env from Secrets and
-ConfigMaps is all), taints and tolerations, priorities, node heartbeats and leases, the node
-lifecycle controller (a NotReady node's pods are not evicted), ``activeDeadlineSeconds``.
-SIGTERM goes to the main process's group (a container runtime signals only PID 1).
-The scheduler counts only the pods this kubelet watches (its namespace and selector).
+Not modelled: preemption (no pod is ever preempted for a higher priority one: the message
+always says no victims), namespaces/isolation (all pods share this host's network,
+filesystem and pids), cpu limits, probes, restarts (only ``restartPolicy: Never`` behaves as
+specified), init and sidecar containers (counted by the scheduler, not run), volumes (env from
+Secrets and ConfigMaps is all), image entrypoints (a container needs a ``command``), pull
+durations (``ContainerCreating``), Events, node heartbeats and leases, the taint manager and
+node lifecycle evictions (a NotReady node's pods stay), ``activeDeadlineSeconds``. SIGTERM
+goes to the main process's group (a container runtime signals only PID 1). The kubelet watches
+pods of every namespace (for the scheduler and admission) and runs those of its namespace
+and label selector.
 
 Usage::
 
