@@ -132,19 +132,19 @@ class Manifest:
         for path, entry in raw_files.items():
             check_relative_path(path)
             if not isinstance(entry, dict):
-                raise ManifestError(f"file entry for {path!r} is not a mapping")
+                raise ManifestError(f"file entry for {_short(path)} is not a mapping")
             size = entry.get("size")
             digest = entry.get("digest")
             if not _is_int(size) or not 0 <= size <= MAX_INT:
-                raise ManifestError(f"file entry for {path!r} has no valid size")
+                raise ManifestError(f"file entry for {_short(path)} has no valid size")
             if not isinstance(digest, str) or not _HEX.match(digest):
-                raise ManifestError(f"file entry for {path!r} has no valid hex digest")
+                raise ManifestError(f"file entry for {_short(path)} has no valid hex digest")
             files[path] = FileEntry(size=size, digest=digest)
         trainer_state = _mapping(raw, "trainer_state")
         for ref in _referenced_files(trainer_state):
             check_relative_path(ref)
             if ref not in files:
-                raise ManifestError(f"trainer_state refers to {ref!r}, which is not checksummed")
+                raise ManifestError(f"trainer_state refers to {_short(ref)}, which is not checksummed")
         if "data_cursor" in trainer_state:
             _check_cursor(trainer_state["data_cursor"])
         created_unix = raw.get("created_unix", 0.0)
@@ -237,18 +237,18 @@ def check_relative_path(path: Any) -> str:
     backslash (which some tools treat as a separator).
     """
     if not isinstance(path, str) or not path:
-        raise UnsafePathError(f"manifest path {path!r} is not a non-empty string")
+        raise UnsafePathError(f"manifest path {_short(path)} is not a non-empty string")
     if len(path) > MAX_PATH_CHARS:
         raise UnsafePathError(f"manifest path is longer than {MAX_PATH_CHARS} characters")
     if "\x00" in path or "\\" in path:
-        raise UnsafePathError(f"manifest path {path!r} contains NUL or a backslash")
+        raise UnsafePathError(f"manifest path {_short(path)} contains NUL or a backslash")
     if path.startswith("/"):
-        raise UnsafePathError(f"manifest path {path!r} is absolute")
+        raise UnsafePathError(f"manifest path {_short(path)} is absolute")
     parts = path.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise UnsafePathError(f"manifest path {path!r} escapes or is not normalised")
+        raise UnsafePathError(f"manifest path {_short(path)} escapes or is not normalised")
     if PurePosixPath(path).is_absolute():
-        raise UnsafePathError(f"manifest path {path!r} is absolute")
+        raise UnsafePathError(f"manifest path {_short(path)} is absolute")
     return path
 
 
