@@ -181,9 +181,13 @@ def _check_fields(obj: dict) -> None:
     job = obj["job"]
     if not job or len(job) > 64 or not all(c.isalnum() or c in "-_." for c in job):
         raise ValueError(f"job: {job!r:.80} is not a job name (1-64 letters, digits, '-', '_', '.')")
-    for name in ("restore_from", "restored"):
-        if obj.get(name) is not None and not _checkpoint_name(obj[name]):
-            raise ValueError(f"{name}: {obj[name]!r:.80} is not a checkpoint name (step-N)")
+    if obj.get("restore_from") is not None and not _checkpoint_name(obj["restore_from"]):
+        # the controller's own pick among the root's checkpoints: a name the ranks join to their root
+        raise ValueError(f"restore_from: {obj['restore_from']!r:.80} is not a checkpoint name (step-N)")
+    restored = obj.get("restored")
+    if restored is not None and (not restored or len(restored) > 255 or "/" in restored or restored in (".", "..")):
+        # what the ranks said they loaded (a directory's name: the SDK may be given any path)
+        raise ValueError(f"restored: {restored!r:.80} is not a directory name")
     for name in ("intake_port", "http_port"):
         if name in obj and not 0 <= obj[name] < 65536:
             raise ValueError(f"{name}: {obj[name]} is not a port")
