@@ -13,6 +13,7 @@ each property runs a modest, fixed (derandomized) set of examples; a longer, ran
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import hashlib
@@ -315,7 +316,15 @@ def test_restore_refuses_damaged_trainer_state_before_touching_anything(ckpt_roo
             assert same(snapshot(model, opt, sched, cursor), before), "a refused checkpoint left a trace"
             assert SCHED in out.reason or "scheduler" in out.reason, out.reason  # the file that is wrong
         else:
-            assert out.step == 2 and (RNG in files or SCHED in files)  # an RNG file can only fall back
+            assert out.step == 2
+            if RNG in files:  # an RNG file is never a refusal: exactly what it holds, or the derived seed
+                assert out.rng in ("exact", "derived")
+                if out.rng == "exact":
+                    saved = base64.b64decode(json.loads(files[RNG])["torch"])
+                    assert torch.get_rng_state().numpy().tobytes() == saved
+            else:  # a scheduler state its loader took: the scheduler holds it
+                held = sched.state_dict()
+                assert all(repr(held.get(k)) == repr(v) for k, v in torch.load(io.BytesIO(files[SCHED])).items())
         # discovery passes over it to the good one; nothing but a CheckpointError ever leaves restore
         mgr2, *_ = tiny_job(ckpt_root, seed=8, keep=10)
         found = within(lambda: mgr2.restore(), seconds=20, mib=256)
