@@ -774,3 +774,57 @@ def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slur
     assert [(e["event"], e["action"], e["node"]) for e in events] == [("controller_lost", "cancelled", "n2")]
     assert "submit it again" in events[0]["detail"]
     assert json.loads((tmp_path / "slurm" / "controller-lost.json").read_text())["action"] == "cancel"
+
+
+def test_a_process_squatting_the_dead_controllers_port_does_not_keep_the_slurm_job_alive(slurm, tmp_path):
+    """Issue 24: the guards challenge their controller (GET /v1/guard, a nonce MAC'd under a key
+    derived from the job token). The controller's real HTTP app answers them; once it is gone, a
+    process on the same port answering 200 to everything is silence to them: one guard cancels
+    the job within its timeout, as for a controller that does not answer at all."""
+    from supervisor.platforms.slurm_guard import GuardConfig, guard_argv
+
+    import http.server
+    import threading
+
+    from test_guard_challenge import TOKEN, ServedController, Squatter, write_token
+
+    job_id = allocation(slurm, nodes=2)
+    write_token(tmp_path / "token", TOKEN)  # the job token on the shared log directory
+    controller = ServedController(tmp_path / "controller", token=TOKEN)
+    port = controller.port
+    guards = [GuardConfig(job_id=job_id, api=f"http://127.0.0.1:{port}", job="guarded", node=n, log_dir=tmp_path,
+                          timeout_s=4, probe_s=0.5, action="cancel") for n in ("n1", "n2")]
+    sruns = [subprocess.Popen(["srun", f"--jobid={job_id}", "-N1", "-n1", "-w", g.node, "--overlap",
+                               *guard_argv(PY, g)], env=slurm.env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL) for g in guards]
+    log = lambda n: (tmp_path / "slurm" / f"guard-{n}.log").read_text()  # noqa: E731
+    squatter = None
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / "slurm" / f"guard-{n}.log").exists() and "event=controller_answered" in log(n)
+                      for n in ("n1", "n2")):
+            assert time.monotonic() < deadline, "the guards never heard the controller"
+            time.sleep(0.2)
+        controller.close()
+        http.server.ThreadingHTTPServer.allow_reuse_address = True
+        squatter = http.server.ThreadingHTTPServer(("127.0.0.1", port), Squatter)  # the port, taken at once
+        squatter.probes = 0
+        threading.Thread(target=squatter.serve_forever, daemon=True).start()
+        lost_from = time.monotonic()
+        info = slurm.wait_job(job_id, states=("CANCELLED",), timeout=60)
+        took = time.monotonic() - lost_from
+    finally:
+        if squatter is not None:
+            squatter.shutdown()
+            squatter.server_close()
+        for srun in sruns:
+            srun.kill()
+            srun.wait()
+    logs = log("n1") + log("n2")
+    assert squatter.probes >= 4, squatter.probes  # it answered the guards all along
+    assert "event=controller_unauthenticated" in logs and "event=controller_lost" in logs, logs
+    assert info["Comment"].startswith("elastic-supervisor:controller-lost:no-answer-for-"), info
+    assert took < 4 + 15, took  # the guard's timeout, its last probe, scontrol and Slurm's own end of the job
+    events = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["action"]) for e in events] == [("controller_lost", "cancelled")]
+    print(f"squatter on the dead controller's port -> job cancelled by its guard after {took:.1f}s")
