@@ -336,13 +336,24 @@ class RestartConfig:
     in_place_timeout_s: float = 60.0
     """How long the restarted ranks get to report in before an in-place restart counts as failed
     and the gang is torn down and launched again."""
+    capacity_wait_s: float = 0.0
+    """How long a gang the cluster cannot place (Kubernetes: pods Unschedulable or held by a
+    scheduling gate) may wait before the job stops in STOPPED_NO_CAPACITY (exit 5), quoting the
+    scheduler. Waiting is not a fault, spends no attempt, and stops the startup timeout.
+    0 (the default): ``budget_s``."""
+    shrink_after_s: float = 60.0
+    """An elastic job (``nodes.min < nodes.max``) whose gang has waited this long for capacity is
+    relaunched at the largest size whose pods were placed (at least ``nodes.min``)."""
 
     def __post_init__(self) -> None:
         if self.in_place_restarts < 0:
             raise ConfigError("restart.in_place_restarts: must be >= 0")
-        for name in ("budget_s", "abort_grace_s", "kill_grace_s", "teardown_grace_s", "in_place_timeout_s"):
+        for name in ("budget_s", "abort_grace_s", "kill_grace_s", "teardown_grace_s", "in_place_timeout_s",
+                     "shrink_after_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"restart.{name}: must be > 0")
+        if self.capacity_wait_s < 0:
+            raise ConfigError("restart.capacity_wait_s: must be >= 0 (0: restart.budget_s)")
         if self.max_restarts < 0:
             raise ConfigError("restart.max_restarts: must be >= 0")
         if self.progress_guard_attempts < 1:

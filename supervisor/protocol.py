@@ -104,10 +104,6 @@ EXIT_PREFLIGHT = 78
 """A node agent's own exit (not a rank's) when its check of the job's command where the ranks run
 (:mod:`supervisor.preflight`) failed before it started any rank; its last output line says why.
 sysexits' EX_CONFIG: a configuration no restart fixes."""
-EXIT_PREFLIGHT = 78
-"""A node agent's own exit (not a rank's) when its check of the job's command where the ranks run
-(:mod:`supervisor.preflight`) failed before it started any rank; its last output line says why.
-sysexits' EX_CONFIG: a configuration no restart fixes."""
 # A restart's phases, in order (controller clock): fault -> detected -> torn down -> scheduled
 # -> rendezvous -> restored -> first step. The keys of the ``restart_complete`` event's phases
 # and the ``phase`` label of supervisor_restart_phase_seconds; the benchmarks report the same.

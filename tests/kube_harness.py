@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -48,9 +49,10 @@ def control(tmp_path_factory):
 
 
 class Cluster:
-    def __init__(self, tmp: Path, nodes: int) -> None:
+    def __init__(self, tmp: Path, nodes: int, **kubelet: Any) -> None:
+        """``kubelet``: the fake kubelet's own arguments (allocatable, images, node_prefix...)."""
         self.api = FakeKubeAPIServer().start()
-        self.kubelet = FakeKubelet(self.api, NS, nodes=nodes, log_dir=tmp / "pod-logs").start()
+        self.kubelet = FakeKubelet(self.api, NS, nodes=nodes, log_dir=tmp / "pod-logs", **kubelet).start()
         self.api.log_source = lambda ns, name: self.kubelet.logs(name) if self.kubelet.log_path(name).exists() else None
         self.kubeconfig = tmp / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump({
@@ -110,7 +112,7 @@ class KubeRun:
                "restart": {"kill_grace_s": 10}, "metrics_linger_s": 0,
                "env": {"OMP_NUM_THREADS": "1", **({"SUPERVISOR_FAULT": fault} if fault else {})}}
         for key, value in (overrides or {}).items():
-            cfg[key] = value | cfg.get(key, {}) if isinstance(value, dict) and key != "platform" else value
+            cfg[key] = cfg.get(key, {}) | value if isinstance(value, dict) and key != "platform" else value
         self.config = tmp / f"{name}.json"
         self.config.write_text(json.dumps(cfg))
         self.env = controller_env(job_env(tmp))  # its own copy of the package, not this checkout's

@@ -45,6 +45,7 @@ from supervisor.controller.decide import (
     ACTION_KILL_NODE,
     ACTION_TEAR_DOWN,
     EXIT_CODES,
+    CapacityWait,
     RUNG_KILL_NODE,
     RUNG_TEARDOWN,
     TERMINAL,
@@ -54,8 +55,11 @@ from supervisor.controller.decide import (
     Relaunch,
     RestartTimer,
     Rung,
+    Shrink,
     Stop,
+    capacity,
     classify,
+    grow,
     completed,
     evidence_awaited,
     gang_size,
@@ -73,7 +77,7 @@ from supervisor.controller.decide import (
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.metrics import MetricsState, Snapshot, take_snapshot
 from supervisor.platforms.agent_output import read_tail
-from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+from supervisor.platforms.base import WAIT_CANNOT_START, LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     MAX_DATAGRAM,
@@ -350,6 +354,9 @@ class Controller:
         self._step_marks: list[tuple[float, int]] = []
         self._last_calibration = -CALIBRATE_S
         self._secondary_since: float | None = None
+        self.capacity_since: float | None = None
+        """Since when the cluster could not place the gang (None: placed, or not on such a platform)."""
+        self.capacity_message = ""
         self.ready = False
         self._handoff = False
         self._root_judged = False  # this attempt's checkpoint root was checked before any restore report
@@ -793,6 +800,8 @@ class Controller:
             return
         if self.phase in TERMINAL:
             return
+        if await self._capacity(now) or await self._grow():
+            return
         if now - self._last_calibration >= CALIBRATE_S:
             # step-time statistics move slowly: every few seconds is enough, and at 16k ranks
             # recomputing them on every tick would cost more than the detectors themselves
@@ -810,7 +819,8 @@ class Controller:
             await self._recover(fault)
             return
         self.findings = detect(reg, now, self.timeouts, launched_at=self.launched_at)
-        if not self.findings and all(n.state == NodeState.RUNNING for n in self.node_status.values()):
+        if not self.findings and all(n.state == NodeState.RUNNING and n.waiting != WAIT_CANNOT_START
+                                     for n in self.node_status.values()):
             return
         fault = classify(
             self.node_status, self.findings, now=now,
@@ -830,6 +840,96 @@ class Controller:
         self._secondary_since = None
         if fault is not None:
             await self._recover(fault)
+
+    async def _capacity(self, now: float) -> bool:
+        """Whether the gang waits for capacity this tick (:func:`~.decide.capacity`): not a fault,
+        and the startup timeout runs from the moment it is placed. Past restart.shrink_after_s an
+        elastic gang is relaunched at the size that was placed; past restart.capacity_wait_s the
+        job stops. A node that cannot start at all is classify's (a startup failure)."""
+        r, n = self.cfg.restart, self.cfg.nodes
+        since = self.capacity_since
+        verdict = capacity(self.node_status, waited_s=now - (now if since is None else since),
+                           wait_limit_s=r.capacity_wait_s or r.budget_s, shrink_after_s=r.shrink_after_s,
+                           nodes_min=n.min, nodes_max=n.max, nproc_per_node=self.cfg.nproc_per_node,
+                           world_sizes=n.world_sizes, world_size_multiple_of=n.world_size_multiple_of)
+        if verdict is None or any(st.waiting == WAIT_CANNOT_START for st in self.node_status.values()):
+            if since is not None:
+                self.capacity_since, self.capacity_message = None, ""
+                self.launched_at = now  # the startup timeout starts now
+                if self.phase == JobPhase.WAITING_FOR_CAPACITY:
+                    self.phase = JobPhase.STARTING
+                log.info("event=capacity_found attempt=%d waited_s=%.1f", self.attempt, now - since)
+                self.event("capacity_found", attempt=self.attempt, waited_s=round(now - since, 3))
+                self._save_state()
+            return False
+        self.launched_at = now
+        if since is None:
+            self.capacity_since = now
+            self.phase = JobPhase.WAITING_FOR_CAPACITY
+            waiting = verdict.waiting if isinstance(verdict, CapacityWait) else ()
+            self.capacity_message = verdict.message if isinstance(verdict, CapacityWait) else verdict.reason
+            self._save_state()
+            log.warning("event=waiting_for_capacity attempt=%d nodes=%s limit_s=%g detail=%s", self.attempt,
+                        list(waiting), r.capacity_wait_s or r.budget_s, self.capacity_message)
+            self.event("waiting_for_capacity", attempt=self.attempt, nodes=list(waiting), detail=self.capacity_message,
+                       limit_s=r.capacity_wait_s or r.budget_s)
+        if isinstance(verdict, Stop):
+            self.event("action", attempt=self.attempt, action="tear_down", reason="no_capacity")
+            await self.platform.teardown(r.teardown_grace_s)
+            self._finish(verdict.phase, verdict.reason)
+            return True
+        if isinstance(verdict, Shrink):
+            log.warning("event=capacity_shrink attempt=%d nodes=%s reason=%s", self.attempt, list(verdict.nodes),
+                        verdict.reason)
+            self.event("capacity_shrink", attempt=self.attempt, nodes=list(verdict.nodes), detail=verdict.reason)
+            self.event("action", attempt=self.attempt, action="tear_down", reason="capacity_shrink")
+            await self.platform.teardown(r.teardown_grace_s)
+            self.capacity_since, self.capacity_message = None, ""
+            await self._scan_checkpoints()
+            pick = pick_checkpoint(self._usable_checkpoints(), self.history, r.allow_fresh_start)
+            if isinstance(pick, Stop):
+                self._finish(pick.phase, pick.reason)
+                return True
+            self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
+            timer = self.current_timer if self.current_timer is not None and not self.current_timer.done else None
+            left_out = [s for s in self.nodes if s not in verdict.nodes]
+            await self._launch_retrying(list(verdict.nodes), pick, timer)
+            if self.phase not in TERMINAL:
+                await self.platform.probe_capacity(left_out)  # to grow back when the cluster has room
+            return True
+        self.capacity_message = verdict.message
+        return True
+
+    async def _grow(self) -> bool:
+        """A gang shrunk for capacity grows back when the cluster can place what it left out
+        (:meth:`Platform.capacity_returned`): the ranks save on SIGTERM (restart.kill_grace_s, as for a
+        planned stop), and the larger gang resumes from that checkpoint. Not a fault."""
+        returned = self.platform.capacity_returned() if self.phase == JobPhase.RUNNING else []
+        if not returned:
+            return False
+        n = self.cfg.nodes
+        nodes = grow(self.nodes, returned, excluded=self.history.excluded, nodes_min=n.min, nodes_max=n.max,
+                     nproc_per_node=self.cfg.nproc_per_node, world_sizes=n.world_sizes,
+                     world_size_multiple_of=n.world_size_multiple_of)
+        if nodes is None:
+            return False
+        log.info("event=capacity_returned attempt=%d slots=%s action=grow nodes=%s", self.attempt, returned, nodes)
+        self.event("capacity_returned", attempt=self.attempt, slots=returned, nodes=list(nodes),
+                   detail="the cluster can place what the gang left out: it saves and relaunches larger")
+        self.event("action", attempt=self.attempt, action="tear_down", reason="grow")
+        before = self.latest_ckpt["step"] if self.latest_ckpt else -1
+        await self.platform.teardown(self.cfg.restart.kill_grace_s)
+        await self._scan_checkpoints()  # off the loop (a worker thread), as every decision's look
+        if self.latest_ckpt and self.latest_ckpt["step"] > before:
+            self.event("emergency_checkpoint", name=self.latest_ckpt["name"], step=self.latest_ckpt["step"],
+                       detail="written by the ranks on the way out; the larger gang resumes from it")
+        pick = pick_checkpoint(self._usable_checkpoints(), self.history, self.cfg.restart.allow_fresh_start)
+        if isinstance(pick, Stop):
+            self._finish(pick.phase, pick.reason)
+            return True
+        self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
+        await self._launch_retrying(list(nodes), pick, None)
+        return True
 
     def _in_place_signal(self, now: float) -> Fault | None:
         """The agents have begun restarting this attempt's ranks in place, or the last restart in
@@ -877,8 +977,10 @@ class Controller:
         reg = self.registry
         steps = {r: rec.hb.step for r, rec in reg.ranks.items()}
         by_pid = {rec.hb.pid: r for r, rec in reg.ranks.items() if rec.hb.pid}
+        oom = {n for n, st in self.node_status.items() if st.out_of_memory}  # every rank of it was killed
         ended = {f.rank for st in self.node_status.values() for f in st.failures} | \
-            {by_pid[pid] for st in self.node_status.values() for pid, _, _ in st.exit_codes if pid in by_pid}
+            {by_pid[pid] for st in self.node_status.values() for pid, _, _ in st.exit_codes if pid in by_pid} | \
+            {r for r, rec in reg.ranks.items() if rec.hb.node in oom}
         for rank in ended:
             logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{rank}.jsonl", self.attempt)
             if logged is not None:
@@ -1285,7 +1387,6 @@ class Controller:
         deadline = loop.time() + min(1.0, interval * 1.2)
         while loop.time() < deadline and not all(answered(r) for r in awaited):
             await asyncio.sleep(0.01)
-        now = self.clock()
         ev_dir = self.log_dir / "evidence"
         path = ev_dir / f"attempt-{self.attempt}-{int(time.time())}-{fault.kind}.json"
         head = {"fault": fault.to_dict(), "attempt": self.attempt, "time": time.time(),
@@ -1321,6 +1422,7 @@ class Controller:
         self.report, self.restored = None, None
         self._root_judged = False
         self.ahead_attempt = None
+        self.capacity_since, self.capacity_message = None, ""
         if launch is not None:
             self._new_launch()  # from here the old gang's frames are a stale attempt's
             await launch(self._launch_spec(nodes))
@@ -1398,6 +1500,8 @@ class Controller:
             "run": self.run_no, "log_dir": str(self.log_dir), "restore_from": self.restore_from,
             "timers": list(self.timers), "findings": list(self.findings), "timeouts": asdict(self.timeouts),
             "stop_reason": self.stop_reason, "exit_code": EXIT_CODES.get(self.phase),
+            "waiting_for_capacity": None if self.capacity_since is None else {
+                "since_s": round(self.clock() - self.capacity_since, 1), "detail": self.capacity_message},
         })
 
     def status(self, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
@@ -1515,8 +1619,10 @@ def render_status(snap: StatusSnapshot, *, offset: int | None = None, limit: int
     return {
         "job": m.job, "phase": m.phase, "attempt": m.attempt, "as_of_unix": round(m.unix, 3),
         "world_size": m.world_size, "alive_ranks": len(active) - len(stale),
-        "nodes": [{"name": n, "state": st.state.value, "pid": st.pid, "exit_code": st.exit_code, "stopped": st.stopped}
+        "nodes": [{"name": n, "state": st.state.value, "pid": st.pid, "exit_code": st.exit_code, "stopped": st.stopped,
+                   "waiting": st.waiting, "reason": st.reason, "detail": st.detail}
                   for n, st in sorted(x["nodes"].items())],
+        "waiting_for_capacity": x.get("waiting_for_capacity"),
         "excluded_nodes": x["excluded_nodes"], "suspect_checkpoints": x["suspect_checkpoints"],
         "suspect_why": x["suspect_why"], "checkpoint_root": x["checkpoint_root"],
         "restored": x["restored"], "restore_refused": x["restore_refused"],

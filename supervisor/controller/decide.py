@@ -453,6 +453,21 @@ def capacity(nodes: Mapping[str, NodeStatus], *, waited_s: float, wait_limit_s: 
     return CapacityWait(waiting, placed, message)
 
 
+def grow(current: Iterable[str], returned: Iterable[str], *, excluded: Iterable[str] = (), nodes_min: int,
+         nodes_max: int, nproc_per_node: int = 1, world_sizes: Iterable[int] = (),
+         world_size_multiple_of: int = 1) -> tuple[str, ...] | None:
+    """The larger gang to relaunch as when slots the cluster could not place earlier have room
+    again (``returned``): the running nodes first, then the returned ones, at the largest size
+    the job accepts; None when that is no larger than the running gang."""
+    now = list(current)
+    bad = set(excluded)
+    pool = now + [s for s in returned if s not in now and s not in bad]
+    size = gang_size(len(pool), nodes_min, nodes_max, nproc_per_node, world_sizes, world_size_multiple_of)
+    if size is None or size <= len(now):
+        return None
+    return tuple(pool[:size])
+
+
 ACTION_ABORT, ACTION_KILL_NODE, ACTION_TEAR_DOWN = "abort_ranks", "kill_node", "tear_down"
 
 

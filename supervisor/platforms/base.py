@@ -203,6 +203,16 @@ class Platform(abc.ABC):
         such a thing does nothing. Returns the pids of what now waits (for the events)."""
         return []
 
+    async def probe_capacity(self, slots: Sequence[str]) -> None:
+        """The gang runs without these slots because the cluster could not place them: watch for
+        the capacity to come back (:meth:`capacity_returned`). A platform that cannot tell does
+        nothing (its gang grows back at the next relaunch, if the slots are free then)."""
+
+    def capacity_returned(self) -> list[str]:
+        """Slots given to :meth:`probe_capacity` that the cluster could place now (each said
+        once; the probe is gone by then, its resources free for the gang)."""
+        return []
+
     async def serving(self, api: str) -> None:
         """The controller holds the job and answers at ``api`` (``http://ADDR:PORT``, its
         ``/healthz``) from now until it ends, before anything is launched: a platform may start

@@ -10,8 +10,10 @@ Syntax (``SUPERVISOR_FAULT``)::
   default 200), ``nan`` (the loss becomes NaN), ``crash-in-save`` (SIGKILL self after the
   first shard file of the save at ``step`` is written), ``node-kill`` (SIGKILL every process
   of this rank's node: its torchrun agent and every rank under it, a lost machine) and
-  ``node-stop`` (SIGSTOP them all: a frozen machine). The node faults fire from the rank
-  named by ``rank`` and take its whole node down with it.
+  ``node-stop`` (SIGSTOP them all: a frozen machine), ``oom`` (allocate and touch memory
+  until the kernel's OOM killer ends the process: a memory bug, under a container's memory
+  limit). The node faults fire from the rank named by ``rank`` and take its whole node down
+  with it.
 * ``rank``: the global rank it fires on (default: every rank).
 * ``step``: the step at which it fires (default 1; ``slow`` applies from it on).
 * ``attempt``: fire only in this attempt (default: every attempt). Without it a fault fires
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save", "node-kill", "node-stop")
+KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save", "node-kill", "node-stop",
+         "oom")
 _KEYS = {"kind", "rank", "step", "attempt", "ms"}
 
 

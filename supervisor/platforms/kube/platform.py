@@ -81,6 +81,10 @@ OWNER_LABEL = "elastic-supervisor/owner"
 """The uid of the release's ConfigMap: the release a pod, the Service or the Secret belongs to.
 Two releases with one ``config.job`` in one namespace select, count, adopt and fence only
 their own objects."""
+ROLE_LABEL = "elastic-supervisor/role"
+PROBE_ROLE = "capacity-probe"
+"""A placeholder pod that asks for one slot's resources while the gang runs without it: once the
+scheduler places it, the capacity is back (it is deleted at once and the gang grows)."""
 LAUNCH_LABEL = "elastic-supervisor/launch"
 """A random id per launch: a name taken by a pod of another launch (an earlier run's, one still
 Terminating, a dead controller's half-made gang) is never mistaken for ours."""
@@ -242,6 +246,8 @@ class KubernetesPlatform(Platform):
         self._token_written: bytes | None = None
         self._launch_id = ""
         self._deferred: tuple[LaunchSpec, str, list[str]] | None = None
+        self.probes: dict[str, str] = {}
+        """slot -> the name of its capacity probe (:meth:`probe_capacity`)."""
         """(spec, port, slots) of a gang whose first pod had no IP yet at launch."""
         self._elected = ""
         self._events_allowed = True
@@ -657,7 +663,7 @@ class KubernetesPlatform(Platform):
         launched or adopted (or refused to adopt) a gang."""
         if self.fenced or self.attempt < 0:
             return
-        current = {p.name for p in self.pods.values()}
+        current = {p.name for p in self.pods.values()} | set(self.probes.values())
         for name, pod in (pods if pods is not None else self._pods()).items():
             if name in current or name in self._fencing or pod.metadata.deletion_timestamp:
                 continue
@@ -740,7 +746,10 @@ class KubernetesPlatform(Platform):
     async def teardown(self, grace_s: float) -> None:
         self._check_fenced()
         self._deferred = None
+        probes, self.probes = list(self.probes.values()), {}
         live = list(self.pods.values())  # every pod we made, seen by the watch yet or not (404 is fine)
+        for name in probes:
+            self._spawn(self._delete(name, 0))
         for p in live:
             p.deleted_by_us = True
         grace = max(0, int(round(grace_s)))
@@ -756,6 +765,62 @@ class KubernetesPlatform(Platform):
             log.warning("event=pods_forced pods=%s after_s=%.0f (new pod names per attempt: the relaunch is not "
                         "blocked)", left, grace + self.s.delete_confirm_s)
             await asyncio.gather(*(self._delete(n, 0) for n in left))
+
+    # ------------------------------------------------------------------ capacity probes
+    async def probe_capacity(self, slots: Sequence[str]) -> None:
+        self._check_fenced()
+        await self._ensure_owner()
+        w = self.s.worker
+        for slot in slots:
+            if slot in self.probes:
+                continue
+            name = dns_label(f"{self.base}-probe-{slot}", 63)
+            container: dict[str, Any] = {
+                "name": "probe", "image": self.s.image,
+                # holds the slot's resources until deleted; never runs the job
+                "command": [self.s.python, "-c", "import time\nwhile True: time.sleep(3600)"]}
+            pod_spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                                        "automountServiceAccountToken": False}
+            if w is not None:
+                container["imagePullPolicy"] = w.image_pull_policy
+                if w.resources:
+                    container["resources"] = _quantities(w.resources)
+                for key, value in (("imagePullSecrets", w.image_pull_secrets), ("tolerations", w.tolerations)):
+                    if value:
+                        pod_spec[key] = copy.deepcopy(list(value))
+                if w.priority_class_name:
+                    pod_spec["priorityClassName"] = w.priority_class_name
+            pod_spec["containers"] = [container]
+            affinity = self._affinity(slot)
+            if affinity:
+                pod_spec["affinity"] = affinity
+            if self.s.node_selector:
+                pod_spec["nodeSelector"] = dict(self.s.node_selector)
+            meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": dict(self.labels) | {
+                ROLE_LABEL: PROBE_ROLE, SLOT_LABEL: dns_label(slot)}, "annotations": {"elastic-supervisor/slot": slot}}
+            if self._owner:
+                meta["ownerReferences"] = self._owner
+            self.probes[slot] = name
+            self.pod_watch.forget([name])
+            await self.api.call(self.api.core.create_namespaced_pod, self.ns,
+                                {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}, ok=(409,))
+            log.info("event=capacity_probe pod=%s slot=%s (the gang grows back once the scheduler places it)", name, slot)
+
+    def capacity_returned(self) -> list[str]:
+        if self.fenced or not self.probes:
+            return []
+        pods = self._pods()
+        back = []
+        for slot, name in list(self.probes.items()):
+            pod = pods.get(name)
+            if pod is None or pod.metadata.deletion_timestamp:
+                continue
+            r = read_pod(pod_facts(pod))
+            if pod.spec is not None and pod.spec.node_name and r.kind in (Reading.STARTING, Reading.RUNNING):
+                back.append(slot)
+                del self.probes[slot]
+                self._spawn(self._delete(name, 0))  # its resources are the gang's now
+        return back
 
     # ------------------------------------------------------------------ adoption
     def describe(self) -> dict:

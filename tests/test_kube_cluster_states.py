@@ -1,0 +1,283 @@
+"""What a real cluster does to a job, end to end: real torchrun pods on the fake cluster
+(tests/fakes: a scheduler that counts GPUs against each node's allocatable, a registry that
+knows some images, real cgroup memory limits, kubelet admission), the controller as it ships
+(no torch in its environment), each run against the uninterrupted control where the job goes on.
+
+- two releases with the same ``config.job`` in one namespace both complete, untouched by each other;
+- 60+-character node names (GKE's unique part at the end) give one distinct pod per slot;
+- a gang that asks for more GPUs than are free waits (no teardown, no attempt spent) and runs
+  once another pod frees them; an elastic one starts smaller after the grace and grows back;
+- an unknown image stops in seconds with the kubelet's message, after one attempt;
+- a rank OOMKilled once resumes without excluding its node; twice at the same step stops named;
+- a kubelet's admission reject excludes its node and the slot goes to the spare.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from controller_venv import controller_python
+from kube_harness import (  # noqa: F401  (fixtures)
+    JOB,
+    JOB_NAME,
+    NS,
+    Cluster,
+    KubeRun,
+    assert_same_path,
+    cluster,
+    control,
+    finished,
+    k8s_event,
+    kube_run,
+)
+
+pytestmark = pytest.mark.slow
+PY = sys.executable
+GPU = {"limits": {"nvidia.com/gpu": 1}}
+GKE_PREFIX = "gke-prod-us-central1-a3-highgpu-8g-spot-pool-7f9c2b1d-x4kq-n"  # + a digit: 62 characters
+
+
+@pytest.fixture
+def gpu_cluster(tmp_path):
+    """Three nodes of one GPU each."""
+    c = Cluster(tmp_path, 3, allocatable={"nvidia.com/gpu": "1"})
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def gpu_run(tmp_path, gpu_cluster, tmp_path_factory):
+    """``kube_run`` on the GPU cluster."""
+    runs: list[KubeRun] = []
+    controller = controller_python(tmp_path_factory)
+
+    def start(**kw) -> KubeRun:
+        runs.append(KubeRun(tmp_path, gpu_cluster, **{"controller": controller, **kw}))
+        return runs[-1]
+
+    yield start
+    for run in runs:
+        run.kill()
+
+
+def release(cluster: Cluster, tmp: Path, name: str) -> dict:
+    """``platform.kubernetes`` as the chart installs release ``name``: its ConfigMap owns the
+    pods, its Lease elects its controller (the controller makes the job token's Secret)."""
+    cluster.kubelet.v1.create_namespaced_config_map(NS, {"metadata": {"name": f"{name}-config"},
+                                                         "data": {"job.yaml": "{}"}})
+    return {"owner_config_map": f"{name}-config", "lease": f"{name}-leader"}
+
+
+def blocker(cluster: Cluster, node: str, gpus: int = 1) -> str:
+    """Another tenant's pod holding ``gpus`` GPUs of ``node`` (not the job's: no labels of ours)."""
+    name = f"other-tenant-{node[-6:]}"
+    cluster.kubelet.v1.create_namespaced_pod(NS, {
+        "metadata": {"name": name},
+        "spec": {"nodeName": node, "restartPolicy": "Never", "containers": [{
+            "name": "c", "image": "fake.invalid/worker:1",
+            "command": ["python", "-c", "import time\nwhile True: time.sleep(60)"],
+            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}})
+    cluster.kubelet.wait_phase(name, "Running", timeout=30)
+    return name
+
+
+def launches(run: KubeRun) -> list[dict]:
+    return run.events("launched")
+
+
+def test_two_releases_with_one_job_name_in_one_namespace_both_complete(tmp_path, control):
+    c = Cluster(tmp_path, 4)
+    runs = []
+    try:
+        for name in ("team-a", "team-b"):
+            (tmp_path / name).mkdir()
+            runs.append(KubeRun(tmp_path / name, c, kube={"node_reads": False, **release(c, tmp_path, name)},
+                                name=name))
+        for run in runs:
+            assert finished(run)["phase"] == "completed"
+            assert not run.events("fault_detected"), run.events()
+            assert len(launches(run)) == 1
+            assert_same_path(run, control)
+        owners = {p["metadata"]["labels"]["elastic-supervisor/owner"] for p in c.pods(**{
+            "elastic-supervisor/job": JOB_NAME})}
+        assert len(owners) == 2
+        for run in runs:  # neither fenced, adopted or counted the other's pods
+            assert "stale_pod_deleted" not in run.output() and "deleted by someone else" not in run.output()
+    finally:
+        for run in runs:
+            run.kill()
+        c.stop()
+
+
+def test_long_node_names_give_one_distinct_pod_per_slot(tmp_path, control):
+    c = Cluster(tmp_path, 3, node_prefix=GKE_PREFIX)
+    try:
+        assert all(len(n) >= 60 for n in c.kubelet.nodes)
+        run = KubeRun(tmp_path, c)
+        try:
+            assert finished(run)["phase"] == "completed"
+            pods = c.pods(**{"elastic-supervisor/attempt": "0"})
+            assert len({p["metadata"]["name"] for p in pods}) == 2
+            assert {p["spec"]["nodeName"] for p in pods} == set(launches(run)[0]["nodes"])
+            assert all(len(p["metadata"]["name"]) <= 63 for p in pods)
+            assert_same_path(run, control)
+        finally:
+            run.kill()
+    finally:
+        c.stop()
+
+
+def live_status(run: KubeRun) -> dict:
+    """The running controller's /status (its address from the state file it keeps)."""
+    state = json.loads((run.log_dir / "supervisor-state.json").read_text())
+    with urllib.request.urlopen(f"http://{state['http_host']}:{state['http_port']}/status", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def until(predicate, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except (OSError, ValueError, KeyError):
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def test_a_gang_waits_for_gpus_without_spending_an_attempt_and_runs_once_they_are_free(gpu_cluster, gpu_run,
+                                                                                      control, tmp_path):
+    held = blocker(gpu_cluster, "fake-node-1")
+    run = gpu_run(kube={"worker": {"image": "fake.invalid/worker:1", "resources": GPU},
+                         **release(gpu_cluster, tmp_path, "demo")},
+                   overrides={"health": {"startup_timeout_s": 5}})
+    wait = run.wait_event("waiting_for_capacity")
+    assert "Insufficient nvidia.com/gpu" in wait["detail"], wait
+    said = k8s_event(gpu_cluster, "WaitingForCapacity", "demo-config")
+    assert "Insufficient nvidia.com/gpu" in said["message"]
+    # past the startup timeout, still waiting (not a startup stall), as /status and the CLI say
+    st = until(lambda: (s := live_status(run))["waiting_for_capacity"]["since_s"] > 6 and s)
+    assert st["phase"] == "waiting_for_capacity" and "Insufficient nvidia.com/gpu" in st["waiting_for_capacity"]["detail"]
+    assert any(n["waiting"] == "capacity" and n["reason"] == "Unschedulable" for n in st["nodes"]), st["nodes"]
+    cli = subprocess.run([PY, "-m", "supervisor", "status", "--log-dir", str(run.log_dir)], capture_output=True,
+                         text=True, timeout=60, env=run.env)
+    assert "waiting for capacity" in cli.stdout and "waiting (capacity: Unschedulable)" in cli.stdout, cli.stdout
+    gpu_cluster.kubelet.v1.delete_namespaced_pod(held, NS, grace_period_seconds=0)
+    found = run.wait_event("capacity_found")
+    assert found["waited_s"] > 6, found
+    assert finished(run)["phase"] == "completed"
+    assert len(launches(run)) == 1 and not run.events("fault_detected") and not run.events("action")
+    assert_same_path(run, control)
+
+
+def test_a_gang_that_can_never_be_placed_stops_naming_the_scheduler(gpu_cluster, gpu_run):
+    run = gpu_run(kube={"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"nvidia.com/gpu": 2}}}},
+                   overrides={"restart": {"capacity_wait_s": 3}})
+    done = finished(run, code=5)
+    assert done["phase"] == "stopped_no_capacity"
+    assert "Insufficient nvidia.com/gpu" in done["reason"] and "capacity_wait_s" in done["reason"], done
+    assert len(launches(run)) == 1 and not run.events("fault_detected")
+    assert not gpu_cluster.pods(**{"elastic-supervisor/job": JOB_NAME}) or all(
+        p["metadata"].get("deletionTimestamp") for p in gpu_cluster.pods(**{"elastic-supervisor/job": JOB_NAME}))
+
+
+def test_an_elastic_gang_starts_smaller_after_the_grace_and_grows_back(tmp_path):
+    c = Cluster(tmp_path, 2, allocatable={"nvidia.com/gpu": "1"})
+    run = None
+    try:
+        held = blocker(c, "fake-node-1")
+        run = KubeRun(tmp_path, c, job=["--steps", "80", "--checkpoint-every", "5", "--step-sleep", "0.1"],
+                      kube={"worker": {"image": "fake.invalid/worker:1", "resources": GPU}},
+                      overrides={"nodes": {"min": 1, "max": 2}, "restart": {"shrink_after_s": 2}})
+        shrink = run.wait_event("capacity_shrink")
+        assert shrink["nodes"] == ["fake-node-0"], shrink
+        smaller = run.wait_event("launched", attempt=1)
+        assert smaller["world_size"] == 1
+        run.wait_event("running", attempt=1)
+        c.kubelet.v1.delete_namespaced_pod(held, NS, grace_period_seconds=0)
+        back = run.wait_event("capacity_returned")
+        assert back["slots"] == ["fake-node-1"], back
+        larger = run.wait_event("launched", attempt=2)
+        assert larger["world_size"] == 2 and larger["restore_from"], larger
+        assert finished(run)["phase"] == "completed"
+        assert not run.events("fault_detected"), run.events("fault_detected")
+        steps = sorted(run.losses())
+        assert steps == list(range(1, 81))
+    finally:
+        if run is not None:
+            run.kill()
+        c.stop()
+
+
+def test_an_unknown_image_stops_in_seconds_with_the_kubelets_message_and_no_relaunch(cluster, kube_run):
+    run = kube_run(kube={"worker": {"image": "fake.invalid/no-such-image:1"}})
+    done = finished(run, code=8)
+    assert done["phase"] == "stopped_startup_failure"
+    assert "ErrImagePull" in done["reason"] or "ImagePullBackOff" in done["reason"], done
+    assert "no-such-image" in done["reason"]
+    assert len(launches(run)) == 1
+    fault = run.wait_event("fault_detected")
+    assert fault["kind"] == "cannot_start"
+
+
+def test_an_oom_once_resumes_without_excluding_its_node(tmp_path, control):
+    c = Cluster(tmp_path, 3)
+    if not c.kubelet.enforces_memory:
+        c.stop()
+        pytest.skip("this host gives no memory cgroup (needs root and a memory controller)")
+    try:
+        run = KubeRun(tmp_path, c, fault="kind=oom,rank=1,step=12,attempt=0",
+                      kube={"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"memory": "2Gi"}}}})
+        try:
+            fault = run.wait_event("fault_detected")
+            assert fault["kind"] == "oom" and fault["node_failure"] is False, fault
+            assert "rank 1 out of memory at step 12" in fault["detail"] and "memory limit 2Gi" in fault["detail"]
+            assert finished(run)["phase"] == "completed"
+            assert not run.events("nodes_excluded")
+            assert_same_path(run, control)
+        finally:
+            run.kill()
+    finally:
+        c.stop()
+
+
+def test_an_oom_at_the_same_step_twice_stops_named(tmp_path):
+    c = Cluster(tmp_path, 3)
+    if not c.kubelet.enforces_memory:
+        c.stop()
+        pytest.skip("this host gives no memory cgroup (needs root and a memory controller)")
+    try:
+        run = KubeRun(tmp_path, c, fault="kind=oom,rank=1,step=12",
+                      kube={"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"memory": "2Gi"}}}})
+        try:
+            done = finished(run, code=11)
+            assert done["phase"] == "stopped_out_of_memory"
+            assert "same rank ran out of memory at the same step" in done["reason"], done
+            assert len(run.events("fault_detected")) == 2 and not run.events("nodes_excluded")
+        finally:
+            run.kill()
+    finally:
+        c.stop()
+
+
+def test_a_kubelets_admission_reject_excludes_its_node_and_the_spare_takes_the_slot(gpu_cluster, gpu_run,
+                                                                                 control):
+    gpu_cluster.kubelet.set_device_health("fake-node-1", "nvidia.com/gpu", healthy=0)
+    run = gpu_run(kube={"worker": {"image": "fake.invalid/worker:1", "resources": GPU}})
+    fault = run.wait_event("fault_detected")
+    assert fault["kind"] == "node_rejected" and "UnexpectedAdmissionError" in fault["detail"], fault
+    excluded = run.wait_event("nodes_excluded")
+    assert excluded["nodes"] == ["fake-node-1"]
+    relaunch = run.wait_event("launched", attempt=1)
+    assert "fake-node-1" not in relaunch["nodes"] and "fake-node-2" in relaunch["nodes"], relaunch
+    assert finished(run)["phase"] == "completed"
+    assert_same_path(run, control)
