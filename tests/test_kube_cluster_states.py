@@ -281,3 +281,21 @@ def test_a_kubelets_admission_reject_excludes_its_node_and_the_spare_takes_the_s
     assert "fake-node-1" not in relaunch["nodes"] and "fake-node-2" in relaunch["nodes"], relaunch
     assert finished(run)["phase"] == "completed"
     assert_same_path(run, control)
+
+
+def test_a_pod_evicted_for_node_pressure_checkpoints_on_its_way_out_and_its_node_is_kept(cluster, kube_run,
+                                                                                      control):
+    run = kube_run()
+    run.wait_checkpoint(10)
+    pod = cluster.pod_of_rank(run.log_dir, 1, attempt=0)
+    # the kubelet's graceful eviction: DisruptionTarget/TerminationByKubelet, SIGTERM, then Evicted
+    cluster.kubelet.evict_for_pressure(pod["metadata"]["name"], grace_s=10)
+    fault = run.wait_event("fault_detected")
+    assert fault["kind"] == "node_lost" and fault["node_failure"] is False, fault
+    assert "low on resource: memory" in fault["detail"], fault
+    relaunch = run.wait_event("launched", attempt=1)
+    assert relaunch["excluded"] == [] and pod["spec"]["nodeName"] in relaunch["nodes"], relaunch
+    # the ranks had the eviction's grace: they agreed to stop and wrote the emergency checkpoint
+    assert int(relaunch["restore_from"].split("-")[1]) % 5 != 0, relaunch
+    assert finished(run)["phase"] == "completed"
+    assert_same_path(run, control)
