@@ -137,6 +137,8 @@ class Watcher:
         self.synced = threading.Event()
         self.last_error = ""
         self.relists = 0
+        self.resource_version = ""
+        """The last resourceVersion the watch saw (an object's or a bookmark's): where it resumes."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
@@ -238,6 +240,7 @@ class Watcher:
                 meta = obj.get("metadata") if isinstance(obj, dict) else getattr(obj, "metadata", None)
                 fresh = meta.get("resourceVersion") if isinstance(meta, dict) else getattr(meta, "resource_version", None)
                 rv = fresh or rv
+                self.resource_version = rv
                 continue
             name = obj.metadata.name
             with self._lock:
@@ -247,6 +250,7 @@ class Watcher:
                 else:
                     self.objects[name] = obj
             rv = obj.metadata.resource_version or rv
+            self.resource_version = rv
             self.last_error = ""
             self._changed()
         return rv
