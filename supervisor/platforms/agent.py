@@ -12,6 +12,7 @@ prefixed ``[rankN]:``, which is also how a failure is named (:mod:`agent_output`
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Mapping
 
@@ -68,10 +69,11 @@ def read_failures(log_path: Path) -> tuple[tuple[RankFailure, ...], str]:
     return failures, "" if failures else last_error(text)
 
 
-def failure_fields(log_path: Path, state_exit_code: int | None, cache: dict) -> Mapping[str, object]:
-    """NodeStatus fields for a node whose agent ended with ``state_exit_code``, read once."""
+async def failure_fields(log_path: Path, state_exit_code: int | None, cache: dict) -> Mapping[str, object]:
+    """NodeStatus fields for a node whose agent ended with ``state_exit_code``, read once, off the
+    event loop (the node's output is the job's: any size, any shape; read_tail caps it)."""
     if state_exit_code in (0, None):
         return {}
     if "failures" not in cache:
-        cache["failures"], cache["output_error"] = read_failures(log_path)
+        cache["failures"], cache["output_error"] = await asyncio.to_thread(read_failures, log_path)
     return {"failures": cache["failures"], "output_error": cache["output_error"]}

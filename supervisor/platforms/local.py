@@ -236,7 +236,7 @@ class LocalPlatform(Platform):
                 killed_by_us=node.killed_by_us, pid=node.pid, exited_pids=tuple(node.exited),
                 exit_codes=node.told_exits() if state == NodeState.RUNNING else (),
                 stopped=not node.gone and proc_state(node.pid) == "T",
-                **failure_fields(self.log_dir / f"attempt-{node.attempt}" / f"{name}.log",
+                **await failure_fields(self.log_dir / f"attempt-{node.attempt}" / f"{name}.log",
                                  node.exit_code if node.gone else None, node.report),
             )
         return result

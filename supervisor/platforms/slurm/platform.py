@@ -206,7 +206,7 @@ class SlurmPlatform(Platform):
                 killed_by_us=node.killed_by_us, pid=node.srun_pid,
                 stopped=name in self.unresponsive or (not node.gone and node.popen is not None
                                                       and proc_state(node.popen.pid) == "T"),
-                **failure_fields(node.log_path, node.exit_code if state == NodeState.EXITED else None, node.report),
+                **await failure_fields(node.log_path, node.exit_code if state == NodeState.EXITED else None, node.report),
             )
         return result
 
