@@ -425,6 +425,23 @@ class KubernetesPlatform(Platform):
             "automountServiceAccountToken": False,  # ranks never call the Kubernetes API
         }
         volumes, mounts = self._volumes()
+        if volumes:
+            pod_spec["volumes"], container["volumeMounts"] = volumes, mounts
+        self._place(slot, container, pod_spec)
+        labels = dict(w.labels if w is not None else {}) | self.labels | {
+            ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot), LAUNCH_LABEL: self._launch_id}
+        annotations = dict(w.annotations if w is not None else {}) | {
+            "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
+        meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
+        if self._owner:
+            meta["ownerReferences"] = self._owner
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+    def _place(self, slot: str, container: dict, pod_spec: dict) -> None:
+        """What makes a pod land where the slot's worker lands and ask for what it asks (a worker
+        pod and its slot's capacity probe alike): the worker's pull policy, resources, pull
+        secrets, service account, tolerations and priority; the slot's affinity; the node selector."""
+        w = self.s.worker
         if w is not None:
             container["imagePullPolicy"] = w.image_pull_policy
             if w.resources:
@@ -437,22 +454,12 @@ class KubernetesPlatform(Platform):
                 pod_spec["tolerations"] = copy.deepcopy(list(w.tolerations))
             if w.priority_class_name:
                 pod_spec["priorityClassName"] = w.priority_class_name
-        if volumes:
-            pod_spec["volumes"], container["volumeMounts"] = volumes, mounts
         pod_spec["containers"] = [container]
         affinity = self._affinity(slot)
         if affinity:
             pod_spec["affinity"] = affinity
         if self.s.node_selector:
             pod_spec["nodeSelector"] = dict(self.s.node_selector)
-        labels = dict(w.labels if w is not None else {}) | self.labels | {
-            ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot), LAUNCH_LABEL: self._launch_id}
-        annotations = dict(w.annotations if w is not None else {}) | {
-            "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
-        meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
-        if self._owner:
-            meta["ownerReferences"] = self._owner
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
     def _volumes(self) -> tuple[list[dict], list[dict]]:
         """The shared claims (checkpoints, logs: the same paths as the controller's) and /dev/shm."""
@@ -770,7 +777,6 @@ class KubernetesPlatform(Platform):
     async def probe_capacity(self, slots: Sequence[str]) -> None:
         self._check_fenced()
         await self._ensure_owner()
-        w = self.s.worker
         for slot in slots:
             if slot in self.probes:
                 continue
@@ -781,21 +787,7 @@ class KubernetesPlatform(Platform):
                 "command": [self.s.python, "-c", "import time\nwhile True: time.sleep(3600)"]}
             pod_spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
                                         "automountServiceAccountToken": False}
-            if w is not None:
-                container["imagePullPolicy"] = w.image_pull_policy
-                if w.resources:
-                    container["resources"] = _quantities(w.resources)
-                for key, value in (("imagePullSecrets", w.image_pull_secrets), ("tolerations", w.tolerations)):
-                    if value:
-                        pod_spec[key] = copy.deepcopy(list(value))
-                if w.priority_class_name:
-                    pod_spec["priorityClassName"] = w.priority_class_name
-            pod_spec["containers"] = [container]
-            affinity = self._affinity(slot)
-            if affinity:
-                pod_spec["affinity"] = affinity
-            if self.s.node_selector:
-                pod_spec["nodeSelector"] = dict(self.s.node_selector)
+            self._place(slot, container, pod_spec)
             meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": dict(self.labels) | {
                 ROLE_LABEL: PROBE_ROLE, SLOT_LABEL: dns_label(slot)}, "annotations": {"elastic-supervisor/slot": slot}}
             if self._owner:
