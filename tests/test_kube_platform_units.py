@@ -303,3 +303,29 @@ def test_faults_and_kills_are_told_as_events_on_the_pods_and_a_role_without_even
         assert caplog.text.count("k8s_events_forbidden") == 1
     finally:
         p.close()
+
+
+
+def test_capacity_probes_survive_a_controller_restart(api, tmp_path):
+    p = platform(api, tmp_path, slots=3)
+    try:
+        run(p.launch(spec(1)))  # shrunk for capacity: slot-2 could not be placed
+        run(p.probe_capacity(["slot-2"]))
+        probe = p.probes["slot-2"]
+        until(lambda: probe in p.pod_watch.snapshot())
+        saved = p.describe()
+    finally:
+        p.close()
+    fresh = platform(api, tmp_path, slots=3)  # the restarted controller adopts the shrunk gang
+    try:
+        until(lambda: probe in fresh.pod_watch.snapshot())
+        assert run(fresh.adopt(saved, 1)) is True
+        run(fresh.observe())  # not fenced as a stray: the gang still grows back once it is placed
+        v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+        v1.create_namespaced_pod_binding(probe, NS, {"target": {"kind": "Node", "name": "n1"}}, _preload_content=False)
+
+        async def returned():
+            return fresh.capacity_returned()  # on the loop, as the controller's tick calls it
+        assert until(lambda: run(returned())) == ["slot-2"]
+    finally:
+        fresh.close()

@@ -817,7 +817,7 @@ class KubernetesPlatform(Platform):
     # ------------------------------------------------------------------ adoption
     def describe(self) -> dict:
         return {"namespace": self.ns, "attempt": self.attempt, "excluded": list(self.excluded),
-                "pods": {slot: p.name for slot, p in self.pods.items()}}
+                "pods": {slot: p.name for slot, p in self.pods.items()}, "probes": dict(self.probes)}
 
     async def adopt(self, saved: dict, attempt: int) -> bool:
         saved = saved or {}
@@ -833,7 +833,13 @@ class KubernetesPlatform(Platform):
             self.attempt = attempt  # older pods are fenced once the relaunch raises the attempt
             return False
         self.pods = {slot: _Pod(slot, name, attempt, seen=True) for slot, name in names.items()}
-        log.info("event=gang_adopted attempt=%d pods=%s", attempt, sorted(names.values()))
+        # a gang shrunk for capacity keeps its capacity probes (else they are fenced as strays
+        # and the gang never grows back)
+        probes = saved.get("probes") if isinstance(saved.get("probes"), dict) else {}
+        self.probes = {slot: name for slot, name in probes.items()
+                       if isinstance(name, str) and name in pods and not pods[name].metadata.deletion_timestamp}
+        log.info("event=gang_adopted attempt=%d pods=%s probes=%s", attempt, sorted(names.values()),
+                 sorted(self.probes.values()))
         return True
 
     # ------------------------------------------------------------------ leader election
