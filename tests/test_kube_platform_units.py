@@ -329,3 +329,19 @@ def test_capacity_probes_survive_a_controller_restart(api, tmp_path):
         assert until(lambda: run(returned())) == ["slot-2"]
     finally:
         fresh.close()
+
+
+def test_no_capacity_probe_outlives_the_gang_it_was_for(api, tmp_path):
+    p = platform(api, tmp_path, slots=3)
+    try:
+        run(p.launch(spec(1)))  # shrunk for capacity; then the smaller gang completes
+        run(p.probe_capacity(["slot-2"]))
+        probe = p.probes["slot-2"]
+        for slot in ("slot-0", "slot-1"):
+            set_status(api, f"job-1-a1-{slot}", terminated(0, "Completed"))
+        until(lambda: all(st.state == NodeState.EXITED for st in run(p.observe()).values()))
+        # the completed job is not torn down: a probe left Pending would hold the slot's GPUs once placed
+        assert all(o["metadata"]["name"] != probe or o["metadata"].get("deletionTimestamp")
+                   for o in api.objects("pods", NS))
+    finally:
+        p.close()

@@ -601,6 +601,12 @@ class KubernetesPlatform(Platform):
                 status = await self._with_failures(p, status)
                 p.final = status
             out[slot] = status
+        if self.probes and out and all(st.state != NodeState.RUNNING for st in out.values()):
+            # the gang they would grow has ended (completed, or failed: a relaunch plans anew): a
+            # probe left behind would hold its slot's GPUs once placed, until `helm uninstall`
+            probes, self.probes = list(self.probes.values()), {}
+            log.info("event=capacity_probes_deleted pods=%s (the gang has ended)", probes)
+            await asyncio.gather(*(self._delete(name, 0) for name in probes))
         return out
 
     async def _with_failures(self, p: _Pod, status: NodeStatus) -> NodeStatus:
