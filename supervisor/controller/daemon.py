@@ -1130,12 +1130,12 @@ class Controller:
         """Take in one look at the checkpoint root (made off the loop, maybe a moment ago)."""
         if scan.root != self.ckpt_root:
             return  # the root was adopted meanwhile: the next look is at the new one
+        if scan.usable is not None:
+            self._usable = scan.usable  # suspects included: the decision skips them itself
         found = scan.discovery.checkpoint
         if found is not None and found.name in self.history.suspects:
             self._last_ckpt_poll = -CHECKPOINT_POLL_S  # made suspect meanwhile: look again at once
             return
-        if scan.usable is not None:
-            self._usable = scan.usable
         if found is None:
             self.latest_ckpt = None
         else:
