@@ -9,12 +9,12 @@ import threading
 import time
 from types import SimpleNamespace
 
+from helpers import no_platform
 from supervisor import cli
 from supervisor.config import from_dict
 from supervisor.controller import daemon
 from supervisor.controller.daemon import Controller
 from supervisor.files import generations, prune_oldest, read_lines
-from supervisor.platforms.base import Platform
 from supervisor.platforms.kube.client import Watcher
 
 
@@ -49,29 +49,13 @@ def test_the_watcher_remembers_only_the_newest_gone_objects(tmp_path):
     assert w.gone(gone[-1]) is not None and gone[-1].startswith(f"pod-{newest}-")
 
 
-class Idle(Platform):
-    kind = "idle"
-
-    async def launch(self, spec) -> None: ...
-
-    async def observe(self):
-        return {}
-
-    async def kill_node(self, name: str) -> None: ...
-
-    async def teardown(self, grace_s: float) -> None: ...
-
-    def slots(self):
-        return []
-
-
 def test_events_rotate_past_their_cap_and_status_still_finds_the_last_fault(tmp_path, monkeypatch):
     monkeypatch.setattr(daemon, "EVENTS_MAX_BYTES", 4096)
     monkeypatch.setattr(daemon, "EVENTS_KEPT", 3)
     cfg = from_dict({"command": ["true"], "job": "j", "log_dir": str(tmp_path / "logs"),
                      "checkpoint_dir": str(tmp_path / "ckpt")})
     (tmp_path / "logs").mkdir()
-    c = Controller(cfg, Idle())
+    c = Controller(cfg, no_platform())
     for i in range(200):
         c.event("tick", i=i, pad="x" * 100)
     c.event("fault_detected", attempt=3, kind="hang", ranks=[7], detail="rank 7 stuck in all_reduce")

@@ -11,26 +11,10 @@ import threading
 import urllib.error
 import urllib.request
 
+from helpers import no_platform
 from supervisor.config import from_dict
 from supervisor.controller.daemon import Controller
 from supervisor.controller.decide import JobPhase
-from supervisor.platforms.base import Platform
-
-
-class Idle(Platform):
-    kind = "idle"
-
-    async def launch(self, spec) -> None: ...
-
-    async def observe(self):
-        return {}
-
-    async def kill_node(self, name: str) -> None: ...
-
-    async def teardown(self, grace_s: float) -> None: ...
-
-    def slots(self):
-        return []
 
 
 def get(url: str, headers: dict | None = None) -> tuple[int, bytes]:
@@ -45,7 +29,7 @@ def test_a_finished_jobs_controller_answers_the_verdict_but_no_restore_point_wit
     cfg = from_dict({"command": ["true"], "job": "j", "log_dir": str(tmp_path / "logs"),
                      "checkpoint_dir": str(tmp_path / "ckpt")})
     (tmp_path / "logs").mkdir()
-    c = Controller(cfg, Idle())
+    c = Controller(cfg, no_platform())
     c.phase, c.stop_reason, c.attempt = JobPhase.COMPLETED, "every rank finished", 3
     c.restore_from = "step-0000000100"
     loop = asyncio.new_event_loop()

@@ -21,30 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers import no_platform
 from supervisor.config import from_dict
 from supervisor.controller.daemon import Controller
 from supervisor.controller.http import start_http
-from supervisor.platforms.base import Platform
 from supervisor.platforms.slurm_guard import LOST_EXIT, MARKER, GuardConfig, guard_argv, guard_mac
 
 TOKEN = b"fedcba9876543210" * 3
 JOB_ID = "4242"
-
-
-class Idle(Platform):
-    kind = "idle"
-
-    async def launch(self, spec) -> None: ...
-
-    async def observe(self):
-        return {}
-
-    async def kill_node(self, name: str) -> None: ...
-
-    async def teardown(self, grace_s: float) -> None: ...
-
-    def slots(self):
-        return []
 
 
 class ServedController:
@@ -53,7 +37,7 @@ class ServedController:
     def __init__(self, tmp_path: Path, token: bytes = TOKEN) -> None:
         cfg = from_dict({"command": ["true"], "job": "j", "log_dir": str(tmp_path / "logs"),
                          "checkpoint_dir": str(tmp_path / "ckpt")})
-        self.c = Controller(cfg, Idle())
+        self.c = Controller(cfg, no_platform())
         self.c.token = token
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()

@@ -12,37 +12,21 @@ import time
 import aiohttp
 import pytest
 
+from helpers import no_platform
 from supervisor import cli
 from supervisor.config import from_dict
 from supervisor.controller import daemon
 from supervisor.controller.daemon import STATUS_PAGE_MAX, STATUS_WORST_RANKS, Controller
 from supervisor.controller.http import STATUS, start_http
-from supervisor.platforms.base import Platform
 from supervisor.protocol import Heartbeat
 
 WORLD = 2000
 
 
-class Idle(Platform):
-    kind = "idle"
-
-    async def launch(self, spec) -> None: ...
-
-    async def observe(self):
-        return {}
-
-    async def kill_node(self, name: str) -> None: ...
-
-    async def teardown(self, grace_s: float) -> None: ...
-
-    def slots(self):
-        return []
-
-
 def big_controller(tmp_path, world=WORLD) -> Controller:
     cfg = from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "logs"),
                      "checkpoint_dir": str(tmp_path / "ckpt"), "heartbeat": {"timeout_s": 5.0}})
-    c = Controller(cfg, Idle())
+    c = Controller(cfg, no_platform())
     c.token = b"t" * 48
     c.registry.reset(0, world)
     now = c.clock()
