@@ -18,36 +18,12 @@ from kubernetes.client.exceptions import ApiException
 
 from fakes.kube_apiserver import FakeKubeAPIServer
 from fakes.kubelet import DEFAULT_IMAGES, FakeKubelet, normalize_image, proc_state
+from test_fake_kubelet import api, kubelet_factory, v1  # noqa: F401  (fixtures: one definition)
 
 NS = "default"
 PY = sys.executable
 SLEEP = "import time\ntime.sleep(120)\n"
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def api():
-    with FakeKubeAPIServer(bookmark_interval_s=30.0) as server:
-        yield server
-
-
-@pytest.fixture
-def v1(api):
-    return client.CoreV1Api(client.ApiClient(api.configuration()))
-
-
-@pytest.fixture
-def kubelet_factory(api, tmp_path):
-    started: list[FakeKubelet] = []
-
-    def make(**kw) -> FakeKubelet:
-        kw.setdefault("nodes", 2)
-        kubelet = FakeKubelet(api, NS, log_dir=tmp_path / "pod-logs", **kw).start()
-        started.append(kubelet)
-        return kubelet
-    yield make
-    for kubelet in started:
-        kubelet.stop()
 
 
 def pod(name: str, code: str = SLEEP, *, image: str = "trainer:1", resources: dict | None = None,

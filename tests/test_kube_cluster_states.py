@@ -41,6 +41,10 @@ from kube_harness import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.slow
 PY = sys.executable
 GPU = {"limits": {"nvidia.com/gpu": 1}}
+MEMORY_LIMITED = {"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"memory": "2Gi"}}}}
+# filling 2 GiB until the OOM killer comes takes a second or more on a loaded host: longer than
+# the harness's 3 s phase floor could allow a step (the rank would be named hung first)
+FILLING_TAKES_TIME = {"health": {"phase_floor_s": 20}}
 GKE_PREFIX = "gke-prod-us-central1-a3-highgpu-8g-spot-pool-7f9c2b1d-x4kq-n"  # + a digit: 62 characters
 
 
@@ -229,44 +233,41 @@ def test_an_unknown_image_stops_in_seconds_with_the_kubelets_message_and_no_rela
     assert fault["kind"] == "cannot_start"
 
 
-def test_an_oom_once_resumes_without_excluding_its_node(tmp_path, control):
+@pytest.fixture
+def memory_cluster(tmp_path):
+    """Three nodes whose kubelet enforces a container's memory limit with a real cgroup."""
     c = Cluster(tmp_path, 3)
     if not c.kubelet.enforces_memory:
         c.stop()
-        pytest.skip("this host gives no memory cgroup (needs root and a memory controller)")
-    try:
-        run = KubeRun(tmp_path, c, fault="kind=oom,rank=1,step=12,attempt=0",
-                      kube={"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"memory": "2Gi"}}}})
-        try:
-            fault = run.wait_event("fault_detected")
-            assert fault["kind"] == "oom" and fault["node_failure"] is False, fault
-            assert "rank 1 out of memory at step 12" in fault["detail"] and "memory limit 2Gi" in fault["detail"]
-            assert finished(run)["phase"] == "completed"
-            assert not run.events("nodes_excluded")
-            assert_same_path(run, control)
-        finally:
-            run.kill()
-    finally:
-        c.stop()
+        pytest.skip(f"no memory cgroup here: {c.kubelet.memory_unavailable_reason}")
+    yield c
+    c.stop()
 
 
-def test_an_oom_at_the_same_step_twice_stops_named(tmp_path):
-    c = Cluster(tmp_path, 3)
-    if not c.kubelet.enforces_memory:
-        c.stop()
-        pytest.skip("this host gives no memory cgroup (needs root and a memory controller)")
+def test_an_oom_once_resumes_without_excluding_its_node(tmp_path, memory_cluster, control):
+    run = KubeRun(tmp_path, memory_cluster, fault="kind=oom,rank=1,step=12,attempt=0", kube=MEMORY_LIMITED,
+                  overrides=FILLING_TAKES_TIME)
     try:
-        run = KubeRun(tmp_path, c, fault="kind=oom,rank=1,step=12",
-                      kube={"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"memory": "2Gi"}}}})
-        try:
-            done = finished(run, code=11)
-            assert done["phase"] == "stopped_out_of_memory"
-            assert "same rank ran out of memory at the same step" in done["reason"], done
-            assert len(run.events("fault_detected")) == 2 and not run.events("nodes_excluded")
-        finally:
-            run.kill()
+        fault = run.wait_event("fault_detected")
+        assert fault["kind"] == "oom" and fault["node_failure"] is False, fault
+        assert "rank 1 out of memory at step 12" in fault["detail"] and "memory limit 2Gi" in fault["detail"]
+        assert finished(run)["phase"] == "completed"
+        assert not run.events("nodes_excluded")
+        assert_same_path(run, control)
     finally:
-        c.stop()
+        run.kill()
+
+
+def test_an_oom_at_the_same_step_twice_stops_named(tmp_path, memory_cluster):
+    run = KubeRun(tmp_path, memory_cluster, fault="kind=oom,rank=1,step=12", kube=MEMORY_LIMITED,
+                  overrides=FILLING_TAKES_TIME)
+    try:
+        done = finished(run, code=11)
+        assert done["phase"] == "stopped_out_of_memory"
+        assert "same rank ran out of memory at the same step" in done["reason"], done
+        assert len(run.events("fault_detected")) == 2 and not run.events("nodes_excluded")
+    finally:
+        run.kill()
 
 
 def test_a_kubelets_admission_reject_excludes_its_node_and_the_spare_takes_the_slot(gpu_cluster, gpu_run,

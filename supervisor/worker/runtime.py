@@ -320,7 +320,7 @@ class Worker:
                 log.warning("event=fault_injected kind=oom rank=%d step=%d", self.session.rank, self.state.step)
                 hog = []
                 while True:  # every page touched: the memory is really used, until the OOM killer comes
-                    hog.append(bytearray(b"\x01") * (64 << 20))
+                    hog.append(bytearray(b"\x01") * (256 << 20))
             elif f.kind in ("crash", "kill", "stop", "hang"):
                 log.warning("event=fault_injected kind=%s rank=%d step=%d", f.kind, self.session.rank, self.state.step)
                 if f.kind == "crash":

@@ -1086,69 +1086,58 @@ class FakeKubelet:
                 raise
             self._set_node_ready(name, "True", "KubeletReady", "kubelet is posting ready status")
 
-    def _set_node_ready(self, node: str, status: str, reason: str, message: str) -> None:
+    def _write_node(self, node: str, change: Callable[[JSON], bool | None], *, status: bool) -> bool:
+        """Read the Node, ``change(node)`` in place (False: nothing to write), write it back (its
+        status subresource when ``status``), retrying conflicts; return once the scheduler's
+        watch cache holds the write (it decides from that cache). True when it wrote."""
+        write = self.v1.replace_node_status if status else self.v1.replace_node
         for _ in range(20):
-            raw = json.loads(self.v1.read_node(node, _preload_content=False).data)
-            new = copy.deepcopy(raw)
+            new = copy.deepcopy(json.loads(self.v1.read_node(node, _preload_content=False).data))
+            if change(new) is False:
+                return False
+            try:
+                written = json.loads(write(node, new, _preload_content=False).data)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            else:
+                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
+                return True
+        raise RuntimeError(f"could not update node {node}: too many conflicts")
+
+    def _set_node_ready(self, node: str, status: str, reason: str, message: str) -> None:
+        def ready(new: JSON) -> None:
             conds = new.setdefault("status", {}).setdefault("conditions", [])
             _set_condition(conds, "Ready", status, reason, message)
             for cond in conds:
                 if cond["type"] == "Ready":
                     cond["lastHeartbeatTime"] = _timestamp()
-            try:
-                written = json.loads(self.v1.replace_node_status(node, new, _preload_content=False).data)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            else:
-                # the scheduler decides from the watch cache: return once it holds this write
-                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
-                return
-        raise RuntimeError(f"could not update node {node}: too many conflicts")
+        self._write_node(node, ready, status=True)
 
     def _update_node_status(self, node: str, change: Callable[[JSON], None]) -> None:
         """Read the Node, ``change(status)`` in place, write the status; return once cached."""
-        for _ in range(20):
-            raw = json.loads(self.v1.read_node(node, _preload_content=False).data)
-            new = copy.deepcopy(raw)
-            change(new.setdefault("status", {}))
-            try:
-                written = json.loads(self.v1.replace_node_status(node, new, _preload_content=False).data)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            else:
-                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
-                with self._lock:
-                    self._schedule = True
-                    self._wake.notify_all()
-                return
-        raise RuntimeError(f"could not update node {node}: too many conflicts")
+        self._write_node(node, lambda new: change(new.setdefault("status", {})), status=True)
+        with self._lock:
+            self._schedule = True
+            self._wake.notify_all()
 
     def _set_taint(self, node: str, key: str | None) -> None:
         """The node lifecycle controller's NoSchedule taint for a NotReady (``not-ready``) or silent
         (``unreachable``) node; None: the node is Ready again, neither."""
-        for _ in range(20):
-            raw = json.loads(self.v1.read_node(node, _preload_content=False).data)
-            taints = [t for t in (raw.get("spec") or {}).get("taints") or []
-                      if t.get("key") not in (NOT_READY_TAINT, UNREACHABLE_TAINT)]
+        def taint(new: JSON) -> bool:
+            spec = new.setdefault("spec", {})
+            old = spec.get("taints") or []
+            taints = [t for t in old if t.get("key") not in (NOT_READY_TAINT, UNREACHABLE_TAINT)]
             if key is not None:
                 taints.append({"key": key, "effect": "NoSchedule"})
-            if taints == ((raw.get("spec") or {}).get("taints") or []):
-                return
-            new = copy.deepcopy(raw)
-            new.setdefault("spec", {})["taints"] = taints
-            if not taints:
-                new["spec"].pop("taints")
-            try:
-                written = json.loads(self.v1.replace_node(node, new, _preload_content=False).data)
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
+            if taints == old:
+                return False
+            if taints:
+                spec["taints"] = taints
             else:
-                self._wait_cached(node, int(written["metadata"]["resourceVersion"]))
-                return
-        raise RuntimeError(f"could not taint node {node}: too many conflicts")
+                spec.pop("taints", None)
+            return True
+        self._write_node(node, taint, status=False)
 
     def _wait_cached(self, node: str, rv: int, timeout: float = 10.0) -> None:
         with self._lock:
