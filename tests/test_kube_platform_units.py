@@ -345,3 +345,23 @@ def test_no_capacity_probe_outlives_the_gang_it_was_for(api, tmp_path):
                    for o in api.objects("pods", NS))
     finally:
         p.close()
+
+
+def test_a_placed_pods_agent_waits_for_its_gang_as_long_as_the_controller_waits_for_capacity(api, tmp_path):
+    # torchrun's usual 120 s join timeout ended the placed pods (exit 1) while the rest were still
+    # Pending: a wait for capacity past 2 minutes became a failed attempt ("exited with code 1")
+    from supervisor.config import from_dict
+    from supervisor.platforms.kube.platform import join_timeout_s
+
+    cfg = from_dict({"job": "j", "command": ["python", "train.py"], "restart": {"capacity_wait_s": 1800},
+                     "platform": {"kind": "kubernetes", "kubernetes": {"worker": {"image": "img:1"}}}})
+    assert join_timeout_s(cfg) == 1800 + cfg.health.startup_timeout_s
+    assert join_timeout_s(from_dict({"job": "j", "command": ["python", "train.py"]})) >= 900  # restart.budget_s
+    p = platform(api, tmp_path, join_timeout_s=join_timeout_s(cfg))
+    try:
+        run(p.launch(spec()))
+        for pod in api.objects("pods", NS):
+            conf = next(a for a in pod["spec"]["containers"][0]["command"] if a.startswith("--rdzv-conf="))
+            assert f"join_timeout={int(join_timeout_s(cfg))}," in conf, conf
+    finally:
+        p.close()

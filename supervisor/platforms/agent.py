@@ -23,20 +23,22 @@ from supervisor.platforms.forking_agent import FORK_ENV, PREFLIGHT_ENV
 from supervisor.protocol import Env
 
 
+JOIN_TIMEOUT_S = 120.0
+"""torchrun's rendezvous join timeout: an agent that waits longer for the others exits 1."""
 AGENT_MODULE = forking_agent.__name__
 """The agent every node runs: torchrun's own, starting Python ranks by fork (see the module)."""
 
 
-def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None
-                  ) -> list[str]:
+def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None,
+                  join_timeout_s: float = JOIN_TIMEOUT_S) -> list[str]:
     """``python -m supervisor.platforms.forking_agent ... COMMAND`` (torchrun's arguments) for one
     node of ``spec``.
 
     ``endpoint``: the rendezvous address this node dials (default ``spec.rdzv_endpoint``);
     ``is_host``: whether this node's agent serves the c10d store (None: torch decides by
-    address, as on one machine).
+    address, as on one machine); ``join_timeout_s``: how long an agent waits for the others to join.
     """
-    conf = "join_timeout=120,last_call_timeout=1"  # every launched agent joins at once: no 30 s wait for more
+    conf = f"join_timeout={max(1, int(join_timeout_s))},last_call_timeout=1"  # every launched agent joins at once: no 30 s wait for more
     if is_host is not None:
         conf += f",is_host={'1' if is_host else '0'}"
     return [

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from supervisor.platforms.agent import agent_env, torchrun_argv
+from supervisor.platforms.agent import JOIN_TIMEOUT_S, agent_env, torchrun_argv
 from supervisor.platforms.agent_output import last_error, parse
 from supervisor.platforms.base import (
     WAIT_CANNOT_START,
@@ -188,6 +188,10 @@ class Settings:
     """``platform.kubernetes.volumes``: the claims every pod mounts."""
     rdzv_port: int = 29400
     rdzv_address: str = "dns"
+    join_timeout_s: float = JOIN_TIMEOUT_S
+    """How long a placed pod's agent waits for the rest of its gang to join: at least as long as the
+    controller waits for capacity (from_config), or the placed pods exit 1 while the rest are still
+    Pending and the wait becomes a failed attempt."""
     controller_address: str = ""
     read_nodes: bool = False
     slots: int = 1
@@ -410,7 +414,8 @@ class KubernetesPlatform(Platform):
             # its command ($(POD_IP) from the downward API) before the pod is known to anyone else
             endpoint = (f"$(POD_IP):{endpoint}" if self.s.rdzv_address == "ip"
                         else f"{name}.{self.service}.{self.ns}.svc:{endpoint}")
-        argv = torchrun_argv(self.s.python, spec, endpoint=endpoint, is_host=is_host)
+        argv = torchrun_argv(self.s.python, spec, endpoint=endpoint, is_host=is_host,
+                             join_timeout_s=self.s.join_timeout_s)
         env = agent_env(spec, slot, Path("/tmp"))
         env.pop("TMPDIR", None)  # the container's own
         env_list: list[dict] = [{"name": k, "value": v} for k, v in sorted(env.items())]
@@ -1015,12 +1020,20 @@ def from_config(cfg, log_dir: Path) -> KubernetesPlatform:
         termination_grace_s=k.termination_grace_s, delete_confirm_s=k.delete_confirm_s,
         leader_election=k.leader_election, lease=k.lease, lease_duration_s=k.lease_duration_s,
         renew_deadline_s=k.renew_deadline_s, owner_configmap=k.owner_config_map, token_secret=k.token_secret.name,
-        token_key=k.token_secret.key, token_file=k.token_file,
+        token_key=k.token_secret.key, token_file=k.token_file, join_timeout_s=join_timeout_s(cfg),
     )
     api = KubeApi(api_client(k.kubeconfig, k.context), timeout_s=k.api_timeout_s, retry_s=k.api_retry_s)
     if settings.owner_configmap:
         settings.owner_uid = owner_uid(api, namespace, settings.owner_configmap, wait_s=k.api_retry_s)
     return KubernetesPlatform(api, settings).start(wait_s=k.api_retry_s)
+
+
+def join_timeout_s(cfg) -> float:
+    """The agents' rendezvous join timeout for a job that may wait for capacity: the longest wait
+    (restart.capacity_wait_s, else restart.budget_s) plus the startup timeout once placed; never
+    below torchrun's usual 120 s."""
+    r = cfg.restart
+    return max(JOIN_TIMEOUT_S, (r.capacity_wait_s or r.budget_s) + cfg.health.startup_timeout_s)
 
 
 def owner_uid(api: KubeApi, namespace: str, name: str, wait_s: float) -> str:
