@@ -54,6 +54,9 @@ CAP = dict(wait_limit_s=900.0, shrink_after_s=60.0, nodes_min=3, nodes_max=3)
     (gang(RUN, waits("b"), waits("c")), 59.0, {"nodes_min": 1}, CapacityWait(("b", "c"), ("a",), SCHED)),
     # elastic, but fewer placed than nodes.min: wait (and stop at the limit)
     (gang(RUN, waits("b"), waits("c")), 61.0, {"nodes_min": 2}, CapacityWait(("b", "c"), ("a",), SCHED)),
+    # elastic: a pod that ended is not placed (the fault is classify's)
+    (gang(RUN, NodeStatus("b", 0, NodeState.EXITED, exit_code=1), waits("c")), 61.0, {"nodes_min": 1},
+     Shrink(("a",), "")),
     # elastic, and the world size must be even: 3 placed of 4 relaunch as 2
     (gang(RUN, NodeStatus("b", 0, NodeState.RUNNING), NodeStatus("c", 0, NodeState.RUNNING), waits("d")), 61.0,
      {"nodes_min": 1, "nodes_max": 4, "world_size_multiple_of": 2}, Shrink(("a", "b"), "")),

@@ -292,8 +292,10 @@ def test_a_pod_evicted_for_node_pressure_checkpoints_on_its_way_out_and_its_node
     # the kubelet's graceful eviction: DisruptionTarget/TerminationByKubelet, SIGTERM, then Evicted
     cluster.kubelet.evict_for_pressure(pod["metadata"]["name"], grace_s=10)
     fault = run.wait_event("fault_detected")
-    assert fault["kind"] == "node_lost" and fault["node_failure"] is False, fault
-    assert "low on resource: memory" in fault["detail"], fault
+    # the evicted pod (lost) or its peer, whose ranks agreed to stop on the same SIGTERM (preempted)
+    assert fault["node_failure"] is False, fault
+    assert ("low on resource: memory" in fault["detail"] and fault["kind"] == "node_lost") or \
+        fault["kind"] == "preempted", fault
     relaunch = run.wait_event("launched", attempt=1)
     assert relaunch["excluded"] == [] and pod["spec"]["nodeName"] in relaunch["nodes"], relaunch
     # the ranks had the eviction's grace: they agreed to stop and wrote the emergency checkpoint

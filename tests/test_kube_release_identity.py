@@ -82,3 +82,25 @@ def test_two_releases_with_one_job_name_never_touch_each_other(api, tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_a_job_without_a_release_never_fences_a_releases_pods(api, tmp_path):
+    a = release(api, tmp_path, "team-a")
+    (tmp_path / "plain-token").write_text(TOKEN)
+    plain = KubernetesPlatform(KubeApi(client.ApiClient(api.configuration()), timeout_s=2, retry_s=2),
+                               Settings(namespace=NS, job="job", image="img:1", slots=2)).start(wait_s=10)
+    plain.token_env(tmp_path / "plain-token")
+    try:
+        run(a.launch(spec(attempt=0)))
+        until(lambda: len(api.objects("pods", NS)) == 2)
+        run(plain.launch(spec(attempt=3)))
+
+        def settled():
+            run(plain.observe())
+            live = {p["metadata"]["name"] for p in api.objects("pods", NS) if not p["metadata"].get("deletionTimestamp")}
+            return live if len(live) == 4 else None
+        live = until(settled)
+        assert {a.pods[s].name for s in a.pods} <= live  # the release's pods untouched
+    finally:
+        a.close()
+        plain.close()

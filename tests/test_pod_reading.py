@@ -43,6 +43,12 @@ CASES = [
     ("unknown image", waiting("ErrImagePull", PULL_MSG), Reading.CANNOT_START, "ErrImagePull", "failed to pull"),
     ("back-off", waiting("ImagePullBackOff", 'Back-off pulling image "nope:1"'), Reading.CANNOT_START,
      "ImagePullBackOff", "Back-off"),
+    ("registry rate limit: waits", waiting("ErrImagePull", 'failed to pull and unpack image "docker.io/x:1": '
+                                             "429 Too Many Requests - toomanyrequests: You have reached your pull "
+                                             "rate limit"), Reading.STARTING, "", ""),
+    ("registry timeout: waits", waiting("ImagePullBackOff", 'Back-off pulling image "x:1": dial tcp: i/o timeout'),
+     Reading.STARTING, "", ""),
+    ("registry unavailable: waits", waiting("RegistryUnavailable", "registry is down"), Reading.STARTING, "", ""),
     ("bad reference", waiting("InvalidImageName", "couldn't parse image name"), Reading.CANNOT_START,
      "InvalidImageName", "parse"),
     ("missing Secret", waiting("CreateContainerConfigError", 'secret "job-token" not found'), Reading.CANNOT_START,

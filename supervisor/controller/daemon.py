@@ -852,7 +852,12 @@ class Controller:
                            wait_limit_s=r.capacity_wait_s or r.budget_s, shrink_after_s=r.shrink_after_s,
                            nodes_min=n.min, nodes_max=n.max, nproc_per_node=self.cfg.nproc_per_node,
                            world_sizes=n.world_sizes, world_size_multiple_of=n.world_size_multiple_of)
-        if verdict is None or any(st.waiting == WAIT_CANNOT_START for st in self.node_status.values()):
+        if any(st.waiting == WAIT_CANNOT_START for st in self.node_status.values()):
+            return False  # a startup failure (classify names it): not capacity
+        # a placed pod that ended meanwhile (crashed, rejected by its node) is a fault now, whatever waits
+        broken = any(st.state != NodeState.RUNNING and not (st.state == NodeState.EXITED and st.exit_code == 0)
+                     for st in self.node_status.values())
+        if verdict is None or broken:
             if since is not None:
                 self.capacity_since, self.capacity_message = None, ""
                 self.launched_at = now  # the startup timeout starts now
@@ -911,7 +916,8 @@ class Controller:
         nodes = grow(self.nodes, returned, excluded=self.history.excluded, nodes_min=n.min, nodes_max=n.max,
                      nproc_per_node=self.cfg.nproc_per_node, world_sizes=n.world_sizes,
                      world_size_multiple_of=n.world_size_multiple_of)
-        if nodes is None:
+        if nodes is None:  # not a size the job takes (yet): keep watching for those slots
+            await self.platform.probe_capacity(returned)
             return False
         log.info("event=capacity_returned attempt=%d slots=%s action=grow nodes=%s", self.attempt, returned, nodes)
         self.event("capacity_returned", attempt=self.attempt, slots=returned, nodes=list(nodes),

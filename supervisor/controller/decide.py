@@ -438,7 +438,7 @@ def capacity(nodes: Mapping[str, NodeStatus], *, waited_s: float, wait_limit_s: 
     waiting = tuple(n for n, st in nodes.items() if st.state == NodeState.RUNNING and st.waiting == WAIT_CAPACITY)
     if not waiting:
         return None
-    placed = tuple(n for n in nodes if n not in waiting)
+    placed = tuple(n for n, st in nodes.items() if n not in waiting and st.state == NodeState.RUNNING)
     first = nodes[waiting[0]]
     message = first.detail or first.reason or "the cluster cannot place it"
     if waited_s >= wait_limit_s:

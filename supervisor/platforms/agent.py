@@ -36,9 +36,13 @@ def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None,
 
     ``endpoint``: the rendezvous address this node dials (default ``spec.rdzv_endpoint``);
     ``is_host``: whether this node's agent serves the c10d store (None: torch decides by
-    address, as on one machine); ``join_timeout_s``: how long an agent waits for the others to join.
+    address, as on one machine); ``join_timeout_s``: how long an agent waits for the others to join
+    (longer than torchrun's 120 s: also how long it keeps dialing the store, torch's ``read_timeout``,
+    60 s otherwise: a first pod the cluster has not placed yet has no address to dial).
     """
     conf = f"join_timeout={max(1, int(join_timeout_s))},last_call_timeout=1"  # every launched agent joins at once: no 30 s wait for more
+    if join_timeout_s > JOIN_TIMEOUT_S:
+        conf += f",read_timeout={int(join_timeout_s)}"
     if is_host is not None:
         conf += f",is_host={'1' if is_host else '0'}"
     return [

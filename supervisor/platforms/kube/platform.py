@@ -331,18 +331,17 @@ class KubernetesPlatform(Platform):
         first = spec.nodes[0]
         await self._create_pod(spec, first, port, is_host=True)
         first_name = self.pods[first].name
-        if self.s.rdzv_address == "ip":
-            ip = await self._wait_pod_ip(first_name)
-            if ip is None:
-                # the first pod waits (for capacity, or it cannot start): the others, which dial
-                # its IP, are made once it has one (observe), and the controller reads the wait
-                self._deferred = (spec, port, list(spec.nodes[1:]))
-                log.info("event=pods_deferred attempt=%d first=%s rest=%s (made once the first pod has an IP)",
-                         spec.attempt, first_name, list(spec.nodes[1:]))
-                return
-            endpoint = f"{ip}:{port}"
-        else:
-            endpoint = f"{first_name}.{self.service}.{self.ns}.svc:{port}"
+        # by DNS name the others can be made at once: their agents keep dialing the name until
+        # the first pod is placed (torchrun's join and read timeouts: join_timeout_s)
+        endpoint = await self._wait_first(first_name, port) if self.s.rdzv_address == "ip" else \
+            self._endpoint_of(None, port, name=first_name)
+        if endpoint is None:
+            # the first pod waits (for capacity, or it cannot start): the others, which dial its
+            # IP, are made once it has one (observe), and the controller reads the wait meanwhile
+            self._deferred = (spec, port, list(spec.nodes[1:]))
+            log.info("event=pods_deferred attempt=%d first=%s rest=%s (made once the first pod has an IP)",
+                     spec.attempt, first_name, list(spec.nodes[1:]))
+            return
         await self._create_rest(spec, spec.nodes[1:], endpoint)
 
     async def _create_rest(self, spec: LaunchSpec, slots: Sequence[str], endpoint: str) -> None:
@@ -352,16 +351,25 @@ class KubernetesPlatform(Platform):
                  [p.name for p in self.pods.values()], endpoint)
 
     async def _create_deferred(self, pods: dict) -> None:
-        """The rest of a gang whose first pod had no IP at launch, once it has one."""
+        """The rest of a gang whose first pod was not placed at launch, once it is. A create that
+        fails is tried again at the next observation (a pod made already is kept: ``_create_pod``)."""
         if self._deferred is None:
             return
         spec, port, slots = self._deferred
         first = pods.get(self.pods[spec.nodes[0]].name) if spec.nodes[0] in self.pods else None
-        ip = first.status.pod_ip if first is not None and first.status else None
-        if not ip:
+        endpoint = self._endpoint_of(first, port)
+        if endpoint is None:
             return
+        await self._create_rest(spec, slots, endpoint)
         self._deferred = None
-        await self._create_rest(spec, slots, f"{ip}:{port}")
+
+    def _endpoint_of(self, first: Any, port: str, name: str = "") -> str | None:
+        """Where the other pods dial the first pod's store: its DNS name under the Service, or
+        (``rdzv_address: ip``) its IP once it has one (None before)."""
+        if self.s.rdzv_address != "ip":
+            return f"{name or first.metadata.name}.{self.service}.{self.ns}.svc:{port}"
+        ip = first.status.pod_ip if first is not None and first.status else None
+        return f"{ip}:{port}" if ip else None
 
     async def _create_pod(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> None:
         """Create the slot's pod. On a name already taken: ours (a create whose answer was lost
@@ -495,29 +503,31 @@ class KubernetesPlatform(Platform):
         return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
 
-    async def _wait_pod_ip(self, name: str) -> str | None:
-        """The first pod's IP, or None when it waits for capacity, cannot start, ended, or has
-        none within ``launch_timeout_s``: the controller then reads its state (observe)."""
+    async def _wait_first(self, name: str, port: str) -> str | None:
+        """The first pod's store endpoint (:meth:`_endpoint_of`), or None when it waits for
+        capacity, cannot start, ended, or is not reachable within ``launch_timeout_s``: the
+        controller then reads its state (observe), and the rest are made once it is placed."""
         deadline = time.monotonic() + self.s.launch_timeout_s
         while time.monotonic() < deadline:
             pod = self.pod_watch.snapshot().get(name)
-            if pod is not None and pod.status and pod.status.pod_ip:
-                return pod.status.pod_ip
+            endpoint = self._endpoint_of(pod, port)
+            if endpoint is not None:
+                return endpoint
             if pod is not None and read_pod(pod_facts(pod)).kind not in (Reading.STARTING, Reading.RUNNING):
                 return None
             await asyncio.sleep(0.05)
-        log.warning("event=pod_without_ip pod=%s after_s=%g (its state decides: `kubectl describe pod -n %s %s`)",
+        log.warning("event=first_pod_not_placed pod=%s after_s=%g (its state decides: `kubectl describe pod -n %s %s`)",
                     name, self.s.launch_timeout_s, self.ns, name)
         return None
 
     def owns(self, pod: Any) -> bool:
         """Whether a pod of this job's name is this release's: its owner label, or (a pod made
-        before releases were labelled) its owner reference. Without an owner every pod of the
-        job's name is the job's (one Lease per job name then keeps to one controller)."""
-        if not self.owner_uid:
-            return True
+        before releases were labelled) its owner reference. Without an owner every unlabelled pod of
+        the job's name is the job's (one Lease per job name then keeps to one controller)."""
         meta = pod.metadata
         label = (meta.labels or {}).get(OWNER_LABEL)
+        if not self.owner_uid:
+            return label is None  # a release's pod is that release's, never an ownerless job's
         if label is not None:
             return label == self.owner_uid
         return any(ref.uid == self.owner_uid for ref in meta.owner_references or [])

@@ -12,6 +12,7 @@ No I/O, no clock, no client library: table-tested in ``tests/test_pod_reading.py
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 
@@ -41,12 +42,18 @@ class Reading(str, enum.Enum):
 
 
 CANNOT_START_REASONS = frozenset({
-    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable",
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
     "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "PreCreateHookError",
     "PreStartHookError",
 })
 """``containerStatuses[].state.waiting.reason`` values after which the container does not start
-by waiting (``ContainerCreating`` and ``PodInitializing`` are on their way)."""
+by waiting (``ContainerCreating`` and ``PodInitializing`` are on their way; ``RegistryUnavailable``
+is the registry's trouble, not the job's: it waits, bounded by the startup timeout)."""
+TRANSIENT_PULL = re.compile(r"toomanyrequests|too many requests|\b429\b|rate limit|i/o timeout|TLS handshake timeout|"
+                            r"connection reset|connection refused|\b50[234]\b|service unavailable|"
+                            r"context deadline exceeded", re.IGNORECASE)
+"""A pull error that says the registry is busy or unreachable for now (rate limits, timeouts,
+5xx), not that the image does not exist or cannot be had: it waits like RegistryUnavailable."""
 ADMISSION_REASONS = frozenset({"UnexpectedAdmissionError", "NodeAffinity", "NodeSelectorMismatching",
                                "InvalidNodeInfo", "Taint", "NodeShutdown"})
 """``status.reason`` of a pod the kubelet refused to run (besides ``OutOf<resource>``).
@@ -133,7 +140,8 @@ def read_pod(facts: PodFacts) -> PodReading:
         return PodReading(Reading.SUCCEEDED if facts.phase == "Succeeded" else Reading.FAILED, reason,
                           facts.message, exit_code=code)
     for c in facts.containers:
-        if c.waiting_reason in CANNOT_START_REASONS:
+        transient = c.waiting_reason in ("ErrImagePull", "ImagePullBackOff") and TRANSIENT_PULL.search(c.waiting_message)
+        if c.waiting_reason in CANNOT_START_REASONS and not transient:
             return PodReading(Reading.CANNOT_START, c.waiting_reason,
                               c.waiting_message or c.waiting_reason, container=c.name)
     if facts.phase == "Running":
