@@ -37,7 +37,7 @@ def set_aside(path: Path, label: str, *, when: float | None = None) -> Path:
     return dest
 
 
-def write_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> None:
+def write_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
     """Write ``data`` to ``path`` so that a reader (or a crash) at any instant finds the old file
     or the new one, whole, never a torn or empty one, whatever other writers do meanwhile.
 
@@ -45,7 +45,8 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> 
     (``.NAME.<random>.tmp``, created with ``O_EXCL|O_NOFOLLOW``: never an existing file, never
     through a planted symlink), fsynced, renamed over ``path`` (a symlink at ``path`` itself is
     replaced, its target untouched), and the directory fsynced. Concurrent writers each rename
-    a whole file of their own: the last rename wins."""
+    a whole file of their own: the last rename wins. ``durable=False`` skips the two fsyncs: for
+    a file rewritten every second whose loss in a crash costs nothing (whole or old, still)."""
     path = Path(path)
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(TMP_RANDOM_BYTES)}.tmp")
@@ -57,8 +58,9 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> 
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -66,7 +68,8 @@ def write_atomic(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> 
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def rotated(path: str | os.PathLike, n: int) -> Path:

@@ -49,6 +49,7 @@ import uuid
 from typing import Sequence
 
 from supervisor import preflight as _preflight
+from supervisor.files import write_atomic
 from supervisor.protocol import EXIT_PREFLIGHT, Env
 
 FORK_ENV = "SUPERVISOR_FORK_RANKS"
@@ -313,9 +314,7 @@ def _record_exit(directory: str, pid: int, code: int) -> None:
     path = os.path.join(directory, str(pid))
     try:
         os.makedirs(directory, exist_ok=True)
-        with open(f"{path}.tmp", "w") as f:
-            f.write(record)
-        os.replace(f"{path}.tmp", path)
+        write_atomic(path, record.encode(), mode=0o644, durable=False)  # a temporary name of its own
     except OSError as exc:  # the agent's own exit still tells, later
         print(f"forking_agent: cannot record the end of rank process {pid}: {exc}", file=sys.stderr, flush=True)
 

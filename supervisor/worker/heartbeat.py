@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
+from supervisor.files import write_atomic
 from supervisor.protocol import REJECT_OTHER_LAUNCH, REJECT_REPLAYED, Heartbeat, ProtocolError, decode_control, encode
 from supervisor.worker.session import Session
 from supervisor.worker.telemetry import RankState
@@ -208,10 +209,8 @@ class HeartbeatSender:
         if log_dir is None:
             return
         path = log_dir / f"heartbeat-rank-{self.session.rank}.json"
-        tmp = path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps(hb.to_payload() | {"time": time.time()}))
-            os.replace(tmp, path)
+        try:  # a temporary name of its own: two processes of one rank (a restart in place) never share one
+            write_atomic(path, json.dumps(hb.to_payload() | {"time": time.time()}).encode(), mode=0o644, durable=False)
         except OSError as exc:
             self.send_errors += 1
             if self.send_errors == 1:
