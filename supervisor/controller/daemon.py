@@ -863,8 +863,9 @@ class Controller:
                 self.launched_at = now  # the startup timeout starts now
                 if self.phase == JobPhase.WAITING_FOR_CAPACITY:
                     self.phase = JobPhase.STARTING
-                log.info("event=capacity_found attempt=%d waited_s=%.1f", self.attempt, now - since)
-                self.event("capacity_found", attempt=self.attempt, waited_s=round(now - since, 3))
+                if verdict is None:  # (else a placed pod ended: the fault that follows says so)
+                    log.info("event=capacity_found attempt=%d waited_s=%.1f", self.attempt, now - since)
+                    self.event("capacity_found", attempt=self.attempt, waited_s=round(now - since, 3))
                 self._save_state()
             return False
         self.launched_at = now
