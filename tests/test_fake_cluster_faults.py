@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from fakes.kube_apiserver import FakeKubeAPIServer
 from fakes.kubelet import DEFAULT_IMAGES, FakeKubelet, normalize_image, proc_state
-from test_fake_kubelet import api, kubelet_factory, v1  # noqa: F401  (fixtures: one definition)
+from test_fake_kubelet import api, kubelet_factory, v1, wait_until  # noqa: F401  (fixtures: one definition)
 
 NS = "default"
 PY = sys.executable
@@ -41,14 +41,6 @@ def gpus(n: int) -> dict:
     return {"limits": {GPU: str(n)}}
 
 
-def wait_until(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def condition(p: client.V1Pod, type_: str):

@@ -12,6 +12,7 @@ from kubernetes import client
 
 from fakes.kube_apiserver import FakeKubeAPIServer
 from supervisor.platforms.kube.client import Watcher
+from test_kube_platform_units import until
 
 NS = "ml"
 
@@ -21,15 +22,6 @@ def api():
     server = FakeKubeAPIServer(bookmark_interval_s=3600).start()  # bookmarks only when the test sends them
     yield server
     server.stop()
-
-
-def until(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    raise AssertionError("timed out")
 
 
 def pod(name: str, job: str) -> dict:
