@@ -771,6 +771,9 @@ class Controller:
         if completed(self.node_status, outcomes, world, waited_s=now - (self._agents_ended_at or now),
                      # less than the heartbeat timeout: a rank silent that long would read as dead
                      grace_s=self.cfg.heartbeat.timeout_s / 2):
+            # the last save may have landed after the last look (which runs off the loop, every few
+            # seconds): the final state names it
+            await self._scan_checkpoints()
             missing = sorted(set(range(world)) - {r for r, o in outcomes.items() if o}) if outcomes else []
             if missing:
                 log.warning("event=last_words_missing ranks=%s every agent exited 0; taking their word", missing)
