@@ -474,7 +474,7 @@ def test_a_submission_refused_by_the_job_lock_leaves_the_controller_lost_marker_
 def _status_url(saved: dict) -> str | None:
     import argparse
 
-    from supervisor.cli import _status_url as url
+    from supervisor.cli.status import _status_url as url
 
     return url(argparse.Namespace(url=None), saved)
 
