@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from supervisor.health import Finding, Kind
-from supervisor.platforms.base import WAIT_CANNOT_START, WAIT_CAPACITY, NodeState, NodeStatus
+from supervisor.model import WAIT_CANNOT_START, WAIT_CAPACITY, NodeState, NodeStatus
 from supervisor.protocol import (
     EXIT_NONFINITE,
     EXIT_PREFLIGHT,

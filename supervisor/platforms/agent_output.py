@@ -12,7 +12,8 @@ data; the controller names the fault from them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from supervisor.model import RankFailure  # the type this parsing fills (pure decisions read it)
 
 TAIL_BYTES = 64 << 10
 MAX_PARSE_CHARS = 4 * TAIL_BYTES
@@ -34,17 +35,6 @@ _AGENT_ERRORS = ("ChildFailedError", "ProcessExitedException", "ProcessRaisedExc
 """The agent's own account of a failed rank (its summary; the exception it logs for a forked
 rank that exited), never a rank's error line."""
 _ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure)): ?(.*)$")
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    rank: int
-    exit_code: int
-    """The worker's exit code; negative: killed by that signal."""
-    error: str = ""
-    """The rank's own last error line, when its output has one."""
-    root_cause: bool = False
-    """torchrun's "first observed failure" (the others were mostly stopped by the agent)."""
 
 
 def _blocks(summary: str):

@@ -11,76 +11,18 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import enum
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
-from supervisor.platforms.agent_output import RankFailure
+# the plain types a platform reports in (the pure decisions read them from supervisor.model)
+from supervisor.model import WAIT_CANNOT_START, WAIT_CAPACITY, NodeState, NodeStatus, RankFailure  # noqa: F401
 from supervisor.protocol import Env
 
 
 class PlatformError(RuntimeError):
     """The platform could not do what was asked (a scheduler command failed or timed out)."""
-
-
-class NodeState(str, enum.Enum):
-    RUNNING = "running"
-    EXITED = "exited"      # the agent ended; see exit_code
-    LOST = "lost"          # gone without an exit code we could read (killed, adopted and vanished)
-
-
-WAIT_CAPACITY = "capacity"
-"""``NodeStatus.waiting``: the cluster cannot place the node now (no free GPUs, quota, a
-scheduling gate). Not a fault and not a failed attempt: the job waits, bounded."""
-WAIT_CANNOT_START = "cannot_start"
-"""``NodeStatus.waiting``: the node will never start as specified (its image cannot be pulled,
-a Secret it needs is missing): a startup failure, at once."""
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    name: str
-    attempt: int
-    state: NodeState
-    exit_code: int | None = None
-    """0 success; > 0 the agent's failure code; < 0 killed by that signal."""
-    killed_by_us: bool = False
-    pid: int | None = None
-    stopped: bool = False
-    """The agent process is stopped (SIGSTOP / frozen), as far as the platform can tell."""
-    failures: tuple[RankFailure, ...] = ()
-    """A failed agent's ranks as its own output tells them (root cause first): exit code or
-    signal, and each rank's last error line. Empty when unknown."""
-    output_error: str = ""
-    """The last error line of a failed node's output when it names no rank (e.g. the command
-    could not start)."""
-    host: str = ""
-    """The machine the node ran on (Slurm node, Kubernetes node): the failure domain a node-level
-    fault counts against and exclusion excludes. Empty: the slot is its own machine."""
-    detail: str = ""
-    """What the platform saw, for the event (e.g. "evicted: DisruptionTarget EvictionByEvictionAPI")."""
-    exited_pids: tuple[int, ...] = ()
-    """Rank processes of this node that ended while its agent runs on (an agent allowed to
-    restart in place restarts them), where the platform can see them; oldest first."""
-    exit_codes: tuple[tuple[int, int, float], ...] = ()
-    """``(pid, exit status, when)`` of those ended rank processes whose agent recorded how they
-    ended (:data:`~supervisor.protocol.Env.RANK_EXITS`; the local platform), oldest first; a
-    status below 0 is the signal that killed it; ``when`` is the agent's wall clock. An agent
-    that may not restart in place exits because of such an end, ~1 s later."""
-    waiting: str = ""
-    """Why a node that has not ended (state RUNNING) is not running yet, where the platform can
-    tell: :data:`WAIT_CAPACITY` or :data:`WAIT_CANNOT_START`; "" when it runs or is on its way."""
-    reason: str = ""
-    """The platform's own word for what it saw (Kubernetes: ``Unschedulable``, ``ErrImagePull``,
-    ``OOMKilled``, ``OutOfnvidia.com/gpu``, ``Evicted``); ``detail`` holds its message."""
-    out_of_memory: bool = False
-    """The node's container was killed for its memory limit: a rank's fault (a memory bug or a
-    batch too large), never the machine's."""
-    bad_host: bool = False
-    """The machine itself refused the node (a kubelet's admission reject: its devices are not
-    what the scheduler saw): exclude it now, whatever ``restart.exclude_node_after`` says."""
 
 
 @dataclass(frozen=True)
