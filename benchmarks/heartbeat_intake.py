@@ -93,6 +93,7 @@ from supervisor.controller.http import EXPORTER, build_app  # noqa: E402  (loade
 from supervisor.health import Kind, Registry, Timeouts, calibrate, detect, straggler_scores  # noqa: E402
 from supervisor.platforms.base import Platform  # noqa: E402
 from supervisor import protocol  # noqa: E402
+from supervisor.protocol import frames  # noqa: E402
 from supervisor.protocol import Heartbeat, encode  # noqa: E402
 
 JOB = "bench"
@@ -465,9 +466,9 @@ def step_costs(ranks: int, rate: float, timeout_s: float, frames: list[bytes]) -
         return 1e6 * best / len(items)
 
     out = [
-        ("HMAC-SHA256 of the payload (`protocol._mac`)", per_frame(lambda b: protocol._mac(KEY, b), bodies)),
-        ("`msgspec` decode + schema checks of the payload (`protocol._WIRE_DECODER`)",
-         per_frame(protocol._WIRE_DECODER.decode, bodies)),
+        ("HMAC-SHA256 of the payload (`protocol.frames._mac`)", per_frame(lambda b: frames._mac(KEY, b), bodies)),
+        ("`msgspec` decode + schema checks of the payload (`protocol.frames._WIRE_DECODER`)",
+         per_frame(frames._WIRE_DECODER.decode, bodies)),
         ("`decode_heartbeat` (framing, MAC, the msgspec decode, construction)",
          per_frame(lambda f: protocol.decode_heartbeat(f, KEY), frames)),
         ("for comparison, not on the path: `json.loads` of the payload", per_frame(json.loads, bodies)),

@@ -1,5 +1,5 @@
-"""The wire between ranks and the controller: authenticated heartbeat and control datagrams,
-and the authenticated restore-point exchange over HTTP. Both sides use only this module.
+"""The datagrams between ranks and the controller: authenticated heartbeats and control frames,
+the keys derived from the job token, launch ids and the token's own check.
 
 Transport: UDP. A heartbeat is small, periodic and only its latest value matters: a lost one
 is replaced by the next, so there is nothing to retransmit, no connection to keep per rank
@@ -35,15 +35,6 @@ and rank. Control messages are numbered (``seq``, :class:`ControlSequencer`): wi
 launch, a rank obeys only a number above the last one it accepted (no replay), and only from
 the address its heartbeats go to. Heartbeat ``seq`` numbers count per rank process, within a
 launch and attempt.
-
-Restore point (HTTP, rank 0 once per attempt): ``GET`` :data:`RESTORE_POINT_PATH`
-``?attempt=K&rank=R&launch=L`` with the headers :data:`HEADER_TIME` (unix milliseconds),
-:data:`HEADER_NONCE` (128 random bits, hex) and :data:`HEADER_MAC` (hex HMAC-SHA256 under the
-HTTP key of :func:`restore_request_string`). The controller refuses it (401 with the reason)
-outside :data:`FRESH_S` of its clock, with a bad MAC, or with a nonce it has already taken
-(:class:`NonceCache`, bounded). Its answer carries :data:`HEADER_MAC` over the request's
-nonce, the status and the body (:func:`restore_answer_mac`): the rank takes only an answer to
-its own request that came from the controller.
 """
 
 from __future__ import annotations
@@ -56,76 +47,24 @@ import json
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from supervisor.protocol.errors import (
+    REJECT_MALFORMED,
+    REJECT_OVERSIZED,
+    REJECT_SCHEMA,
+    REJECT_UNAUTHENTICATED,
+    ProtocolError,
+)
+from supervisor.protocol.vocabulary import OUTCOMES, PHASES, RESTORE_STATES
 
 MAGIC = b"SV2"
 MAC_BYTES = 16
 MAX_DATAGRAM = 4096
 MAX_RANK = 1 << 20
-# The worker <-> controller contract beyond the frame, defined here once: the phases a rank
-# reports, which of them are timed, the exit codes a rank ends with, and the phases of a restart.
-#
-# A rank's phase (Heartbeat.phase; a heartbeat with any other name is rejected). These strings
-# are on the wire, in SUPERVISOR_WATCHDOG, in events and in metric labels: never rename one.
-PHASE_INIT = "init"
-PHASE_RESTORE = "restore"
-PHASE_DATA = "data"
-PHASE_COMPUTE = "compute"
-PHASE_COLLECTIVE = "collective"
-PHASE_CHECKPOINT = "checkpoint"
-PHASE_IDLE = "idle"
-PHASE_DONE = "done"
-PHASE_FAILED = "failed"
-PHASES = (PHASE_INIT, PHASE_RESTORE, PHASE_DATA, PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_CHECKPOINT, PHASE_IDLE,
-          PHASE_DONE, PHASE_FAILED)
-# The phases with a timeout, in this order: the rank's watchdog (SUPERVISOR_WATCHDOG, worker
-# defaults) and the controller's detector (health.Timeouts) time exactly these. A rank that is
-# idle between phases, done or failing is never stuck in a phase.
-TIMED_PHASES = (PHASE_INIT, PHASE_RESTORE, PHASE_DATA, PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_CHECKPOINT)
-# What a rank's restore came to: a checkpoint loaded, no checkpoint to load (a fresh start),
-# or a failure (nothing that verifies when one was required, or a load error).
-RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED = "restored", "fresh", "failed"
-RESTORE_STATES = ("", RESTORE_RESTORED, RESTORE_FRESH, RESTORE_FAILED)
-# How a rank that closed its SDK cleanly ended: its training finished, or it stopped early.
-OUTCOME_FINISHED, OUTCOME_STOPPED = "finished", "stopped"
-OUTCOMES = ("", OUTCOME_FINISHED, OUTCOME_STOPPED)
-# Rank exit codes the SDK and the example use (one definition for worker and controller).
-EXIT_CRASH = 17          # the drills' "crash" fault
-EXIT_NONFINITE = 18      # every rank stops before the optimizer step on a non-finite loss
-EXIT_PREEMPTED = 143     # 128 + SIGTERM: an emergency checkpoint was written; the scheduler may requeue
-RANK_EXITS = {EXIT_CRASH: "crash", EXIT_NONFINITE: "nonfinite", EXIT_PREEMPTED: "preempted"}
-"""Every rank exit code with a meaning, and the fault kind the controller names a rank that
-ends with it (any other non-zero code is a plain ``rank_exit``)."""
-EXIT_PREFLIGHT = 78
-"""A node agent's own exit (not a rank's) when its check of the job's command where the ranks run
-(:mod:`supervisor.preflight`) failed before it started any rank; its last output line says why.
-sysexits' EX_CONFIG: a configuration no restart fixes."""
-# A restart's phases, in order (controller clock): fault -> detected -> torn down -> scheduled
-# -> rendezvous -> restored -> first step. The keys of the ``restart_complete`` event's phases
-# and the ``phase`` label of supervisor_restart_phase_seconds; the benchmarks report the same.
-RESTART_PHASES = ("detect", "teardown", "schedule", "rendezvous", "restore", "first_step")
-
-REJECT_MALFORMED = "malformed"
-REJECT_OVERSIZED = "oversized"
-REJECT_UNAUTHENTICATED = "unauthenticated"
-REJECT_SCHEMA = "schema"
-REJECT_STALE_ATTEMPT = "stale_attempt"
-REJECT_OTHER_LAUNCH = "other_launch"
-"""A frame of a launch the receiver does not belong to and never made: another run's (the same
-token reused), or a rank's own frame sent back to it. Never normal traffic (a relaunch's old
-ranks are a ``stale_attempt``)."""
-REJECT_REASONS = (REJECT_MALFORMED, REJECT_OVERSIZED, REJECT_UNAUTHENTICATED, REJECT_SCHEMA, REJECT_STALE_ATTEMPT,
-                  REJECT_OTHER_LAUNCH)
-
-
-class ProtocolError(ValueError):
-    def __init__(self, reason: str, detail: str = "") -> None:
-        self.reason = reason
-        super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
 # ------------------------------------------------------------------------------------- keys
@@ -422,8 +361,6 @@ def decode_heartbeat(frame: bytes, key: bytes) -> Heartbeat:
 
 
 CONTROL_KINDS = ("ack", "abort", "dump")
-REJECT_REPLAYED = "replayed"
-"""A rank's reason for a control message numbered at or below the last one it accepted."""
 
 
 class ControlSequencer:
@@ -507,143 +444,6 @@ def launch_problem(launch: str) -> str | None:
         return f"{launch[:80]!r} is not a launch id (16 to 64 lowercase hex digits)"
     return None
 
-
-# ------------------------------------------------------------------- the restore point (HTTP)
-RESTORE_POINT_PATH = "/v1/restore-point"
-HEADER_TIME = "X-Supervisor-Time"
-"""The request's time: unix milliseconds, decimal."""
-HEADER_NONCE = "X-Supervisor-Nonce"
-"""The request's nonce: 128 random bits, 32 lowercase hex digits, never used twice."""
-HEADER_MAC = "X-Supervisor-Mac"
-"""On a request: :func:`restore_request_mac`; on an answer: :func:`restore_answer_mac` (hex)."""
-FRESH_S = 30.0
-"""A request stamped further than this from the controller's clock is refused (clock skew
-between hosts must stay below it; NTP keeps it to milliseconds)."""
-NONCE_CACHE_MAX = 4096
-REJECT_STALE = "stale"
-"""An HTTP request stamped outside :data:`FRESH_S` of the controller's clock."""
-_NONCE_CHARS = 32
-_REQUEST_LABEL = b"elastic-supervisor v2 restore-point request"
-_ANSWER_LABEL = b"elastic-supervisor v2 restore-point answer"
-
-
-def restore_request_string(*, method: str, path: str, launch: str, attempt: int, rank: int, time_ms: int,
-                           nonce: str) -> bytes:
-    """What a restore-point request's MAC covers: one field a line (every field is checked to hold
-    no line break: hex, digits, or the method and path the server itself routed)."""
-    return b"\n".join([_REQUEST_LABEL, method.encode(), path.encode(), launch.encode(), str(attempt).encode(),
-                       str(rank).encode(), str(time_ms).encode(), nonce.encode()])
-
-
-def restore_request_mac(key: bytes, **fields: Any) -> str:
-    return hmac.new(key, restore_request_string(**fields), hashlib.sha256).hexdigest()
-
-
-def restore_answer_mac(key: bytes, nonce: str, status: int, body: bytes) -> str:
-    """The MAC of the controller's answer to the request with ``nonce`` (its status and body)."""
-    msg = b"\n".join([_ANSWER_LABEL, nonce.encode(), str(status).encode()]) + b"\n" + body
-    return hmac.new(key, msg, hashlib.sha256).hexdigest()
-
-
-@dataclass(frozen=True)
-class RestoreRequest:
-    """A signed restore-point request: its query (to append to :data:`RESTORE_POINT_PATH`), its
-    headers, and its nonce (the answer must name it)."""
-
-    query: str
-    headers: dict[str, str]
-    nonce: str
-
-
-def restore_request(keys: Keys, *, launch: str, attempt: int, rank: int, now: float | None = None) -> RestoreRequest:
-    """A new restore-point request (a fresh nonce and time: sign each try anew)."""
-    time_ms = int((time.time() if now is None else now) * 1000)
-    nonce = secrets.token_hex(_NONCE_CHARS // 2)
-    mac = restore_request_mac(keys.http, method="GET", path=RESTORE_POINT_PATH, launch=launch, attempt=attempt,
-                              rank=rank, time_ms=time_ms, nonce=nonce)
-    return RestoreRequest(query=f"attempt={attempt}&rank={rank}&launch={launch}",
-                          headers={HEADER_TIME: str(time_ms), HEADER_NONCE: nonce, HEADER_MAC: mac}, nonce=nonce)
-
-
-class NonceCache:
-    """The nonces of the authenticated requests of the last :data:`FRESH_S`, at most ``limit``.
-
-    Only a request whose MAC verified is recorded (nobody without the key can fill it). Past the
-    limit the oldest entry is dropped and its time becomes a floor: a request stamped at or
-    before it is refused, so a dropped nonce can never be used again either."""
-
-    def __init__(self, window_s: float = FRESH_S, limit: int = NONCE_CACHE_MAX) -> None:
-        self.window_ms = int(window_s * 1000)
-        self.limit = limit
-        self.floor_ms = -1
-        self._seen: OrderedDict[str, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def admit(self, nonce: str, time_ms: int, now_ms: int) -> bool:
-        """Record ``nonce`` (of a request stamped ``time_ms``); False if it cannot be taken."""
-        seen = self._seen
-        while seen:
-            oldest = next(iter(seen.values()))
-            if oldest >= now_ms - self.window_ms:
-                break
-            seen.popitem(last=False)  # outside the window: the freshness check refuses it now
-        if time_ms <= self.floor_ms or nonce in seen:
-            return False
-        if len(seen) >= self.limit:
-            _, dropped = seen.popitem(last=False)
-            self.floor_ms = max(self.floor_ms, dropped)
-            if time_ms <= self.floor_ms:
-                return False
-        seen[nonce] = time_ms
-        return True
-
-
-def _digits(value: str | None, limit: int) -> int | None:
-    if value is None or not 0 < len(value) <= limit or not value.isascii() or not value.isdigit():
-        return None
-    return int(value)
-
-
-def check_restore_request(key: bytes, *, method: str, path: str, query: Mapping[str, str],
-                          headers: Mapping[str, str], nonces: NonceCache, now: float | None = None) -> tuple[str, int, int]:
-    """``(launch, attempt, rank)`` of an authentic, fresh, first-seen restore-point request;
-    :class:`ProtocolError` otherwise (reason :data:`REJECT_SCHEMA`, :data:`REJECT_STALE`,
-    :data:`REJECT_UNAUTHENTICATED` or :data:`REJECT_REPLAYED`)."""
-    attempt = _digits(query.get("attempt"), 10)
-    rank = _digits(query.get("rank"), 7)
-    launch = query.get("launch") or ""
-    time_ms = _digits(headers.get(HEADER_TIME), 16)
-    nonce = headers.get(HEADER_NONCE) or ""
-    mac = headers.get(HEADER_MAC) or ""
-    if attempt is None or rank is None or rank > MAX_RANK or attempt > 1 << 31:
-        raise ProtocolError(REJECT_SCHEMA, "attempt and rank must be integers")
-    if launch_problem(launch):
-        raise ProtocolError(REJECT_SCHEMA, "launch must be a launch id")
-    if time_ms is None or len(nonce) != _NONCE_CHARS or not all(c in "0123456789abcdef" for c in nonce):
-        raise ProtocolError(REJECT_UNAUTHENTICATED, f"{HEADER_TIME} and {HEADER_NONCE} are required")
-    now_ms = int((time.time() if now is None else now) * 1000)
-    if abs(now_ms - time_ms) > nonces.window_ms:
-        raise ProtocolError(REJECT_STALE, f"stamped {(time_ms - now_ms) / 1000:+.1f} s from the controller's clock "
-                                          f"(more than {nonces.window_ms / 1000:g} s: clocks apart, or a replay)")
-    want = restore_request_mac(key, method=method, path=path, launch=launch, attempt=attempt, rank=rank,
-                               time_ms=time_ms, nonce=nonce)
-    if not (mac.isascii() and hmac.compare_digest(mac.encode(), want.encode())):
-        raise ProtocolError(REJECT_UNAUTHENTICATED, "bad MAC (wrong token?)")
-    if not nonces.admit(nonce, time_ms, now_ms):
-        raise ProtocolError(REJECT_REPLAYED, "this request was already answered")
-    return launch, attempt, rank
-
-
-def check_restore_answer(key: bytes, nonce: str, status: int, body: bytes, mac: str | None) -> None:
-    """Raises :class:`ProtocolError` (``unauthenticated``) unless the answer ``body`` with
-    ``status`` came from the controller, in answer to the request with ``nonce``."""
-    want = restore_answer_mac(key, nonce, status, body)
-    if not mac or not mac.isascii() or not hmac.compare_digest(mac.encode(), want.encode()):
-        raise ProtocolError(REJECT_UNAUTHENTICATED, "the answer is not the controller's (bad or missing MAC)")
-
-
 # ------------------------------------------------------------------------------ the job token
 TOKEN_MIN_CHARS = 48
 """A job token is at least this many hex digits (192 bits): what the controller generates."""
@@ -660,35 +460,3 @@ def token_problem(token: bytes) -> str | None:
     if not all(c in b"0123456789abcdefABCDEF" for c in token):
         return f"{len(token)} bytes that are not all hex digits, not a token of at least {TOKEN_MIN_CHARS} hex digits"
     return None
-
-
-# ------------------------------------------------------------------ the rank's environment
-class Env:
-    """The environment variables through which the controller (via its platform) tells every rank
-    where it belongs and whom to talk to; :class:`supervisor.worker.session.Session` reads them."""
-
-    JOB = "SUPERVISOR_JOB"
-    ATTEMPT = "SUPERVISOR_ATTEMPT"
-    LAUNCH = "SUPERVISOR_LAUNCH"
-    """The launch's random id (:func:`new_launch_id`): in every frame, checked on both sides. New
-    for every launch; a rank restarted in place by its agent keeps its launch's."""
-    NODE = "SUPERVISOR_NODE"
-    HEARTBEAT_ADDR = "SUPERVISOR_HEARTBEAT_ADDR"
-    API = "SUPERVISOR_API"
-    TOKEN = "SUPERVISOR_TOKEN"
-    TOKEN_FILE = "SUPERVISOR_TOKEN_FILE"
-    LOG_DIR = "SUPERVISOR_LOG_DIR"
-    CHECKPOINT_DIR = "SUPERVISOR_CHECKPOINT_DIR"
-    HEARTBEAT_INTERVAL = "SUPERVISOR_HEARTBEAT_INTERVAL"
-    WATCHDOG = "SUPERVISOR_WATCHDOG"
-    SKIP_STEPS = "SUPERVISOR_SKIP_STEPS"
-    FAULT = "SUPERVISOR_FAULT"
-    IN_PLACE = "SUPERVISOR_IN_PLACE"
-    """Set (to the launch's in-place restart allowance) when the node agents restart ranks in
-    place: a rank then counts its own restarts under its agent (its attempt is the launch's
-    plus that count, the same on every rank, since an agent restarts its whole gang)."""
-    RANK_EXITS = "SUPERVISOR_RANK_EXITS"
-    """A directory (set by a platform that can read it) where a node's agent records each rank
-    process that ends, the moment it ends: a file named after its pid holding
-    ``{"pid", "exit_code", "at"}`` (an exit code below 0 is the signal that killed it). The
-    agent's own exit tells the same ~1 s later, after its shutdown."""
