@@ -46,6 +46,7 @@ from supervisor.protocol import (
     ProtocolError,
     check_restore_request,
     restore_answer_mac,
+    restore_point_answer,
 )
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def build_app(controller: "Controller") -> web.Application:
                 await asyncio.sleep(0.05)
         if attempt != controller.attempt:
             return answer({"error": f"attempt {attempt} is not the current attempt {controller.attempt}"}, 409)
-        return answer(controller.restore_point())
+        return answer(restore_point_answer(**controller.restore_point()))
 
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from supervisor.protocol.errors import (
+    REJECT_MALFORMED,
     REJECT_REPLAYED,
     REJECT_SCHEMA,
     REJECT_STALE,
@@ -161,3 +163,55 @@ def check_restore_answer(key: bytes, nonce: str, status: int, body: bytes, mac: 
     if not mac or not mac.isascii() or not hmac.compare_digest(mac.encode(), want.encode()):
         raise ProtocolError(REJECT_UNAUTHENTICATED, "the answer is not the controller's (bad or missing MAC)")
 
+
+
+# ------------------------------------------------------------------------------ the answer
+ANSWER_MAX_BYTES = 1 << 20
+"""A rank reads at most this much of an answer (more is not JSON to it: refused)."""
+NAME_MAX_CHARS = 64
+EXCLUDE_MAX = 16384
+"""At most this many names never to load (the suspects) in one answer."""
+ANSWER_FIELDS = ("attempt", "checkpoint", "exclude", "required")
+"""An answer's fields: the attempt it is for, the checkpoint to resume from (null: the newest that
+verifies), the names never to load, and whether one must load (the job has had one)."""
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """What the controller answers a restore-point request with (:func:`parse_restore_point`)."""
+
+    checkpoint: str | None = None
+    exclude: tuple[str, ...] = ()
+    required: bool = False
+
+
+def restore_point_answer(*, attempt: int, checkpoint: str | None, exclude: Iterable[str],
+                         required: bool) -> dict[str, Any]:
+    """The controller's answer body (JSON) for ``attempt``; :func:`parse_restore_point` reads it."""
+    return dict(zip(ANSWER_FIELDS, (attempt, checkpoint, list(exclude), bool(required))))
+
+
+def parse_restore_point(body: bytes, *, is_name: Callable[[str], object]) -> RestorePoint:
+    """The controller's answer ``body``; :class:`ProtocolError` (``malformed`` or ``schema``)
+    unless it is a JSON object whose checkpoint (or null) and excluded names are checkpoint
+    names (``is_name``: the checkpoint library's ``parse_name``), at most
+    :data:`NAME_MAX_CHARS` each and :data:`EXCLUDE_MAX` of them. ``required`` is true only when
+    it is ``true``."""
+    if len(body) > ANSWER_MAX_BYTES:
+        raise ProtocolError(REJECT_SCHEMA, f"an answer of {len(body)} bytes (at most {ANSWER_MAX_BYTES})")
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        raise ProtocolError(REJECT_MALFORMED, "the answer is not JSON") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(REJECT_SCHEMA, "the answer is not a JSON object")
+
+    def name_ok(v: object) -> bool:
+        return isinstance(v, str) and len(v) <= NAME_MAX_CHARS and bool(is_name(v))
+
+    name, exclude = obj.get("checkpoint"), obj.get("exclude", [])
+    if name is not None and not name_ok(name):
+        raise ProtocolError(REJECT_SCHEMA, f"bad checkpoint: {name!r}"[:120])
+    if not isinstance(exclude, list) or len(exclude) > EXCLUDE_MAX or not all(name_ok(e) for e in exclude):
+        raise ProtocolError(REJECT_SCHEMA, "bad exclude: not a list of checkpoint names")
+    return RestorePoint(checkpoint=name, exclude=tuple(exclude), required=obj.get("required") is True)

@@ -64,8 +64,11 @@ from supervisor.protocol import (
     RESTORE_FRESH,
     RESTORE_POINT_PATH,
     RESTORE_RESTORED,
+    ANSWER_MAX_BYTES,
     Keys,
+    ProtocolError,
     check_restore_answer,
+    parse_restore_point,
     restore_request,
 )
 from supervisor.procfs import descendants
@@ -493,19 +496,16 @@ class Worker:
         s = self.session
         url = f"{s.api.rstrip('/')}{RESTORE_POINT_PATH}"
         try:
-            raw = _get_json(url, s.keys, s.launch, s.attempt, s.rank)
+            body = _get_answer(url, s.keys, s.launch, s.attempt, s.rank)
         except (OSError, ValueError, urllib.error.URLError) as exc:
             log.warning("event=restore_point_unavailable url=%s error=%s action=scan_checkpoint_dir", url, exc)
             return None
-        name = raw.get("checkpoint")
-        exclude = raw.get("exclude", [])
-        if name is not None and (not isinstance(name, str) or parse_name(name) is None):
-            log.warning("event=restore_point_rejected reason=bad_name value=%r", name)
+        try:
+            point = parse_restore_point(body, is_name=parse_name)
+        except ProtocolError as exc:
+            log.warning("event=restore_point_rejected reason=%s", exc)
             return None
-        if not isinstance(exclude, list) or not all(isinstance(e, str) and parse_name(e) for e in exclude):
-            log.warning("event=restore_point_rejected reason=bad_exclude")
-            return None
-        return {"checkpoint": name, "exclude": exclude, "required": raw.get("required") is True}
+        return {"checkpoint": point.checkpoint, "exclude": list(point.exclude), "required": point.required}
 
 
 def _signal_node(sig: int) -> None:
@@ -525,30 +525,28 @@ def _skipped_text(skipped: list[Skipped]) -> str:
     return "; ".join(f"{s.name}: {s.reason}" for s in skipped)[:384]
 
 
-_get_json_retrying = None
+_get_answer_retrying = None
 
 
-def _get_json(url: str, keys: Keys, launch: str, attempt: int, rank: int) -> dict[str, Any]:
-    """:func:`_get_json_once`, tried 3 times with exponential back-off (tenacity is imported on
+def _get_answer(url: str, keys: Keys, launch: str, attempt: int, rank: int) -> bytes:
+    """:func:`_get_answer_once`, tried 3 times with exponential back-off (tenacity is imported on
     first use: only rank 0 of a supervised job asks, once per attempt); each try is signed anew."""
-    global _get_json_retrying
-    if _get_json_retrying is None:
+    global _get_answer_retrying
+    if _get_answer_retrying is None:
         from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-        _get_json_retrying = retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)),
-                                   stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
-                                   reraise=True)(_get_json_once)
-    return _get_json_retrying(url, keys, launch, attempt, rank)
+        _get_answer_retrying = retry(retry=retry_if_exception_type((OSError, urllib.error.URLError)),
+                                     stop=stop_after_attempt(3), wait=wait_exponential(multiplier=0.2, max=2),
+                                     reraise=True)(_get_answer_once)
+    return _get_answer_retrying(url, keys, launch, attempt, rank)
 
 
-def _get_json_once(url: str, keys: Keys, launch: str, attempt: int, rank: int) -> dict[str, Any]:
+def _get_answer_once(url: str, keys: Keys, launch: str, attempt: int, rank: int) -> bytes:
+    """The body of the controller's answer, once its MAC for this request's nonce verified."""
     signed = restore_request(keys, launch=launch, attempt=attempt, rank=rank)
     req = urllib.request.Request(f"{url}?{signed.query}", headers=signed.headers)
     with urllib.request.urlopen(req, timeout=5) as resp:
-        body = resp.read(1 << 20)
+        body = resp.read(ANSWER_MAX_BYTES)
         check_restore_answer(keys.http, signed.nonce, resp.status, body, resp.headers.get(HEADER_MAC))
-    obj = json.loads(body)
-    if not isinstance(obj, dict):
-        raise ValueError("restore point is not a JSON object")
-    return obj
+    return body
 
