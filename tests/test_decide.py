@@ -47,6 +47,7 @@ from supervisor.protocol import (
     RANK_EXITS,
     RESTART_PHASES,
     Heartbeat,
+    decode_refused,
 )
 
 
@@ -186,9 +187,10 @@ PLAN = dict(slots=["a", "b", "c"], previous_nodes=["a", "b"], nodes_min=1, nodes
 
 
 def hb(restore_state="", restored="", skipped="", steps_done=0, root=""):
+    # ``skipped`` in an older SDK's form (``name: why; ...``), read as the controller reads it
     return Heartbeat(job="j", attempt=1, rank=0, world_size=2, seq=1, step=0, phase="compute", phase_s=0.0,
-                     restore_state=restore_state, restored=restored, restore_skipped=skipped, steps_done=steps_done,
-                     ckpt_root=root)
+                     restore_state=restore_state, restored=restored, restore_refused=decode_refused(skipped),
+                     steps_done=steps_done, ckpt_root=root)
 
 
 def test_relaunch_same_nodes_from_latest():

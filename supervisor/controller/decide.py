@@ -60,6 +60,7 @@ from supervisor.protocol import (
     RESTORE_FAILED,
     RESTORE_FRESH,
     RESTORE_RESTORED,
+    decode_refused,
 )
 
 
@@ -689,24 +690,15 @@ class RestoreReport:
     """Every checkpoint root the ranks reported (more than one is a misconfiguration)."""
 
 
-_SKIP_ENTRY = re.compile(r"(?:^|; )(step-\d+(?:-\d+)?): ")
-CALLER_EXCLUDED = "excluded by the caller"
-
-
-def parse_skipped(text: str) -> list[tuple[str, str]]:
-    """``name: reason; name: reason`` (the heartbeat's ``restore_skipped``) -> pairs."""
-    marks = list(_SKIP_ENTRY.finditer(text))
-    out = []
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
-        out.append((m.group(1), text[m.end():end].strip()))
-    return out
+def parse_skipped(refused: Any) -> list[tuple[str, str]]:
+    """The ``(name, reason)`` pairs of a heartbeat's ``restore_refused`` (an older SDK's string too)."""
+    return list(decode_refused(refused))
 
 
 def restore_report(heartbeats: Iterable[Any]) -> RestoreReport:
-    """Fold the ranks' latest heartbeats (``restore_state``, ``restored``, ``restore_skipped``,
+    """Fold the ranks' latest heartbeats (``restore_state``, ``restored``, ``restore_refused``,
     ``steps_done``, ``ckpt_root``) into one report. Checkpoints excluded by the supervisor's
-    own order are not refusals."""
+    own order are not refusals (the ranks do not list them)."""
     states, restored, refused, roots = set(), set(), {}, set()
     stepped, n = False, 0
     for hb in heartbeats:
@@ -720,9 +712,8 @@ def restore_report(heartbeats: Iterable[Any]) -> RestoreReport:
         states.add(hb.restore_state)
         if hb.restored:
             restored.add(hb.restored)
-        for name, why in parse_skipped(hb.restore_skipped):
-            if not why.startswith(CALLER_EXCLUDED):
-                refused.setdefault(name, why)
+        for name, why in parse_skipped(hb.restore_refused):
+            refused.setdefault(name, why)
     state = RESTORE_FAILED if RESTORE_FAILED in states else RESTORE_RESTORED if RESTORE_RESTORED in states else \
         RESTORE_FRESH if RESTORE_FRESH in states else ""
     return RestoreReport(

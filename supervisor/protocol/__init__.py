@@ -3,6 +3,7 @@
 * :mod:`~supervisor.protocol.frames`: the UDP datagrams (heartbeats up, ``dump``/``abort``
   control frames back), the keys derived from the job token, launch ids, the token's check.
 * :mod:`~supervisor.protocol.restore`: the restore-point exchange over HTTP.
+* :mod:`~supervisor.protocol.skipped`: the checkpoints a rank's restore refused (a heartbeat field).
 * :mod:`~supervisor.protocol.vocabulary`: phases, exit codes, restart phases, the environment.
 * :mod:`~supervisor.protocol.errors`: :class:`ProtocolError`, the one error every parser here
   raises, and its reasons.
@@ -25,6 +26,16 @@ from supervisor.protocol.errors import (
     REJECT_STALE,
     REJECT_STALE_ATTEMPT,
     REJECT_UNAUTHENTICATED,
+)
+from supervisor.protocol.skipped import (
+    BUDGET_CHARS,
+    LEGACY_CHARS,
+    NAME_CHARS,
+    REFUSED_MAX,
+    Refused,
+    WHY_CHARS,
+    decode_refused,
+    refused_field,
 )
 from supervisor.protocol.vocabulary import (
     EXIT_CRASH,
@@ -110,6 +121,7 @@ from supervisor.protocol.restore import (
 __all__ = [
     "ANSWER_FIELDS",
     "ANSWER_MAX_BYTES",
+    "BUDGET_CHARS",
     "CONTROL_KINDS",
     "Control",
     "ControlSequencer",
@@ -132,10 +144,12 @@ __all__ = [
     "KEY_LABELS",
     "Keys",
     "LAUNCH_ID_CHARS",
+    "LEGACY_CHARS",
     "MAC_BYTES",
     "MAGIC",
     "MAX_DATAGRAM",
     "MAX_RANK",
+    "NAME_CHARS",
     "NAME_MAX_CHARS",
     "NONCE_CACHE_MAX",
     "NonceCache",
@@ -154,6 +168,7 @@ __all__ = [
     "PHASE_RESTORE",
     "ProtocolError",
     "RANK_EXITS",
+    "REFUSED_MAX",
     "REJECT_MALFORMED",
     "REJECT_OTHER_LAUNCH",
     "REJECT_OVERSIZED",
@@ -169,23 +184,27 @@ __all__ = [
     "RESTORE_POINT_PATH",
     "RESTORE_RESTORED",
     "RESTORE_STATES",
+    "Refused",
     "RestorePoint",
     "RestoreRequest",
     "TIMED_PHASES",
     "TOKEN_MAX_CHARS",
     "TOKEN_MIN_CHARS",
+    "WHY_CHARS",
     "check_restore_answer",
     "check_restore_request",
     "control_message",
     "decode_control",
     "decode_frame",
     "decode_heartbeat",
+    "decode_refused",
     "derive_keys",
     "encode",
     "hkdf_sha256",
     "launch_problem",
     "new_launch_id",
     "parse_restore_point",
+    "refused_field",
     "restore_answer_mac",
     "restore_point_answer",
     "restore_request",

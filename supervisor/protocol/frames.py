@@ -59,6 +59,7 @@ from supervisor.protocol.errors import (
     REJECT_UNAUTHENTICATED,
     ProtocolError,
 )
+from supervisor.protocol.skipped import LEGACY_CHARS, NAME_CHARS, REFUSED_MAX, WHY_CHARS, decode_refused
 from supervisor.protocol.vocabulary import OUTCOMES, PHASES, RESTORE_STATES
 
 MAGIC = b"SV2"
@@ -200,8 +201,9 @@ class Heartbeat:
     """One of :data:`RESTORE_STATES`: what this rank's restore came to ("" while not done)."""
     restored: str = ""
     """The checkpoint this rank restored (``step-N``), or "" (none, or not yet)."""
-    restore_skipped: str = ""
-    """Checkpoints the restore refused, with why: ``name: reason; name: reason`` (truncated)."""
+    restore_refused: tuple[tuple[str, str], ...] = ()
+    """Checkpoints the restore refused, with why: ``(name, reason)`` pairs, newest first, bounded
+    (:mod:`supervisor.protocol.skipped`; an older SDK's ``restore_skipped`` string is read into it)."""
     restore_s: float = 0.0
     """How long this rank's restore took (its own clock)."""
     steps_done: int = 0
@@ -244,6 +246,10 @@ class Heartbeat:
                     v = float(v)
             elif code == _BOOL:
                 ok = t is bool
+            elif code == _PAIRS:
+                ok = t is list
+                if ok:
+                    v = decode_refused(v)
             else:
                 ok = isinstance(v, str) and len(v) <= hi
             if not ok:
@@ -284,7 +290,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "ckpt_root": (str, 0, 512),
     "restore_state": (str, 0, 16),
     "restored": (str, 0, 64),
-    "restore_skipped": (str, 0, 384),
+    "restore_refused": (tuple, 0, REFUSED_MAX),
     "restore_s": (float, 0, 1e9),
     "steps_done": (int, 0, _BIG),
     "first_step_s": (float, 0, 1e9),
@@ -292,13 +298,17 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "dump_seq": (int, 0, _BIG),
 }
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s", "launch"}
-_INT, _FLOAT, _BOOL, _STR = range(4)
-_CHECKS = tuple((name, {int: _INT, float: _FLOAT, bool: _BOOL, str: _STR}[kind], lo, hi, name in _REQUIRED)
-                for name, (kind, lo, hi) in _FIELDS.items())
+_LEGACY = {"restore_skipped": (str, 0, LEGACY_CHARS)}
+"""Fields an older SDK sends that this one does not: read, then folded into their successor (_build)."""
+_WIRE_FIELDS = _FIELDS | _LEGACY
+_INT, _FLOAT, _BOOL, _STR, _PAIRS = range(5)
+_CHECKS = tuple((name, {int: _INT, float: _FLOAT, bool: _BOOL, str: _STR, tuple: _PAIRS}[kind], lo, hi,
+                 name in _REQUIRED) for name, (kind, lo, hi) in _WIRE_FIELDS.items())
 _PHASE_SET = frozenset(PHASES)
 _RESTORE_SET = frozenset(RESTORE_STATES)
 _OUTCOME_SET = frozenset(OUTCOMES)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Heartbeat) if f.default is not dataclasses.MISSING}
+_DEFAULTS["restore_skipped"] = ""
 _FACTORIES = tuple((f.name, f.default_factory) for f in dataclasses.fields(Heartbeat)
                    if f.default_factory is not dataclasses.MISSING)
 assert not hasattr(Heartbeat, "__post_init__")  # _build fills __dict__ directly
@@ -314,6 +324,9 @@ def _build(values: dict[str, Any]) -> Heartbeat:
         raise ProtocolError(REJECT_SCHEMA, f"unknown outcome {values['outcome']!r}"[:120])
     if values["restore_state"] not in _RESTORE_SET:
         raise ProtocolError(REJECT_SCHEMA, f"unknown restore_state {values['restore_state']!r}"[:120])
+    legacy = values.pop("restore_skipped")
+    if legacy and not values["restore_refused"]:
+        values["restore_refused"] = decode_refused(legacy)
     for name, factory in _FACTORIES:
         values[name] = factory()
     # What the frozen dataclass's __init__ does (it has no __post_init__), without one
@@ -328,16 +341,20 @@ def _wire_type(kind: type, lo: float, hi: float) -> Any:
         return bool
     if kind is str:
         return Annotated[str, msgspec.Meta(max_length=int(hi))]
+    if kind is tuple:  # (name, why) pairs
+        pair = tuple[Annotated[str, msgspec.Meta(max_length=NAME_CHARS)],
+                     Annotated[str, msgspec.Meta(max_length=WHY_CHARS)]]
+        return Annotated[tuple[pair, ...], msgspec.Meta(max_length=int(hi))]
     return Annotated[kind, msgspec.Meta(ge=lo, le=hi)]
 
 
-# The same schema as _FIELDS/_REQUIRED, decoded and checked in C: a controller at 16,384 ranks
+# The same schema as _WIRE_FIELDS/_REQUIRED, decoded and checked in C: a controller at 16,384 ranks
 # spends ~2 us per heartbeat here instead of ~11 us in json.loads + from_payload.
 _WIRE = msgspec.defstruct(
     "_WireHeartbeat",
     [("type", Literal["hb"])]
-    + [(name, _wire_type(*spec)) for name, spec in _FIELDS.items() if name in _REQUIRED]
-    + [(name, _wire_type(*spec), _DEFAULTS[name]) for name, spec in _FIELDS.items() if name not in _REQUIRED],
+    + [(name, _wire_type(*spec)) for name, spec in _WIRE_FIELDS.items() if name in _REQUIRED]
+    + [(name, _wire_type(*spec), _DEFAULTS[name]) for name, spec in _WIRE_FIELDS.items() if name not in _REQUIRED],
     kw_only=True, gc=False,
 )
 _WIRE_DECODER = msgspec.json.Decoder(_WIRE)

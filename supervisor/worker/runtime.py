@@ -69,6 +69,7 @@ from supervisor.protocol import (
     ProtocolError,
     check_restore_answer,
     parse_restore_point,
+    refused_field,
     restore_request,
 )
 from supervisor.procfs import descendants
@@ -462,6 +463,7 @@ class Worker:
         st = self.state
         self._note_root(ckpt)
         t0 = time.perf_counter()
+        exclude: list[str] = []
         try:
             with self.phase(PHASE_RESTORE):
                 hint = self.restore_point() if self.session.rank == 0 else None
@@ -472,7 +474,7 @@ class Worker:
                 result = ckpt.restore(exclude=exclude, prefer=name, required=bool(hint and hint.get("required")))
         except CheckpointLoadError as exc:
             st.restore_state, st.restore_s = RESTORE_FAILED, time.perf_counter() - t0
-            st.restore_skipped = _skipped_text(exc.skipped) or exc.reason[:384]
+            st.restore_refused = _refused(exc.skipped, exclude)
             self.heartbeat.beat_now()
             raise
         st.restore_s = time.perf_counter() - t0
@@ -480,7 +482,7 @@ class Worker:
         if result is not None:
             st.ckpt_step = result.step
             st.restored = result.path.name
-            st.restore_skipped = _skipped_text(result.skipped)
+            st.restore_refused = _refused(result.skipped, exclude)
         st.restore_state = RESTORE_RESTORED if result is not None else RESTORE_FRESH
         self.heartbeat.beat_now()
         return result
@@ -520,9 +522,11 @@ def _signal_node(sig: int) -> None:
             pass
 
 
-def _skipped_text(skipped: list[Skipped]) -> str:
-    """``name: reason; ...`` for the heartbeat (bounded; the rank log has the full reasons)."""
-    return "; ".join(f"{s.name}: {s.reason}" for s in skipped)[:384]
+def _refused(skipped: list[Skipped], exclude: list[str]) -> tuple[tuple[str, str], ...]:
+    """The checkpoints the restore refused, for the heartbeat (bounded; the rank log has the full
+    reasons): every one it skipped but those the controller's restore point excluded."""
+    passed_over = set(exclude)
+    return refused_field((s.name, s.reason) for s in skipped if s.name not in passed_over)
 
 
 _get_answer_retrying = None

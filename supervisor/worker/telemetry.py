@@ -40,7 +40,7 @@ class Snapshot:
     ckpt_root: str
     restore_state: str
     restored: str
-    restore_skipped: str
+    restore_refused: tuple[tuple[str, str], ...]
     restore_s: float
     steps_done: int
     first_step_s: float
@@ -78,7 +78,7 @@ class RankState:
         self.ckpt_root = ""
         self.restore_state = ""
         self.restored = ""
-        self.restore_skipped = ""
+        self.restore_refused: tuple[tuple[str, str], ...] = ()
         self.restore_s = 0.0
         self.steps_done = 0
         self.first_step_s = 0.0
@@ -165,7 +165,7 @@ class RankState:
                 ckpt_root=self.ckpt_root,
                 restore_state=self.restore_state,
                 restored=self.restored,
-                restore_skipped=self.restore_skipped,
+                restore_refused=self.restore_refused,
                 restore_s=self.restore_s,
                 steps_done=self.steps_done,
                 first_step_s=self.first_step_s,

@@ -1,0 +1,108 @@
+"""The contracts the worker SDK and the controller share beyond the frame (supervisor.protocol):
+the checkpoints a restore refused, the restore-point answer, the watchdog value and the rank log
+record. Each is written by one side and read by the other through the same definition."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor.checkpoint import Skipped
+from supervisor.checkpoint.discovery import parse_name
+from supervisor.protocol import (
+    REFUSED_MAX,
+    WHY_CHARS,
+    Heartbeat,
+    ProtocolError,
+    decode_frame,
+    decode_heartbeat,
+    decode_refused,
+    derive_keys,
+    encode,
+    parse_restore_point,
+    refused_field,
+    restore_point_answer,
+)
+
+KEY = derive_keys(b"0123456789abcdef" * 3).heartbeat
+C1, C2, C3 = "step-0000000001", "step-0000000002", "step-0000000003"
+
+
+def hb(**kw) -> Heartbeat:
+    return Heartbeat(job="j", attempt=1, rank=0, world_size=1, seq=1, step=0, phase="restore", phase_s=0.0,
+                     launch="a" * 32, **kw)
+
+
+# ------------------------------------------------------------------ the checkpoints a restore refused
+def test_the_refusals_travel_as_pairs_and_come_back_the_same_from_both_decoders():
+    sent = hb(restore_state="restored", restored=C1, restore_refused=((C3, "fails its sha256 checksum"), (C2, "x")))
+    frame = encode(sent.to_payload(), KEY)
+    assert json.loads(frame[19:])["restore_refused"] == [[C3, "fails its sha256 checksum"], [C2, "x"]]
+    assert "restore_skipped" not in json.loads(frame[19:])  # an older controller ignores the new key
+    assert decode_heartbeat(frame, KEY) == sent == Heartbeat.from_payload(decode_frame(frame, KEY))
+
+
+def test_an_older_sdks_string_is_read_and_its_exclusions_are_not_refusals():
+    payload = hb().to_payload()
+    del payload["restore_refused"]
+    payload["restore_skipped"] = f"{C3}: fails its sha256 checksum (corrupt); {C2}: excluded by the caller (marked suspect)"
+    frame = encode(payload, KEY)
+    for got in (decode_heartbeat(frame, KEY), Heartbeat.from_payload(decode_frame(frame, KEY))):
+        assert got.restore_refused == ((C3, "fails its sha256 checksum (corrupt)"),)
+        assert not hasattr(got, "restore_skipped")
+    assert decode_refused("") == () and decode_refused([]) == ()
+
+
+@pytest.mark.parametrize("value", [
+    "x" * 385, [[C1]], [[C1, "why", "more"]], [[C1, 5]], [C1], {"a": 1}, 7,
+    [[C1, "w"]] * (REFUSED_MAX + 1), [["n" * 65, "w"]], [[C1, "w" * (WHY_CHARS + 1)]],
+])
+def test_refusals_out_of_shape_or_bounds_are_a_schema_error_on_both_decoders(value):
+    with pytest.raises(ProtocolError) as exc:
+        decode_refused(value)
+    assert exc.value.reason == "schema"
+    if not isinstance(value, str):
+        frame = encode(hb().to_payload() | {"restore_refused": value}, KEY)
+        for decode in (lambda: decode_heartbeat(frame, KEY), lambda: Heartbeat.from_payload(decode_frame(frame, KEY))):
+            with pytest.raises(ProtocolError, match="schema"):
+                decode()
+
+
+def test_a_rank_sends_a_bounded_list():
+    many = [(f"step-{i:010d}", "y" * 500) for i in range(20)]
+    field = refused_field(many)
+    assert 1 <= len(field) <= REFUSED_MAX and all(len(why) <= WHY_CHARS for _, why in field)
+    assert sum(len(n) + len(w) for n, w in field) <= 384
+    assert refused_field([(C1, "short"), (C2, "also")]) == ((C1, "short"), (C2, "also"))
+    decode_refused(list(field))  # what a rank sends, the controller takes
+
+
+def test_a_rank_does_not_list_what_the_controller_excluded():
+    from supervisor.worker.runtime import _refused
+
+    skipped = [Skipped(C3, "fails its sha256 checksum"), Skipped(C2, "excluded by the caller (marked suspect)")]
+    assert _refused(skipped, [C2]) == ((C3, "fails its sha256 checksum"),)
+    assert _refused(skipped, []) == tuple((s.name, s.reason) for s in skipped)
+
+
+# ------------------------------------------------------------------ the restore-point answer
+def test_the_answer_the_controller_sends_is_the_one_a_rank_reads():
+    body = json.dumps(restore_point_answer(attempt=3, checkpoint=C2, exclude=[C3], required=True)).encode()
+    assert json.loads(body) == {"attempt": 3, "checkpoint": C2, "exclude": [C3], "required": True}
+    point = parse_restore_point(body, is_name=parse_name)
+    assert (point.checkpoint, point.exclude, point.required) == (C2, (C3,), True)
+    fresh = parse_restore_point(b'{"checkpoint": null, "required": "yes"}', is_name=parse_name)
+    assert (fresh.checkpoint, fresh.exclude, fresh.required) == (None, (), False)
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"{", "malformed"), (b"[" * 100_000, "malformed"), (b"[]", "schema"),
+    (b'{"checkpoint": "../etc"}', "schema"), (b'{"checkpoint": 5}', "schema"),
+    (b'{"exclude": "step-0000000001"}', "schema"), (b'{"exclude": ["nope"]}', "schema"),
+    (json.dumps({"exclude": [C1] * 16385}).encode(), "schema"), (b" " * (1 << 20) + b"{}", "schema"),
+])
+def test_an_answer_out_of_shape_is_refused_naming_why(body, reason):
+    with pytest.raises(ProtocolError) as exc:
+        parse_restore_point(body, is_name=parse_name)
+    assert exc.value.reason == reason
