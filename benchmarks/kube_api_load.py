@@ -52,12 +52,13 @@ import kubernetes  # noqa: E402
 from kubernetes import client  # noqa: E402
 
 from fakes.kube_apiserver import FakeKubeAPIServer  # noqa: E402
-from supervisor.config import KubernetesConfig, RestartConfig  # noqa: E402
+from supervisor.config import RestartConfig  # noqa: E402
 from supervisor.controller.daemon import TICK_S  # noqa: E402
 from supervisor.platforms.base import LaunchSpec, NodeState  # noqa: E402
 from supervisor.platforms.kube.client import USER_AGENT, KubeApi  # noqa: E402
 from supervisor.platforms.kube.lease import LeaseConfig, LeaseElector  # noqa: E402
 from supervisor.platforms.kube.platform import KubernetesPlatform, Settings  # noqa: E402
+from supervisor.platforms.kube.settings import KubernetesConfig  # noqa: E402
 
 NS = "ml"
 JOB = "load"

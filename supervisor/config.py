@@ -42,205 +42,10 @@ MAX_CONFIG_FLOAT = 1e9
 """Every number field: finite and at most this (about 31 years in seconds; any wait on it must
 stay under ``threading.TIMEOUT_MAX``)."""
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-PLATFORMS = ("local", "slurm", "kubernetes")
 
 
 class ConfigError(ValueError):
     """A configuration value is missing, of the wrong type, or out of range."""
-
-
-@dataclass(frozen=True)
-class SlurmConfig:
-    """``platform.slurm``: how the slurm platform drives the allocation it runs in."""
-
-    job_id: str = ""
-    """The allocation (an ``sbatch --no-kill`` job) whose nodes run the gang; empty: ``$SLURM_JOB_ID``."""
-    command_timeout_s: float = 20.0
-    """Every Slurm command (squeue, scontrol, scancel, sinfo) is killed after this; its failure is a
-    platform error the controller logs and retries, never a hang."""
-    poll_interval_s: float = 2.0
-    """How often the live node list, node states and steps are read from Slurm."""
-    launch_timeout_s: float = 60.0
-    """From ``srun`` to its step being listed by Slurm, at most; past it the launch failed."""
-    kill_confirm_s: float = 10.0
-    """A cancelled step still listed after this is on a node that cannot answer (dead or frozen):
-    the node is reported stopped and is no longer offered as a slot."""
-    overlap: bool = True
-    """``srun --overlap``: a step on a frozen node keeps its CPUs; without it a relaunch on the same
-    nodes waits ("Requested nodes are busy")."""
-    srun_args: tuple[str, ...] = ()
-    """Extra ``srun`` options for every node's step (e.g. ``[--mem=0, --cpus-per-task=8]``)."""
-    bin_dir: str = ""
-    """Folder of the Slurm commands; empty: found on PATH."""
-    warning_signal: str = "USR1"
-    """The signal sbatch's ``--signal=B:SIG@T`` sends the supervisor before the time limit: it stops
-    the gang with SIGTERM (every rank writes its emergency checkpoint) and ends the supervisor."""
-    requeue_on_warning: bool = False
-    """After the warning signal's emergency checkpoint, ``scontrol requeue`` the job: the requeued
-    job resumes from the newest verified checkpoint. The same choice (requeue, else cancel) ends a job whose
-    controller is lost (``controller_timeout_s``)."""
-    controller_timeout_s: float = 60.0
-    """Every node of the allocation runs a standing guard (a step of its own for the job's life,
-    from before the first launch) that asks the controller (on the batch host) every
-    ``controller_probe_s``; after this long without an answer the batch host is taken as lost and
-    one guard requeues or cancels the job (Slurm then stops every agent: SIGTERM, an emergency
-    checkpoint when every rank is alive), so it is never left RUNNING empty. 0: no guard."""
-    controller_probe_s: float = 5.0
-    """How often each node's guard asks the controller whether it is alive (``GET /healthz``)."""
-
-
-    def __post_init__(self) -> None:
-        for name in ("command_timeout_s", "poll_interval_s", "launch_timeout_s", "kill_confirm_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"platform.slurm.{name}: must be > 0")
-        if self.controller_timeout_s < 0:
-            raise ConfigError("platform.slurm.controller_timeout_s: must be >= 0 (0: no node guard)")
-        if self.controller_probe_s <= 0:
-            raise ConfigError("platform.slurm.controller_probe_s: must be > 0")
-        if self.controller_timeout_s and self.controller_timeout_s < 2 * self.controller_probe_s:
-            raise ConfigError(f"platform.slurm.controller_timeout_s ({self.controller_timeout_s:g}) must be at least "
-                              f"twice controller_probe_s ({self.controller_probe_s:g}): one lost probe is not a lost "
-                              "controller")
-        if self.job_id and not self.job_id.replace("_", "").isdigit():
-            raise ConfigError(f"platform.slurm.job_id: {self.job_id!r} is not a Slurm job id")
-        if self.warning_signal.upper().removeprefix("SIG") not in ("USR1", "USR2", "TERM", "INT", "HUP", "URG"):
-            raise ConfigError(f"platform.slurm.warning_signal: {self.warning_signal!r} is not one of USR1, USR2, "
-                              "TERM, INT, HUP, URG")
-
-
-@dataclass(frozen=True)
-class TokenSecretConfig:
-    name: str = ""
-    """The Secret holding the job token (the Helm chart's); empty: the platform writes its own,
-    ``<job>-token``, from the controller's token."""
-    key: str = "token"
-
-
-@dataclass(frozen=True)
-class VolumeConfig:
-    claim_name: str = ""
-    """A PersistentVolumeClaim (ReadWriteMany) every worker pod mounts; empty: none (the path must
-    exist in the worker image, e.g. a host or CSI mount of its own)."""
-    sub_path: str = ""
-    mount_path: str = ""
-
-
-@dataclass(frozen=True)
-class VolumesConfig:
-    checkpoints: VolumeConfig = field(default_factory=VolumeConfig)
-    logs: VolumeConfig = field(default_factory=VolumeConfig)
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """The worker pods: what the Helm chart's ``workers`` values become."""
-
-    image: str = ""
-    """The worker image (python, torch, the training code, this package)."""
-    image_pull_policy: str = "IfNotPresent"
-    image_pull_secrets: Any = ()
-    """``[{name: regcred}]``."""
-    service_account: str = ""
-    """The pods' service account (no API token is mounted: ranks never call the Kubernetes API)."""
-    resources: Any = None
-    """The container's resources, e.g. ``{limits: {nvidia.com/gpu: 8}}``."""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: Any = ()
-    priority_class_name: str = ""
-    shm_size: str = ""
-    """A memory-backed ``/dev/shm`` of this size (DataLoader workers, NCCL); empty: none."""
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
-            raise ConfigError(f"platform.kubernetes.worker.image_pull_policy: {self.image_pull_policy!r} is not "
-                              "Always, IfNotPresent or Never")
-        for name, kind in (("image_pull_secrets", (list, tuple)), ("tolerations", (list, tuple)),
-                           ("resources", (dict, type(None)))):
-            if not isinstance(getattr(self, name), kind):
-                raise ConfigError(f"platform.kubernetes.worker.{name}: must be a "
-                                  f"{'list' if kind[0] is list else 'mapping'}")
-
-
-@dataclass(frozen=True)
-class KubernetesConfig:
-    """``platform.kubernetes``: one bare Pod per node slot per attempt, a headless Service for
-    rendezvous, leader election over a Lease (docs/kubernetes.md). The Helm chart renders the
-    first block; the rest has defaults for a real cluster."""
-
-    namespace: str = ""
-    """Where the pods, the Service and the Lease live; empty: the controller pod's own namespace."""
-    service: str = ""
-    """The controller's Service: ranks send heartbeats and API calls to ``SERVICE.NAMESPACE.svc``."""
-    owner_config_map: str = ""
-    """A ConfigMap (the release's job config) set as the owner of every object the platform makes:
-    deleting the release garbage-collects the pods."""
-    lease: str = ""
-    """The Lease of the leader election; empty: ``<job>-controller``."""
-    token_secret: TokenSecretConfig = field(default_factory=TokenSecretConfig)
-    token_file: str = ""
-    """Where the controller finds the job token (the ``token_secret`` mounted); with
-    ``token_secret.name`` the ranks get the same Secret through ``secretKeyRef``."""
-    node_reads: bool = False
-    """List and watch Nodes (needs that RBAC): the slots are then the Ready, schedulable nodes (one
-    pod pinned to each), a lost node shrinks the gang or hands its slot to a spare, and a node
-    going NotReady stops its pod at once. Without it the slots are ``slots`` pod indexes."""
-    rendezvous: str = "dns"
-    """``dns``: agents dial the first pod by its name under the headless Service; ``ip``: by its
-    ``status.podIP`` (clusters without pod DNS)."""
-    volumes: VolumesConfig = field(default_factory=VolumesConfig)
-    worker: WorkerConfig = field(default_factory=WorkerConfig)
-    python: str = "python"
-    """The worker image's python (it runs the node agent, ``python -m supervisor.platforms.forking_agent``:
-    torchrun's own, with its arguments)."""
-    kubeconfig: str = ""
-    """A kubeconfig file to reach the API server; empty: the in-cluster service account, else
-    ``~/.kube/config``."""
-    context: str = ""
-    rdzv_port: int = 29400
-    """The c10d store's port on the first pod. 0: a port free on this machine, per attempt (for a
-    test cluster whose pods all share one host)."""
-    controller_address: str = ""
-    """What ranks dial to reach the controller; empty: ``service`` as above, else ``$POD_IP``, else
-    ``intake.host``."""
-    slots: int = 0
-    """Pod slots without ``node_reads`` (0: ``nodes.max``)."""
-    pods_per_node: int = 1
-    """With ``node_reads``: how many pods of this job one node takes (one slot each)."""
-    termination_grace_s: int = 30
-    """The pods' ``terminationGracePeriodSeconds``: the ranks' emergency checkpoint on SIGTERM."""
-    delete_confirm_s: float = 15.0
-    """A deleted pod still present after its grace and this is forced (grace 0), not waited for."""
-    api_timeout_s: float = 10.0
-    """Each API request's timeout."""
-    api_retry_s: float = 60.0
-    """A failing API call (5xx, 429, refused) is retried this long, then it is a platform error;
-    the watches keep reconnecting meanwhile and training never stops for it."""
-    leader_election: bool = True
-    """Only the holder of the Lease acts; a standby controller waits for it."""
-    lease_duration_s: int = 15
-    renew_deadline_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.rendezvous not in ("dns", "ip"):
-            raise ConfigError(f"platform.kubernetes.rendezvous: {self.rendezvous!r} is not dns or ip")
-        if not 0 <= self.rdzv_port < 65536:
-            raise ConfigError("platform.kubernetes.rdzv_port: must be in [0, 65535]")
-        for name in ("slots", "termination_grace_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"platform.kubernetes.{name}: must be >= 0")
-        if self.pods_per_node < 1:
-            raise ConfigError("platform.kubernetes.pods_per_node: must be >= 1")
-        for name in ("delete_confirm_s", "api_timeout_s", "api_retry_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"platform.kubernetes.{name}: must be > 0")
-        if self.lease_duration_s < 2 or not 0 < self.renew_deadline_s < self.lease_duration_s:
-            raise ConfigError("platform.kubernetes.renew_deadline_s: must be above 0 and under lease_duration_s "
-                              "(>= 2)")
-        if self.token_secret.name and not self.token_file:
-            raise ConfigError("platform.kubernetes.token_file: required with token_secret.name (where the controller "
-                              "has the Secret mounted)")
 
 
 @dataclass(frozen=True)
@@ -266,16 +71,35 @@ class PlatformConfig:
     """local: the address agents rendezvous on and the controller listens on. slurm: the address
     the nodes reach the supervisor at; ``auto`` = the batch host's NodeAddr (then an ``auto``
     ``intake.host``/``http.host`` takes it too)."""
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    sections: dict[str, Any] = field(default_factory=dict)
+    """Each platform's own settings by section name, ``platform.slurm``, ``platform.kubernetes``
+    (the kinds and their sections are :mod:`supervisor.platforms.registry`'s): read as
+    ``cfg.platform.slurm``; a section not given has its defaults."""
 
     def __post_init__(self) -> None:
-        if self.kind not in PLATFORMS:
-            raise ConfigError(f"platform.kind: {self.kind!r} is not one of {', '.join(PLATFORMS)}")
+        from supervisor.platforms import registry
+
+        kinds = registry.kinds()
+        if self.kind not in kinds:
+            raise ConfigError(f"platform.kind: {self.kind!r} is not one of {', '.join(kinds)}")
         if self.nodes < 0:
             raise ConfigError("platform.nodes: must be >= 0")
-        if self.host == "auto" and self.kind != "slurm":
-            raise ConfigError("platform.host: 'auto' is for the slurm platform only")
+        if self.host == "auto" and not registry.KINDS[self.kind].host_auto:
+            raise ConfigError(f"platform.host: 'auto' is for the "
+                              f"{' or '.join(k for k in kinds if registry.KINDS[k].host_auto)} platform only")
+        given = dict(self.sections)
+        strays = sorted(set(given) - set(registry.sections()))
+        if strays:
+            raise ConfigError(f"platform.{strays[0]}: no platform has this section")
+        object.__setattr__(self, "sections", {name: given[name] if given.get(name) is not None
+                                              else registry.section_class(name)() for name in registry.sections()})
+
+    def __getattr__(self, name: str) -> Any:
+        # only for what is not an attribute: a platform's section (cfg.platform.slurm)
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -496,7 +320,11 @@ class JobConfig:
         return self.platform.nodes or self.nodes.max
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as its YAML is written (``from_dict`` reads it back): each platform's section
+        under ``platform``, by its name."""
+        out = dataclasses.asdict(self)
+        out["platform"] |= out["platform"].pop("sections")
+        return out
 
 
 def load(path: str | os.PathLike) -> JobConfig:
@@ -620,23 +448,36 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: must be a mapping")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
+    # platform: each kind's section is a key of its own (platform.slurm), read with its own class
+    sections = _platform_sections() if cls is PlatformConfig else {}
+    if sections:
+        del known["sections"]
     odd = [k for k in raw if not isinstance(k, str)]
     if odd:
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: keys must be strings, got {_brief(odd[0])}")
-    unknown = sorted(set(raw) - set(known))
+    unknown = sorted(set(raw) - set(known) - set(sections))
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(sorted({*known, *sections}))})")
+    missing = [f.name for f in known.values() if f.name not in raw
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{prefix}{missing[0]}: required (see examples/job.yaml)")
-    kwargs = {}
+    kwargs: dict[str, Any] = {"sections": {}} if sections else {}
     for name, value in raw.items():
-        kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
+        if name in sections:
+            kwargs["sections"][name] = _build(sections[name], value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _convert(hints[name], value, f"{prefix}{name}")
     try:
         return cls(**kwargs)
     except TypeError as exc:
         raise ConfigError(f"{prefix or 'config'}: {exc}") from None
+
+
+def _platform_sections() -> dict[str, type]:
+    from supervisor.platforms import registry
+
+    return {name: registry.section_class(name) for name in registry.sections()}
 
 
 _PLAIN_MAX_DEPTH = 12

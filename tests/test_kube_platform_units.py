@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 
 from fakes.kube_apiserver import FakeKubeAPIServer
-from supervisor.config import VolumeConfig, VolumesConfig, WorkerConfig
 from supervisor.platforms.base import LaunchSpec, NodeState, PlatformError
 from supervisor.platforms.kube.client import KubeApi
 from supervisor.platforms.kube.platform import KubernetesPlatform, Settings, exit_code, read_mounted_token
+from supervisor.platforms.kube.settings import VolumeConfig, VolumesConfig, WorkerConfig
 
 NS = "ml"
 TOKEN = "ab" * 24

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError, SlurmConfig
+from supervisor.config import ConfigError
+from supervisor.platforms.slurm.settings import SlurmConfig
 from supervisor.platforms.slurm_guard import GUARD_PATH, MARKER, GuardConfig, guard_argv, guard_mac
 
 PY = sys.executable

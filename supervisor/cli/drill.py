@@ -38,6 +38,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
     import os
 
     from supervisor.config import ConfigError, load
+    from supervisor.platforms import registry
     from supervisor.worker.faults import FaultSpecError, parse_faults
 
     try:
@@ -46,10 +47,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
     except (ConfigError, FaultSpecError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if base.platform.kind == "slurm" and not (base.platform.slurm.job_id or os.environ.get("SLURM_JOB_ID")):
-        print("error: a drill on the slurm platform runs inside its allocation: submit it, e.g. sbatch --no-kill "
-              "--nodes=3 --wrap \"supervisor drill --config JOB.yaml --fault ...\" (or set platform.slurm.job_id)",
-              file=sys.stderr)
+    problem = registry.drill_problem(base, os.environ)  # e.g. Slurm: only inside its allocation
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if any(a in ("--checkpoint-dir", "--log-dir") for a in base.command):
         print("error: leave --checkpoint-dir/--log-dir out of the command: the drill gives each run its own "

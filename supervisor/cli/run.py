@@ -11,19 +11,19 @@ from supervisor.cli.common import EXIT_FAILED, EXIT_USAGE
 
 
 def _run_controller(cfg, fresh: bool = False) -> int:
-    """Build the job's platform (local, slurm, kubernetes), let it fill in what only it knows, and
-    run the controller under it: one runner for every platform."""
+    """Build the job's platform (its kind's builder, :mod:`supervisor.platforms.registry`), let it
+    fill in what only it knows, and run the controller under it: one runner for every platform."""
     import asyncio
 
     from supervisor.controller.daemon import Controller
     from supervisor.controller.state import StateError
+    from supervisor.platforms import registry
     from supervisor.platforms.base import PlatformError
-    from supervisor.platforms.factory import build_platform
 
     logging.getLogger("supervisor").setLevel(logging.INFO)
     log_dir = Path(cfg.log_dir).resolve()
     try:
-        platform = build_platform(cfg, log_dir)
+        platform = registry.build(cfg, log_dir)
         cfg = platform.prepare(cfg)
     except PlatformError as exc:
         print(f"error: {cfg.platform.kind}: {exc}", file=sys.stderr)

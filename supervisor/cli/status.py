@@ -18,10 +18,11 @@ def _status_url(args: argparse.Namespace, saved: dict | None) -> str | None:
         return None
     host = saved.get("http_host") or ""
     if host in ("0.0.0.0", "::", "[::]", ""):
-        # a wildcard listens everywhere: reach it at the host the controller runs on, which the
-        # platform recorded (Slurm: the batch host's address, right from a login node); else here
-        platform = saved.get("platform")
-        host = str((platform.get("batch_addr") if isinstance(platform, dict) else "") or "127.0.0.1")
+        # a wildcard listens everywhere: reach it at the host the controller runs on, as its
+        # platform recorded it (Slurm: the batch host's address, right from a login node); else here
+        from supervisor.platforms import registry
+
+        host = registry.reached_at(saved.get("platform")) or "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 address in a URL
     return f"http://{host}:{saved['http_port']}"

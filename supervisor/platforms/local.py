@@ -337,3 +337,8 @@ class LocalPlatform(Platform):
                             f"the agent at {node.started})")
             self.nodes[name] = node
         return any(not n.gone for n in self.nodes.values())
+
+
+def from_config(cfg, log_dir: Path) -> LocalPlatform:
+    """The platform of a JobConfig with ``platform.kind: local`` (the registry's builder)."""
+    return LocalPlatform(cfg.node_slots, log_dir, warm_agents=cfg.platform.warm_agents)

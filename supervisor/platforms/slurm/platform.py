@@ -681,6 +681,25 @@ def from_config(cfg, log_dir: Path, env: Mapping[str, str] | None = None) -> Slu
     ).start()
 
 
+def build(cfg, log_dir: Path) -> SlurmPlatform:
+    """The registry's builder: the platform keeps its own files under ``LOG_DIR/slurm``."""
+    return from_config(cfg, log_dir / "slurm")
+
+
+def reached_at(described: dict) -> str:
+    """Where a login node reaches the controller (listening on a wildcard): the batch host's
+    address, as :meth:`SlurmPlatform.describe` saved it."""
+    return str(described.get("batch_addr") or "")
+
+
+def drill_problem(cfg, env: Mapping[str, str]) -> str:
+    """A drill's two runs go to the allocation the drill runs in: it must run inside one."""
+    if cfg.platform.slurm.job_id or env.get("SLURM_JOB_ID"):
+        return ""
+    return ("a drill on the slurm platform runs inside its allocation: submit it, e.g. sbatch --no-kill "
+            "--nodes=3 --wrap \"supervisor drill --config JOB.yaml --fault ...\" (or set platform.slurm.job_id)")
+
+
 def resolve_hosts(cfg, platform: SlurmPlatform):
     """Replace ``auto`` in platform.host / intake.host / http.host by the batch host's NodeAddr."""
     import dataclasses

@@ -1,4 +1,6 @@
-"""``supervisor sbatch``: submit a job to Slurm under the supervisor (its own parser: sbatch's options pass through)."""
+"""``supervisor sbatch``: the Slurm platform's own command (the registry offers it under
+``supervisor``). It parses its own arguments, so that sbatch's options pass through untouched:
+check what can be checked before submitting, then submit the self-contained batch script."""
 
 from __future__ import annotations
 
@@ -7,10 +9,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from supervisor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from supervisor.platforms.base import PlatformError
+from supervisor.platforms.slurm.client import partition_sizes
+from supervisor.platforms.slurm.sbatch import (node_count_problem, parse_time_limit, render_batch_script,
+                                               sbatch_partitions, submit, warning_problems)
+
+# the supervisor command's exit codes
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def cmd_sbatch(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
     """supervisor sbatch [ours] [sbatch options] -- COMMAND...: check what can be checked before
     submitting (time limit, warning, node count against the partition), then submit the
     self-contained batch script (the job config inline: the command is argv in JSON, no shell
@@ -19,9 +27,6 @@ def cmd_sbatch(argv: Sequence[str]) -> int:
     import shlex
 
     from supervisor.config import ConfigError, from_dict, load_raw
-    from supervisor.platforms.base import PlatformError
-    from supervisor.platforms.slurm import (node_count_problem, parse_time_limit, partition_sizes, render_batch_script,
-                                            sbatch_partitions, submit, warning_problems)
 
     argv = list(argv)
     if "--" in argv:
@@ -162,9 +167,3 @@ def cmd_sbatch(argv: Sequence[str]) -> int:
     print(f"supervisor sbatch: job {job_id} submitted ({rendered.record_dir}/{cfg.job}-{job_id}.sbatch); events in "
           f"{cfg.log_dir}/events.jsonl", file=sys.stderr)
     return EXIT_OK
-
-
-def add_parser(sub) -> None:
-    sub.add_parser(
-        "sbatch", add_help=False, help="submit a job to Slurm under the supervisor (supervisor sbatch --help)",
-        description="supervisor sbatch --nodes N [--min-nodes M] [--time T] [sbatch options] -- COMMAND ...")
