@@ -106,3 +106,29 @@ def test_an_answer_out_of_shape_is_refused_naming_why(body, reason):
     with pytest.raises(ProtocolError) as exc:
         parse_restore_point(body, is_name=parse_name)
     assert exc.value.reason == reason
+
+
+# ------------------------------------------------------------------ SUPERVISOR_WATCHDOG
+def test_the_watchdog_value_the_controller_writes_is_the_one_a_rank_reads():
+    from supervisor.health import Timeouts
+    from supervisor.protocol import TIMED_PHASES, decode_watchdog, encode_watchdog
+
+    t = Timeouts(heartbeat_s=5, startup_s=100, checkpoint_s=1000, data_s=20, compute_s=30, collective_s=40)
+    assert t.watchdog_env() == encode_watchdog({p: 0.8 * t.for_phase(p) for p in TIMED_PHASES})
+    assert t.watchdog_env().startswith("init=80.000,restore=80.000,data=16.000,")
+    assert decode_watchdog(t.watchdog_env()) == pytest.approx({p: 0.8 * t.for_phase(p) for p in TIMED_PHASES})
+    assert decode_watchdog(" compute=7, collective=3 ,") == {"compute": 7.0, "collective": 3.0}
+    assert decode_watchdog("") == {}
+
+
+@pytest.mark.parametrize("value, says", [
+    ("compute", "PHASE=SECONDS"), ("lunch=5", "PHASE=SECONDS"), ("compute=x", "not a number"),
+    ("compute=0", "> 0"), ("compute=nan", "finite"), ("data=inf", "finite"), ("compute=1" + "0" * 400, "finite"),
+    ("compute=1," * 200, "over 1024"),
+])
+def test_a_watchdog_value_out_of_shape_is_refused_naming_why(value, says):
+    from supervisor.protocol import decode_watchdog
+
+    with pytest.raises(ProtocolError, match=says) as exc:
+        decode_watchdog(value)
+    assert exc.value.reason == "schema"

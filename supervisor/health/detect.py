@@ -34,6 +34,7 @@ from supervisor.protocol import (
     PHASE_INIT,
     PHASE_RESTORE,
     TIMED_PHASES,
+    encode_watchdog,
 )
 
 
@@ -63,7 +64,7 @@ class Timeouts:
 
     def watchdog_env(self, fraction: float = 0.8) -> str:
         """The rank watchdog's timeouts: below ours, so stacks are dumped before we act."""
-        return ",".join(f"{p}={fraction * getattr(self, f):.3f}" for p, f in _PHASE_TIMEOUTS.items())
+        return encode_watchdog({p: fraction * getattr(self, f) for p, f in _PHASE_TIMEOUTS.items()})
 
 
 _PHASE_TIMEOUTS = {PHASE_INIT: "startup_s", PHASE_RESTORE: "startup_s", PHASE_DATA: "data_s",

@@ -4,6 +4,7 @@
   control frames back), the keys derived from the job token, launch ids, the token's check.
 * :mod:`~supervisor.protocol.restore`: the restore-point exchange over HTTP.
 * :mod:`~supervisor.protocol.skipped`: the checkpoints a rank's restore refused (a heartbeat field).
+* :mod:`~supervisor.protocol.watchdog`: the ``SUPERVISOR_WATCHDOG`` value (the ranks' phase timeouts).
 * :mod:`~supervisor.protocol.vocabulary`: phases, exit codes, restart phases, the environment.
 * :mod:`~supervisor.protocol.errors`: :class:`ProtocolError`, the one error every parser here
   raises, and its reasons.
@@ -117,6 +118,10 @@ from supervisor.protocol.restore import (
     restore_request_mac,
     restore_request_string,
 )
+from supervisor.protocol.watchdog import (
+    decode_watchdog,
+    encode_watchdog,
+)
 
 __all__ = [
     "ANSWER_FIELDS",
@@ -198,8 +203,10 @@ __all__ = [
     "decode_frame",
     "decode_heartbeat",
     "decode_refused",
+    "decode_watchdog",
     "derive_keys",
     "encode",
+    "encode_watchdog",
     "hkdf_sha256",
     "launch_problem",
     "new_launch_id",

@@ -19,6 +19,7 @@ REJECT_REASONS = (REJECT_MALFORMED, REJECT_OVERSIZED, REJECT_UNAUTHENTICATED, RE
 class ProtocolError(ValueError):
     def __init__(self, reason: str, detail: str = "") -> None:
         self.reason = reason
+        self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 

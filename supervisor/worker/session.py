@@ -47,6 +47,8 @@ from supervisor.protocol import (
     PHASE_DATA,
     PHASE_INIT,
     PHASE_RESTORE,
+    ProtocolError,
+    decode_watchdog,
     derive_keys,
     launch_problem,
 )
@@ -130,18 +132,10 @@ class Session:
         interval = _float(env, Env.HEARTBEAT_INTERVAL, 1.0)
         if not 0.05 <= interval <= 60:
             raise SessionError(f"SUPERVISOR_HEARTBEAT_INTERVAL={interval} is outside [0.05, 60] seconds")
-        timeouts = dict(DEFAULT_TIMEOUTS)
-        spec = env.get(Env.WATCHDOG, "").strip()
-        for item in filter(None, (s.strip() for s in spec.split(","))):
-            name, sep, value = item.partition("=")
-            if not sep or name not in DEFAULT_TIMEOUTS:
-                raise SessionError(f"SUPERVISOR_WATCHDOG: {item!r} is not PHASE=SECONDS (phases: {', '.join(DEFAULT_TIMEOUTS)})")
-            try:
-                timeouts[name] = float(value)
-            except ValueError:
-                raise SessionError(f"SUPERVISOR_WATCHDOG: {value!r} is not a number") from None
-            if timeouts[name] <= 0:
-                raise SessionError(f"SUPERVISOR_WATCHDOG: {name} must be > 0")
+        try:
+            timeouts = DEFAULT_TIMEOUTS | decode_watchdog(env.get(Env.WATCHDOG, ""))
+        except ProtocolError as exc:
+            raise SessionError(f"{Env.WATCHDOG}: {exc.detail}") from None
         skip: dict[int, int] = {}
         for item in filter(None, (s.strip() for s in env.get(Env.SKIP_STEPS, "").split(","))):
             if not item.isdigit() or int(item) < 1:
