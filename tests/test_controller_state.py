@@ -76,11 +76,15 @@ def test_a_second_controller_is_refused_while_the_first_holds_the_lock(tmp_path)
 # a real process in its own UTS namespace (`unshare --uts`, its own hostname) sharing this log
 # directory, as two hosts share an NFS folder. A holder killed with SIGKILL drops its flock at
 # once, exactly as a holder on another host whose flock this host never sees: only its lease is left.
-HOLD = ("import os, sys, time; from pathlib import Path; from supervisor.controller.state import JobLock\n"
-        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2])); lock.elected = os.environ.get('ELECTED', '')\n"
+# the owner is the Slurm platform's (SLURM_* from the environment), as a controller under Slurm has it
+OWNER = "from supervisor.platforms.slurm.lock import SlurmLockOwner; owner = SlurmLockOwner(os.environ)\n"
+HOLD = ("import os, sys, time; from pathlib import Path; from supervisor.controller.state import JobLock\n" + OWNER +
+        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2]), owner=owner); "
+        "lock.elected = os.environ.get('ELECTED', '')\n"
         "lock.acquire()\nprint('held', flush=True); time.sleep(600)\n")
 TAKE = ("import json, os, sys; from pathlib import Path; from supervisor.controller.state import JobLock, StateError\n"
-        "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2])); lock.elected = os.environ.get('ELECTED', '')\n"
+        + OWNER + "lock = JobLock(Path(sys.argv[1]), lease_s=float(sys.argv[2]), owner=owner); "
+        "lock.elected = os.environ.get('ELECTED', '')\n"
         "try:\n    lock.acquire()\nexcept StateError as e:\n    print(e); sys.exit(3)\n"
         "print(json.dumps(lock.took_over)); lock.release()\n")
 

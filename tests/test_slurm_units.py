@@ -453,7 +453,7 @@ def test_a_submission_refused_by_the_job_lock_leaves_the_controller_lost_marker_
     marker.write_text(json.dumps({"node": "n2", "action": "requeued"}))
     cfg = from_dict({"command": ["x"], "log_dir": str(log_dir), "checkpoint_dir": str(tmp_path / "ckpt"),
                      "platform": {"kind": "slurm", "slurm": {"job_id": "42"}}})
-    holder = JobLock(log_dir.resolve(), env={})
+    holder = JobLock(log_dir.resolve())
     holder.acquire()  # the running job's controller
     try:
         second = SlurmPlatform("42", log_dir / "slurm", bin_dir=str(bin_dir), base_env={}).start()

@@ -293,7 +293,7 @@ class Controller:
         self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform  # a verdict to give once the gang is torn down
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self.restored: str | None = None
-        self._lock = state_file.JobLock(Path(cfg.log_dir).resolve())
+        self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
         self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
         self.platform = platform
         self.clock = clock

@@ -41,6 +41,7 @@ from typing import Any
 
 from supervisor.controller.decide import History, JobPhase
 from supervisor.files import fsync_dir, set_aside, write_atomic
+from supervisor.platforms.base import LockOwner
 from supervisor.procfs import pid_alive, start_time
 
 STATE_FILE = "supervisor-state.json"
@@ -295,18 +296,19 @@ class JobLock:
     ``LOG_DIR/supervisor.lock`` is held with ``flock``: the kernel drops it when the process dies
     (``kill -9`` included), so a crashed controller never blocks the next one on the same host. A
     ``flock`` may not reach other hosts (NFS without lock support, Lustre without ``-o flock``),
-    so beside it ``LOG_DIR/supervisor.owner.json`` records the holder: host, Slurm node, job id and
-    restart count, pid, and a lease renewed every ``lease_s / 3`` (by a thread of this lock, and by
+    so beside it ``LOG_DIR/supervisor.owner.json`` records the holder: host, pid, what the platform's
+    :class:`~supervisor.platforms.base.LockOwner` adds (Slurm: node, job id and restart count), and a
+    lease renewed every ``lease_s / 3`` (by a thread of this lock, and by
     :meth:`renew` when the controller calls it). A controller elsewhere is refused while that lease
     is fresh, and takes over a record whose holder is known gone: its lease expired, its pid is
-    dead on this very host, or it was an earlier run of this Slurm job (requeued: a higher
-    ``SLURM_RESTART_COUNT``), or the platform's own election (a Kubernetes Lease, :attr:`elected`)
+    dead on this very host, or the owner says this run supersedes it (Slurm: an earlier run of
+    this job, requeued since), or the platform's own election (a Kubernetes Lease, :attr:`elected`)
     has since made another controller the job's one actor. The record is created with ``link()`` (atomic, NFS included) and
     replaced with ``rename()``; one takeover per stale record is claimed with ``O_EXCL``. Leases
     compare wall clocks across hosts: keep them in sync (NTP) to well under ``lease_s``.
     """
 
-    def __init__(self, log_dir: Path, *, lease_s: float = LEASE_S, env: dict[str, str] | None = None) -> None:
+    def __init__(self, log_dir: Path, *, lease_s: float = LEASE_S, owner: LockOwner | None = None) -> None:
         if lease_s <= 0:
             raise ValueError("lease_s must be > 0")
         self.path = Path(log_dir) / LOCK_FILE
@@ -320,7 +322,8 @@ class JobLock:
         """Set before :meth:`acquire` when the platform's own election (a Kubernetes Lease) made this
         controller the job's only actor: a record of a holder elected otherwise is then taken over at
         once, not after its lease runs out (that holder has lost the election and stopped acting)."""
-        self._env = dict(os.environ if env is None else env)
+        self.owner = LockOwner() if owner is None else owner
+        """Who this controller is, in its platform's terms (:meth:`Platform.lock_owner`)."""
         self._fd: int | None = None
         self._me: dict[str, Any] | None = None
         self._renew_lock = threading.Lock()
@@ -371,7 +374,7 @@ class JobLock:
             cur = self._read()
             if not isinstance(cur, dict) or cur.get("owner") != self._me["owner"]:
                 self.lost = (f"the job's owner record {self.owner_path} now names "
-                             f"{_describe_owner(cur) if isinstance(cur, dict) else 'no holder'}: "
+                             f"{self.owner.describe(cur) if isinstance(cur, dict) else 'no holder'}: "
                              "this controller's lease was taken over")
                 raise StateError(self.lost)
             me = dict(self._me, renewed=time.time())
@@ -402,12 +405,7 @@ class JobLock:
     # ------------------------------------------------------------------ the owner record
     def _identity(self) -> dict[str, Any]:
         pid = os.getpid()
-        try:
-            restarts = int(self._env.get("SLURM_RESTART_COUNT") or 0)
-        except ValueError:
-            restarts = 0
-        return {"host": socket.gethostname(), "boot_id": _boot_id(), "node": self._env.get("SLURMD_NODENAME", ""),
-                "slurm_job_id": self._env.get("SLURM_JOB_ID", ""), "slurm_restart_count": restarts,
+        return {"host": socket.gethostname(), "boot_id": _boot_id(), **self.owner.fields(),
                 "pid": pid, "pid_start": start_time(pid), **({"elected": self.elected} if self.elected else {})}
 
     def _claim(self) -> None:
@@ -432,7 +430,7 @@ class JobLock:
             except FileExistsError:
                 if time.time() - _mtime(claim) < self.lease_s:
                     raise StateError(f"another supervisor is taking over the job in {self.owner_path.parent} right "
-                                     f"now (from {_describe_owner(cur)}); try again in a few seconds") from None
+                                     f"now (from {self.owner.describe(cur)}); try again in a few seconds") from None
                 os.unlink(claim)  # a claim left by a taker that died in between
                 continue
             try:
@@ -467,9 +465,9 @@ class JobLock:
         theirs = cur.get("elected")
         if self.elected and isinstance(theirs, str) and theirs and theirs != self.elected:
             return f"an election since made this controller the job's actor ({self.elected}; the holder was {theirs})"
-        job, restarts = cur.get("slurm_job_id"), cur.get("slurm_restart_count")
-        if job and job == mine["slurm_job_id"] and isinstance(restarts, int) and mine["slurm_restart_count"] > restarts:
-            return f"Slurm requeued job {job} (restart {restarts} -> {mine['slurm_restart_count']}): that run is over"
+        superseded = self.owner.supersedes(cur)
+        if superseded:
+            return superseded
         renewed, lease = cur.get("renewed"), cur.get("lease_s")
         if not _finite(renewed) or not _finite(lease):  # NaN would never expire
             return "the record has no lease"
@@ -485,9 +483,8 @@ class JobLock:
         now = time.time()
         renewed = cur.get("renewed") if isinstance(cur.get("renewed"), (int, float)) else now
         lease = cur.get("lease_s") if isinstance(cur.get("lease_s"), (int, float)) else self.lease_s
-        job = cur.get("slurm_job_id")
-        stop = f"scancel {job}" if job else f"SIGTERM to pid {cur.get('pid')} on {cur.get('host')}"
-        return (f"another supervisor holds the job in {log_dir}: {_describe_owner(cur)}, lease renewed "
+        stop = self.owner.stop_hint(cur)
+        return (f"another supervisor holds the job in {log_dir}: {self.owner.describe(cur)}, lease renewed "
                 f"{max(0.0, now - renewed):.0f}s ago (lease {lease:g}s). Only one controller may act on a job: two "
                 f"would share its state file and checkpoints. Watch it with `supervisor status --log-dir {log_dir}`; "
                 f"stop it with `{stop}`, or use another --log-dir. A holder that died without releasing is taken over "
@@ -563,12 +560,6 @@ class JobLock:
                 if not failing:
                     _log.error("event=job_lease_renew_failed error=%s (retrying every %.0fs)", exc, self.lease_s / 3)
                 failing = True
-
-
-def _describe_owner(rec: dict[str, Any]) -> str:
-    where = f"host {rec.get('host')}" + (f" (Slurm node {rec['node']})" if rec.get("node") else "")
-    job = f", Slurm job {rec['slurm_job_id']}" if rec.get("slurm_job_id") else ""
-    return f"{where}{job}, pid {rec.get('pid')}"
 
 
 def _finite(v: Any) -> bool:

@@ -64,6 +64,28 @@ class Supervised(Protocol):
     async def serve_ended(self, until: asyncio.Event) -> None: ...
 
 
+class LockOwner:
+    """Who a controller is, for the job's lock (``controller.state.JobLock``): the default is a
+    process on a host; a scheduler adds the fields that name its run of the job, and says when a
+    newer run of the same job supersedes the holder recorded (Slurm: a requeue)."""
+
+    def fields(self) -> dict[str, Any]:
+        """What the owner record carries beside host, boot id and pid."""
+        return {}
+
+    def supersedes(self, held: dict[str, Any]) -> str:
+        """Why this controller's run replaces the holder ``held`` records, at once ('' when it does not)."""
+        return ""
+
+    def describe(self, held: dict[str, Any]) -> str:
+        """The holder ``held`` records, for a message."""
+        return f"host {held.get('host')}, pid {held.get('pid')}"
+
+    def stop_hint(self, held: dict[str, Any]) -> str:
+        """How a person stops that holder."""
+        return f"SIGTERM to pid {held.get('pid')} on {held.get('host')}"
+
+
 def free_port(host: str) -> int:
     """A TCP port free on ``host`` now (the kernel's pick)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -191,6 +213,11 @@ class Platform(abc.ABC):
     def describe(self) -> dict:
         """What the state file needs to adopt the running gang after a controller restart."""
         return {}
+
+    def lock_owner(self) -> LockOwner:
+        """This controller as the job's lock records it (who holds the job, and whether a newer run
+        of it supersedes the one recorded)."""
+        return LockOwner()
 
     async def adopt(self, saved: dict, attempt: int) -> bool:
         """Re-attach to a gang described by :meth:`describe`; False if nothing is left to adopt."""

@@ -316,6 +316,13 @@ class LocalPlatform(Platform):
                 return
             await asyncio.sleep(0.05)
 
+    def lock_owner(self):
+        # a local job may run inside a Slurm allocation (supervisor launch under sbatch): its lock
+        # then names that run, so that a requeued one takes the job over at once
+        from supervisor.platforms.slurm.lock import SlurmLockOwner
+
+        return SlurmLockOwner(os.environ)
+
     def describe(self) -> dict:
         return {"nodes": {n.name: {"pid": n.pid, "start": n.started, "attempt": n.attempt,
                                    "ranks": {str(p): t for p, t in n.ranks.items()}} for n in self.nodes.values()}}

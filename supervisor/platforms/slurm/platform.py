@@ -26,6 +26,7 @@ from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platfor
 from supervisor.platforms.slurm.client import (SlurmClient, node_state_is_bad, srun_env, srun_exit_code,
                                                srun_log_says_node_failed)
 from supervisor.platforms.slurm.hostlist import expand_hostlist
+from supervisor.platforms.slurm.lock import SlurmLockOwner
 from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
 from supervisor.procfs import pid_alive, proc_state, start_time
 
@@ -614,6 +615,9 @@ class SlurmPlatform(Platform):
                                "srun_pid": n.srun_pid, "srun_start": n.srun_start, "log": str(n.log_path)}
                       for n in self.nodes.values()},
         }
+
+    def lock_owner(self) -> SlurmLockOwner:
+        return SlurmLockOwner(self.base_env)
 
     async def adopt(self, saved: dict, attempt: int) -> bool:
         saved = saved or {}
