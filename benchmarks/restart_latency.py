@@ -56,7 +56,7 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from supervisor.checkpoint import latest_complete  # noqa: E402
-from supervisor.protocol import RESTART_PHASES  # noqa: E402
+from supervisor.protocol import RESTART_PHASES, ranklog  # noqa: E402
 
 PY = sys.executable
 TRAIN = REPO / "examples" / "train.py"
@@ -307,7 +307,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def rank_records(rank_dir: Path) -> list[dict]:
-    return [r for p in sorted(rank_dir.glob("rank-*.jsonl")) for r in read_jsonl(p)]
+    return [r for recs in ranklog.read_logs(rank_dir).values() for r in recs]
 
 
 def first_step_time(records: list[dict], attempt: int) -> float | None:
@@ -415,7 +415,7 @@ def wait_mid_run(p: "subprocess.Popen | Callable[[], bool]", logs: Path, ckpt: P
     ended = p if callable(p) else (lambda: p.poll() is not None)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not ended():
-        recs = read_jsonl(logs / "ranks" / "rank-0.jsonl")
+        recs = ranklog.read_log(logs / ranklog.RANKS_DIR / ranklog.log_name(0))
         if recs and recs[-1]["step"] >= FAULT_STEP - 1 and recs[-1]["attempt"] == 0:
             found = latest_complete(ckpt).checkpoint if ckpt.exists() else None
             if found is not None and found.step >= EVERY:

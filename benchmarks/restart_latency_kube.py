@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import restart_latency as rl  # noqa: E402  (the local benchmark's runners and analysers)
 from _common import git_state  # noqa: E402
 
+from supervisor.protocol import ranklog  # noqa: E402
+
 REPO = rl.REPO
 PY = rl.PY
 sys.path.insert(0, str(REPO / "tests"))
@@ -104,7 +106,7 @@ def kube_config(cluster: Cluster, logs: Path, ckpt: Path, fault: str | None) -> 
 
 def rank_node(logs: Path, rank: int, attempt: int) -> str | None:
     """The node slot (with ``node_reads``: the node's name) ``rank`` ran on in ``attempt``."""
-    for rec in rl.read_jsonl(logs / "ranks" / f"rank-{rank}.jsonl"):
+    for rec in ranklog.read_log(logs / ranklog.RANKS_DIR / ranklog.log_name(rank)):
         if rec.get("attempt") == attempt and rec.get("node"):
             return rec["node"]
     return None

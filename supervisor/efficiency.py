@@ -94,7 +94,6 @@ run with the median throughput represents it, so its split and its throughput ag
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -102,6 +101,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from supervisor.protocol import ranklog
 
 __all__ = [
     "SEED_TABLE",
@@ -424,31 +425,12 @@ class EfficiencyRow:
 
 def parse_timing_lines(lines: Iterable[str], *, source: str = "<log>") -> list[dict]:
     """JSON records of a ``rank-R.jsonl`` log; blank lines are skipped, bad JSON is a ValueError."""
-    out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source}:{n}: not JSON: {exc}") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{source}:{n}: expected a JSON object, got {type(rec).__name__}")
-        out.append(rec)
-    return out
+    return ranklog.parse_records(lines, source=source, strict=True)
 
 
 def read_timing_logs(log_dir: str | Path) -> dict[int, list[dict]]:
     """Every ``rank-R.jsonl`` under ``log_dir``, as ``{rank: records}``."""
-    log_dir = Path(log_dir)
-    logs: dict[int, list[dict]] = {}
-    for path in sorted(log_dir.glob("rank-*.jsonl")):
-        try:
-            rank = int(path.stem.removeprefix("rank-"))
-        except ValueError:
-            continue
-        with path.open() as f:
-            logs[rank] = parse_timing_lines(f, source=str(path))
+    logs = ranklog.read_logs(log_dir, strict=True)
     if not logs:
         raise ValueError(f"no rank-R.jsonl timing logs in {log_dir}")
     return logs

@@ -557,6 +557,37 @@ def test_frames_decode_or_are_a_protocol_error(body, raw):
             within(lambda: decode(frame, key), seconds=1, mib=32, errors=protocol.ProtocolError)
 
 
+_GOOD_ANSWER = protocol.restore_point_answer(attempt=3, checkpoint="step-0000000002", exclude=["step-0000000003"],
+                                            required=True)
+_GOOD_REFUSED = [["step-0000000003", "fails its sha256 checksum (corrupt)"], ["step-0000000002", "unreadable"]]
+
+
+@fuzz(200)
+@given(body=mutated_json(_GOOD_ANSWER), refused=mutated_json(_GOOD_REFUSED),
+       text=st.one_of(st.text(max_size=2000), st.just("compute=1e999,data=nan"), st.just("init=" + "9" * 5000)))
+def test_the_ranks_contracts_parse_or_are_a_protocol_error(body, refused, text):
+    from supervisor.checkpoint.discovery import parse_name
+    from supervisor.protocol import ranklog
+
+    point = within(lambda: protocol.parse_restore_point(body, is_name=parse_name), seconds=1, mib=32,
+                   errors=protocol.ProtocolError)
+    if isinstance(point, protocol.RestorePoint):
+        assert all(parse_name(n) for n in point.exclude + ((point.checkpoint,) if point.checkpoint else ()))
+    try:
+        value = json.loads(refused)
+    except (ValueError, RecursionError):
+        value = refused.decode(errors="replace")
+    pairs = within(lambda: protocol.decode_refused(value), seconds=1, mib=32, errors=protocol.ProtocolError)
+    if isinstance(pairs, tuple):
+        assert len(pairs) <= protocol.REFUSED_MAX and all(isinstance(n, str) and isinstance(w, str) for n, w in pairs)
+    got = within(lambda: protocol.decode_watchdog(text), seconds=1, mib=32, errors=protocol.ProtocolError)
+    if isinstance(got, dict):
+        assert all(0 < v < float("inf") for v in got.values()) and set(got) <= set(protocol.TIMED_PHASES)
+    records = within(lambda: ranklog.parse_records(text.splitlines() + [body.decode(errors="replace")]), seconds=1,
+                     mib=32)
+    assert all(isinstance(r, dict) for r in records)
+
+
 # ------------------------------------------------------------------ the controller's HTTP API
 class _Records(logging.Handler):
     def __init__(self) -> None:

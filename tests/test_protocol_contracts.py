@@ -132,3 +132,41 @@ def test_a_watchdog_value_out_of_shape_is_refused_naming_why(value, says):
     with pytest.raises(ProtocolError, match=says) as exc:
         decode_watchdog(value)
     assert exc.value.reason == "schema"
+
+
+# ------------------------------------------------------------------ the rank log record
+def test_the_record_a_rank_writes_is_the_one_its_readers_read(tmp_path):
+    from supervisor.cli.drill import _rank0_losses
+    from supervisor.controller.daemon import _last_logged_step
+    from supervisor.efficiency import read_timing_logs
+    from supervisor.protocol import ranklog
+
+    ranks = tmp_path / ranklog.RANKS_DIR
+    ranks.mkdir()
+    common = dict(world_size=2, rank=0, node="n0", pid=7, data_s=0.1, compute_s=0.2, collective_s=0.3, step_s=0.6,
+                  time=1.0)
+    lines = [ranklog.step_record(step=s, loss=0.5 / s, attempt=a, **common) for s, a in ((1, 0), (2, 0), (2, 1))]
+    lines.append(ranklog.step_record(step=3, loss=None, attempt=1, extra={"tokens": 9}, **common))
+    (ranks / ranklog.log_name(0)).write_text("".join(lines) + '{"step": 4, "atte')  # the line being written
+    rec = json.loads(lines[-1])
+    assert tuple(rec) == ranklog.FIELDS + ("tokens",) and rec["loss"] is None and rec["loss_hex"] is None
+    assert json.loads(lines[0])["loss_hex"] == (0.5).hex()
+    assert _last_logged_step(ranks / ranklog.log_name(0), 1) == 3 and _last_logged_step(ranks / "rank-9.jsonl", 1) is None
+    assert _rank0_losses(str(tmp_path)) == ({1: 0.5, 2: 0.25}, {1: 2, 2: 2})
+    with pytest.raises(ValueError, match="rank-0.jsonl:5: not JSON"):
+        read_timing_logs(ranks)  # the report takes whole logs only
+    (ranks / ranklog.log_name(0)).write_text("".join(lines))
+    (ranks / "rank-x.jsonl").write_text("not a rank's")
+    assert [r["step"] for r in read_timing_logs(ranks)[0]] == [1, 2, 2, 3]
+
+
+def test_a_tail_read_drops_its_partial_first_line(tmp_path):
+    from supervisor.protocol import ranklog
+
+    path = tmp_path / "rank-0.jsonl"
+    path.write_text('{"step": 1, "attempt": 0, "pad": "' + "x" * 100 + '"}\n{"step": 2, "attempt": 0}\n')
+    assert [r["step"] for r in ranklog.read_log(path, tail_bytes=40)] == [2]
+    assert [r["step"] for r in ranklog.read_log(path)] == [1, 2]
+    assert ranklog.parse_records(["[1]", "", "{}"]) == [{}]
+    with pytest.raises(ProtocolError, match="x:1: expected a JSON object"):
+        ranklog.parse_records(["[1]"], source="x", strict=True)

@@ -10,18 +10,14 @@ from pathlib import Path
 from supervisor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, _table
 from supervisor.cli.launch import _add_launch_args, _launch_config
 from supervisor.cli.run import _run_controller
+from supervisor.protocol import ranklog
 
 
 def _rank0_losses(log_dir: str) -> tuple[dict[int, float], dict[int, int]]:
     """Rank 0's loss per step and the world size it was taken at (a re-run step: the last attempt's)."""
     out: dict[int, float] = {}
     world: dict[int, int] = {}
-    try:
-        lines = (Path(log_dir) / "ranks" / "rank-0.jsonl").read_text().splitlines()
-    except OSError:
-        return out, world
-    for line in lines:
-        rec = json.loads(line)
+    for rec in ranklog.read_log(Path(log_dir) / ranklog.RANKS_DIR / ranklog.log_name(0)):
         if rec.get("loss") is not None:
             out[rec["step"]] = rec["loss"]
             world[rec["step"]] = rec.get("world_size", 0)

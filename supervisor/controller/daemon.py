@@ -1682,12 +1682,10 @@ def _launched_as(saved: dict) -> int:
 
 def _last_logged_step(path: Path, attempt: int) -> int | None:
     """The last step a rank's own log (rank-R.jsonl, written by the SDK) records for ``attempt``."""
-    for line in reversed(read_tail(path, 8192).splitlines()):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("attempt") == attempt and isinstance(rec.get("step"), int):
+    from supervisor.protocol import ranklog
+
+    for rec in reversed(ranklog.read_log(path, tail_bytes=8192)):
+        if rec.get("attempt") == attempt and isinstance(rec.get("step"), int):
             return rec["step"]
     return None
 

@@ -5,6 +5,7 @@
 * :mod:`~supervisor.protocol.restore`: the restore-point exchange over HTTP.
 * :mod:`~supervisor.protocol.skipped`: the checkpoints a rank's restore refused (a heartbeat field).
 * :mod:`~supervisor.protocol.watchdog`: the ``SUPERVISOR_WATCHDOG`` value (the ranks' phase timeouts).
+* :mod:`~supervisor.protocol.ranklog`: the rank log record (``LOG_DIR/ranks/rank-R.jsonl``) and its reader.
 * :mod:`~supervisor.protocol.vocabulary`: phases, exit codes, restart phases, the environment.
 * :mod:`~supervisor.protocol.errors`: :class:`ProtocolError`, the one error every parser here
   raises, and its reasons.

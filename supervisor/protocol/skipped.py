@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from supervisor.protocol.errors import REJECT_SCHEMA, ProtocolError
 
-REFUSED_MAX = 8
+REFUSED_MAX = 16
 NAME_CHARS = 64
 WHY_CHARS = 160
 BUDGET_CHARS = 384
@@ -45,12 +45,12 @@ def refused_field(pairs: Iterable[tuple[str, str]]) -> Refused:
 
 def decode_refused(value: Any) -> Refused:
     """The refusals of a heartbeat's field: the list of pairs, or an older SDK's string (whose
-    ``excluded by the caller`` entries are not refusals); :class:`ProtocolError` (``schema``)
-    for anything else, or past the bounds."""
+    ``excluded by the caller`` entries are not refusals; its first :data:`REFUSED_MAX`);
+    :class:`ProtocolError` (``schema``) for anything else, or past the bounds."""
     if isinstance(value, str):
         if len(value) > LEGACY_CHARS:
             raise ProtocolError(REJECT_SCHEMA, f"bad restore_skipped: over {LEGACY_CHARS} characters")
-        return _legacy(value)
+        return _legacy(value)[:REFUSED_MAX]
     if not isinstance(value, (list, tuple)) or len(value) > REFUSED_MAX:
         raise ProtocolError(REJECT_SCHEMA, f"bad restore_refused: {value!r}"[:120])
     for pair in value:

@@ -30,7 +30,6 @@ step boundary; a time-based save is due on all ranks or none.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -73,6 +72,7 @@ from supervisor.protocol import (
     restore_request,
 )
 from supervisor.procfs import descendants
+from supervisor.protocol import ranklog
 from supervisor.worker import collectives
 from supervisor.worker.faults import Fault, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
@@ -153,7 +153,7 @@ class Worker:
     def start(self) -> "Worker":
         if self.session.log_dir:
             self.session.log_dir.mkdir(parents=True, exist_ok=True)
-            self._timing = open(self.session.log_dir / f"rank-{self.session.rank}.jsonl", "a", buffering=1)
+            self._timing = open(self.session.log_dir / ranklog.log_name(self.session.rank), "a", buffering=1)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
         self.heartbeat.start()
@@ -289,15 +289,11 @@ class Worker:
             st.first_step_s = time.perf_counter() - (self._restored_at or t0)
             self.heartbeat.beat_now()
         if self._timing:
-            rec = {
-                "step": step, "loss": record.loss,
-                "loss_hex": float(record.loss).hex() if record.loss is not None else None,
-                "world_size": self.session.world_size, "attempt": self.session.attempt,
-                "rank": self.session.rank, "node": self.session.node, "pid": os.getpid(),
-                "data_s": round(data, 6), "compute_s": round(compute, 6), "collective_s": round(coll, 6),
-                "step_s": round(total, 6), "time": time.time(), **record.extra,
-            }
-            self._timing.write(json.dumps(rec) + "\n")
+            s = self.session
+            self._timing.write(ranklog.step_record(
+                step=step, loss=record.loss, world_size=s.world_size, attempt=s.attempt, rank=s.rank, node=s.node,
+                pid=os.getpid(), data_s=data, compute_s=compute, collective_s=coll, step_s=total, time=time.time(),
+                extra=record.extra))
 
     def skip_batch(self, step: int) -> bool:
         """Whether to skip the batch of ``step`` (consume it, take no optimizer step): the
