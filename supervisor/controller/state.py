@@ -16,7 +16,7 @@ so it must survive a crash at any instant and must never be misread:
 
 ``LOG_DIR/supervisor.lock`` is held (``flock``) for the controller's whole life: a second
 controller on the same log directory is refused at once, naming the running one. Beside it,
-``LOG_DIR/supervisor.owner.json`` is an owner lease (host, Slurm job, pid, renewed every
+``LOG_DIR/supervisor.owner.json`` is an owner lease (host, pid, the platform's own fields, renewed every
 ``LEASE_S / 3``) that refuses a controller on another host sharing the log directory, where a
 ``flock`` may not reach (see :class:`JobLock`).
 """
