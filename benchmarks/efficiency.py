@@ -14,7 +14,7 @@ is ``W`` times that (weak scaling, the regime of the seed's model: about 100 ms 
 step at the defaults, ``--dim 256 --layers 4``, on one core). ``--global-batch N`` instead
 fixes the global batch, so each rank gets ``N / W`` (strong scaling; with a small model that
 is a millisecond step, where data parallelism cannot pay on CPU). The per-rank timing logs
-are turned into the report by :mod:`supervisor.efficiency`: warm-up steps dropped,
+are turned into the report by :mod:`supervisor.reports.efficiency`: warm-up steps dropped,
 throughput from rank 0's wall clock, efficiency = ``throughput_W / (W * throughput_1)``
 against the ``W = 1`` run of the same invocation (in weak scaling, ``t(1) / t(W)``), and
 each rank's median data / compute / collective split.
@@ -56,7 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from supervisor.efficiency import (  # noqa: E402  (after the sys.path line: runs from a checkout)
+from supervisor.reports.efficiency import (  # noqa: E402  (after the sys.path line: runs from a checkout)
     FIT_PARAMETERS,
     EfficiencyRow,
     RunStats,
@@ -383,7 +383,7 @@ parameters) runs under a real `torchrun --standalone --nproc-per-node W` at
 W = {", ".join(map(str, args.workers))}, {args.steps} steps, {batch}, no checkpoints,
 `OMP_NUM_THREADS=1` (one core per rank), each launch in a fresh `TMPDIR`, {args.rounds} round(s)
 per worker count{" (round-robin, order rotated every round; the median-throughput run represents its W)" if args.rounds > 1 else ""}.
-Every rank logs one JSON line per step; `supervisor.efficiency` drops the first {args.warmup} steps and
+Every rank logs one JSON line per step; `supervisor.reports.efficiency` drops the first {args.warmup} steps and
 computes:
 
 - **samples/s** = global batch x timed steps / wall time, the wall time from rank 0's `time`
@@ -417,7 +417,7 @@ Whole launches (process start-up and rendezvous included, not part of the throug
 {reading_text}
 ## The model: ring all-reduce with a straggler penalty
 
-`supervisor.efficiency.scaling_model(workers, *, compute_ms=120.0, overhead_ms=0.3,
+`supervisor.reports.efficiency.scaling_model(workers, *, compute_ms=120.0, overhead_ms=0.3,
 grad_mb=1.0, bandwidth_gb_s=25.0, hop_latency_us=175.0, straggler_ms=5.0)`, at fixed
 per-worker batch (weak scaling), one step on W workers:
 
@@ -428,7 +428,7 @@ per-worker batch (weak scaling), one step on W workers:
     speedup(W) = W * t(1) / t(W),   efficiency(W) = t(1) / t(W)
 
 `grad_mb` is the gradient whose reduction is not hidden behind the backward pass.
-`supervisor.efficiency.fit_scaling_model(step_ms_by_workers, free=..., **held)` fits the
+`supervisor.reports.efficiency.fit_scaling_model(step_ms_by_workers, free=..., **held)` fits the
 chosen parameters to measured step times (least squares, none negative) and refuses a set the
 worker counts cannot tell apart. With its defaults the model reproduces the seed's table
 (120 ms of compute per worker on separate devices; 120.3 / 125.7 / 131.4 / 137.8 / 145.6 ms,

@@ -699,7 +699,7 @@ class ColdRun:
     cpu: dict = field(default_factory=dict)  # role -> CPU seconds (user + system) by the first step
 
 
-AGENT_MODULES = (b"torch.distributed.run", b"supervisor.platforms.forking_agent", b"supervisor.platforms.warm_agent")
+AGENT_MODULES = (b"torch.distributed.run", b"supervisor.platforms.node.forking_agent", b"supervisor.platforms.node.warm_agent")
 
 
 def cpu_by_role(roots: list[int]) -> dict[str, float]:
@@ -738,8 +738,8 @@ def _free_port() -> int:
 
 
 def _agent_rdzv_conf() -> str:
-    """The ``--rdzv-conf`` the supervisor's agents get (supervisor/platforms/agent.py), is_host left to torch."""
-    from supervisor.platforms.agent import torchrun_argv
+    """The ``--rdzv-conf`` the supervisor's agents get (supervisor/platforms/node/agent.py), is_host left to torch."""
+    from supervisor.platforms.node.agent import torchrun_argv
     from supervisor.platforms.base import LaunchSpec
 
     spec = LaunchSpec(attempt=0, nodes=["n"], nnodes_min=2, nnodes_max=2, nproc_per_node=1, command=["x"], env={},

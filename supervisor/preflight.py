@@ -9,7 +9,7 @@ Where the controller shares the workers' environment (the local and Slurm platfo
 ``Platform.checks_command_here``), the controller's preflight (:mod:`supervisor.controller.preflight`)
 runs them before its first launch. Where it does not (Kubernetes: the controller's image has no
 torch, the workers' image has the training code), the node agent
-(:mod:`supervisor.platforms.forking_agent`) runs them where its ranks will run, before it imports
+(:mod:`supervisor.platforms.node.forking_agent`) runs them where its ranks will run, before it imports
 torch, and a failure ends it with :data:`~supervisor.protocol.EXIT_PREFLIGHT` and one line,
 :func:`error_line`, that the controller turns into a startup failure at once.
 

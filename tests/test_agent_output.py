@@ -1,4 +1,4 @@
-"""What a real torchrun agent prints about its failed ranks, parsed (supervisor.platforms.agent_output)."""
+"""What a real torchrun agent prints about its failed ranks, parsed (supervisor.platforms.node.agent_output)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from supervisor.platforms.agent_output import RANK_PREFIX, last_error, parse
+from supervisor.platforms.node.agent_output import RANK_PREFIX, last_error, parse
 
 SCRIPT = """
 import os, signal, sys, time

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.efficiency import (
+from supervisor.reports.efficiency import (
     FIT_PARAMETERS,
     SEED_TABLE,
     efficiency_table,

@@ -1,4 +1,4 @@
-"""The node agent that forks Python ranks with torch already imported (supervisor.platforms.forking_agent).
+"""The node agent that forks Python ranks with torch already imported (supervisor.platforms.node.forking_agent).
 
 A forked rank must be what a fresh interpreter would have made of the same command: these run
 the real agent (torch's, through the module) on real ranks and look at what each rank saw and
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.platforms.agent_output import parse
-from supervisor.platforms.forking_agent import forkable
+from supervisor.platforms.node.agent_output import parse
+from supervisor.platforms.node.forking_agent import forkable
 
 PY = sys.executable
 PROBE = Path(__file__).parent / "workloads" / "fork_probe.py"
@@ -53,7 +53,7 @@ def run_agent(tmp_path: Path, *script_args: str, fork: bool = True, restarts: in
     env = dict(os.environ, SUPERVISOR_FORK_RANKS="1" if fork else "0", LOGLEVEL="WARNING",
                TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${rank}]:")
     env.pop("OMP_NUM_THREADS", None)  # torchrun sets it for its ranks (after the agent imported torch)
-    cmd = [PY, "-m", "supervisor.platforms.forking_agent", "--standalone", "--nproc-per-node=2",
+    cmd = [PY, "-m", "supervisor.platforms.node.forking_agent", "--standalone", "--nproc-per-node=2",
            f"--max-restarts={restarts}", "--monitor-interval=0.2", "--tee=3", "--no-python",
            PY, str(PROBE), "--atexit", str(tmp_path / "atexit.txt"), *script_args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=tmp_path)

@@ -45,7 +45,7 @@ from supervisor.config import ConfigError, load as load_config, safe_load_bounde
 from supervisor.controller import state as state_file
 from supervisor.controller.decide import History
 from supervisor.controller.http import start_http
-from supervisor.platforms.agent_output import RankFailure, last_error, parse as parse_rank_output
+from supervisor.platforms.node.agent_output import RankFailure, last_error, parse as parse_rank_output
 from supervisor.platforms.slurm.hostlist import MAX_HOSTS, expand_hostlist
 
 LONG = os.environ.get("HYPOTHESIS_PROFILE") == "long"

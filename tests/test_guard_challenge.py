@@ -25,7 +25,7 @@ from helpers import no_platform
 from supervisor.config import from_dict
 from supervisor.controller.daemon import Controller
 from supervisor.controller.http import start_http
-from supervisor.platforms.slurm_guard import LOST_EXIT, MARKER, GuardConfig, guard_argv, guard_mac
+from supervisor.platforms.slurm.guard import LOST_EXIT, MARKER, GuardConfig, guard_argv, guard_mac
 
 TOKEN = b"fedcba9876543210" * 3
 JOB_ID = "4242"

@@ -132,7 +132,7 @@ def test_a_launch_hands_its_nodes_to_warm_agents_and_starts_cold_when_none_is_al
     assert "env warm-test" in out  # the rank ran with the launch's environment; its output in the node log
     (other,) = set(platform.warm_pids) - {pid}  # the other one still waits
     # a waiting agent whose platform goes away (its pipe closes) ends, having done nothing
-    lone = subprocess.Popen([sys.executable, "-m", "supervisor.platforms.warm_agent"], stdin=subprocess.PIPE)
+    lone = subprocess.Popen([sys.executable, "-m", "supervisor.platforms.node.warm_agent"], stdin=subprocess.PIPE)
     lone.stdin.close()
     assert lone.wait(timeout=60) == 0
     # none alive (the last one killed): the next launch starts its agent cold

@@ -13,7 +13,7 @@ import pytest
 from conftest import PYTHON, TRAIN, job_env
 from controller_venv import controller_env, controller_python
 from supervisor.controller.preflight import PreflightError, check
-from supervisor.platforms.agent import agent_env, torchrun_argv
+from supervisor.platforms.node.agent import agent_env, torchrun_argv
 from supervisor.platforms.base import LaunchSpec
 from supervisor.protocol import EXIT_PREFLIGHT
 

@@ -138,7 +138,7 @@ def test_a_watchdog_value_out_of_shape_is_refused_naming_why(value, says):
 def test_the_record_a_rank_writes_is_the_one_its_readers_read(tmp_path):
     from supervisor.cli.drill import _rank0_losses
     from supervisor.controller.daemon import _last_logged_step
-    from supervisor.efficiency import read_timing_logs
+    from supervisor.reports.efficiency import read_timing_logs
     from supervisor.protocol import ranklog
 
     ranks = tmp_path / ranklog.RANKS_DIR

@@ -718,7 +718,7 @@ def test_losing_the_batch_host_before_the_first_launch_cancels_the_job_and_says_
 
 
 def test_a_node_guard_whose_controller_is_gone_cancels_the_job_and_says_why(slurm, tmp_path):
-    from supervisor.platforms.slurm_guard import GUARD_PATH, GuardConfig, guard_argv, guard_mac
+    from supervisor.platforms.slurm.guard import GUARD_PATH, GuardConfig, guard_argv, guard_mac
 
     import dataclasses
     import http.server
@@ -781,7 +781,7 @@ def test_a_process_squatting_the_dead_controllers_port_does_not_keep_the_slurm_j
     derived from the job token). The controller's real HTTP app answers them; once it is gone, a
     process on the same port answering 200 to everything is silence to them: one guard cancels
     the job within its timeout, as for a controller that does not answer at all."""
-    from supervisor.platforms.slurm_guard import GuardConfig, guard_argv
+    from supervisor.platforms.slurm.guard import GuardConfig, guard_argv
 
     import http.server
     import threading

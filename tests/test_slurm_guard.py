@@ -20,7 +20,7 @@ import pytest
 
 from supervisor.config import ConfigError
 from supervisor.platforms.slurm.settings import SlurmConfig
-from supervisor.platforms.slurm_guard import GUARD_PATH, MARKER, GuardConfig, guard_argv, guard_mac
+from supervisor.platforms.slurm.guard import GUARD_PATH, MARKER, GuardConfig, guard_argv, guard_mac
 
 PY = sys.executable
 TOKEN = b"0123456789abcdef" * 3
@@ -174,7 +174,7 @@ def test_a_lost_controller_is_not_acted_on_while_slurm_cannot_say_the_job_is_sti
 
 
 def test_the_guard_refuses_a_command_line_without_its_controller(tmp_path):
-    proc = subprocess.run([PY, "-m", "supervisor.platforms.slurm_guard", "--job-id", "1", "--log-dir", str(tmp_path)],
+    proc = subprocess.run([PY, "-m", "supervisor.platforms.slurm.guard", "--job-id", "1", "--log-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "--api" in proc.stderr
 

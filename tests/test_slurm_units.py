@@ -444,7 +444,7 @@ def test_a_submission_refused_by_the_job_lock_leaves_the_controller_lost_marker_
     is taken; the marker is read at the first notices(), which only a lock holder asks for)."""
     from supervisor.controller.daemon import Controller
     from supervisor.controller.state import JobLock, StateError
-    from supervisor.platforms.slurm_guard import MARKER
+    from supervisor.platforms.slurm.guard import MARKER
 
     bin_dir = _fake_allocation(tmp_path)
     log_dir = tmp_path / "logs"

@@ -5,7 +5,7 @@
   (:class:`supervisor.metrics.Exporter`), gzip-compressed when the scraper accepts it.
 * ``GET /healthz``: the process is up. ``GET /readyz``: the gang is launched or adopted.
 * ``GET /v1/guard?nonce=HEX``: the Slurm node guards' challenge, answered with
-  ``{"mac": HMAC(guard key, nonce)}`` (:func:`supervisor.platforms.slurm_guard.guard_mac`: a key
+  ``{"mac": HMAC(guard key, nonce)}`` (:func:`supervisor.platforms.slurm.guard.guard_mac`: a key
   derived from the job token, good for nothing else); 503 without a token.
 * ``GET /status``: the state as JSON (what ``supervisor status`` renders), from a snapshot taken at
   most once a second and rendered off the event loop (:class:`StatusView`). Per-rank detail is
@@ -37,7 +37,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from supervisor.metrics import Exporter, accepts_gzip
-from supervisor.platforms.slurm_guard import GUARD_PATH, guard_mac, valid_nonce
+from supervisor.platforms.slurm.guard import GUARD_PATH, guard_mac, valid_nonce
 from supervisor.protocol import (
     HEADER_MAC,
     HEADER_NONCE,

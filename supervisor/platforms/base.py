@@ -42,7 +42,7 @@ class LaunchSpec:
     0: a failed rank ends its agent, and recovery is the controller's alone."""
     fork_ranks: bool = True
     """Python ranks start forked from their agent, torch already imported
-    (:mod:`supervisor.platforms.forking_agent`); False: a new interpreter each, as under torchrun."""
+    (:mod:`supervisor.platforms.node.forking_agent`); False: a new interpreter each, as under torchrun."""
     check_command: bool = False
     """Each node's agent checks the command where its ranks run before it starts them
     (:mod:`supervisor.preflight`), the controller could not (:attr:`Platform.checks_command_here`)."""

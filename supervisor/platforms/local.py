@@ -1,7 +1,7 @@
 """The ``local`` platform: every node is a real torchrun agent in its own process group.
 
 The embedded default: a job with several "nodes" on one machine and no cluster at all. Each
-agent runs torchrun (``python -m supervisor.platforms.forking_agent``) with c10d rendezvous on the controller's
+agent runs torchrun (``python -m supervisor.platforms.node.forking_agent``) with c10d rendezvous on the controller's
 TCPStore (``--nnodes N:N``, ``--max-restarts 0``: recovery is the controller's job), in
 a new session so that a controller crash kills nothing. torchrun puts every rank in a session of its own,
 so the platform tracks each agent's descendants and signals the agent's group and every
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from supervisor.files import set_aside
-from supervisor.platforms.agent import AGENT_MODULE, agent_env, failure_fields, torchrun_argv
+from supervisor.platforms.node.agent import AGENT_MODULE, agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
 from supervisor.protocol import Env
@@ -127,7 +127,7 @@ class LocalPlatform(Platform):
         """Agents that have imported torch (or are importing it), waiting for a node (warm_agent)."""
 
     def warm_up(self) -> list[int]:
-        """Keep one waiting agent per slot (:mod:`supervisor.platforms.warm_agent`): a launch then
+        """Keep one waiting agent per slot (:mod:`supervisor.platforms.node.warm_agent`): a launch then
         hands each node to one that has already imported torch. They carry the job's log marker
         in their environment (``--fresh`` finds them) and end by themselves when this process
         goes (their stdin is a pipe from it)."""
@@ -137,7 +137,7 @@ class LocalPlatform(Platform):
         env = dict(os.environ) | {Env.LOG_DIR: str(self.log_dir.resolve() / "ranks")}
         while len(self._warm) < len(self._slots):
             try:
-                p = subprocess.Popen([self.python, "-m", "supervisor.platforms.warm_agent"], env=env,
+                p = subprocess.Popen([self.python, "-m", "supervisor.platforms.node.warm_agent"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True, cwd=os.getcwd())
             except OSError as exc:

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from supervisor.platforms.agent import JOIN_TIMEOUT_S, agent_env, torchrun_argv
-from supervisor.platforms.agent_output import last_error, parse
+from supervisor.platforms.node.agent import JOIN_TIMEOUT_S, agent_env, torchrun_argv
+from supervisor.platforms.node.agent_output import last_error, parse
 from supervisor.platforms.base import (
     WAIT_CANNOT_START,
     WAIT_CAPACITY,

@@ -94,7 +94,7 @@ class KubernetesConfig:
     volumes: VolumesConfig = field(default_factory=VolumesConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     python: str = "python"
-    """The worker image's python (it runs the node agent, ``python -m supervisor.platforms.forking_agent``:
+    """The worker image's python (it runs the node agent, ``python -m supervisor.platforms.node.forking_agent``:
     torchrun's own, with its arguments)."""
     kubeconfig: str = ""
     """A kubeconfig file to reach the API server; empty: the in-cluster service account, else

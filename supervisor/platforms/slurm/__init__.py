@@ -4,10 +4,10 @@ The supervisor runs inside one ``sbatch --no-kill`` allocation (on its batch hos
 starts, for attempt k, one step per node::
 
     srun --jobid=J --nodes=1 --ntasks=1 --nodelist=NODE --overlap --job-name=sv-JOB-aK-NODE \\
-         python -m supervisor.platforms.forking_agent --nnodes=N:N --rdzv-backend=c10d ... -- COMMAND
+         python -m supervisor.platforms.node.forking_agent --nnodes=N:N --rdzv-backend=c10d ... -- COMMAND
 
 Beside them, for the job's whole life, one standing node guard per node (its own ``--overlap``
-step, ``sv-JOB-guard-NODE``, :mod:`supervisor.platforms.slurm_guard`) ends the job when the
+step, ``sv-JOB-guard-NODE``, :mod:`supervisor.platforms.slurm.guard`) ends the job when the
 controller on the batch host stops answering: a lost batch host never leaves the job RUNNING,
 whether agents run at that moment or not.
 
@@ -43,19 +43,31 @@ Which module holds what:
   :func:`from_config` and :func:`resolve_hosts`.
 * :mod:`~supervisor.platforms.slurm.sbatch`: the ``supervisor sbatch`` wrapper: the batch script,
   the time limit, the checks before submitting and the submission.
-* The node guard stays a module of its own, :mod:`supervisor.platforms.slurm_guard` (it must not
-  import this package's platform, and it runs on every node).
+* :mod:`~supervisor.platforms.slurm.guard`: the node guard, run on every node; it never imports
+  the platform, and this package imports its modules only when one of the names below is used, so
+  ``python -m supervisor.platforms.slurm.guard`` loads the guard alone.
 """
 
-from supervisor.platforms.slurm.client import SlurmClient, partition_sizes, srun_env, srun_exit_code
-from supervisor.platforms.slurm.hostlist import expand_hostlist
-from supervisor.platforms.slurm.platform import SlurmPlatform, from_config, resolve_hosts
-from supervisor.platforms.slurm.sbatch import (CONFIG_HEREDOC, TIME_FORMS, BatchScript, node_count_problem,
-                                               parse_time_limit, render_batch_script, sbatch_partitions, submit,
-                                               warning_problems)
+import importlib
 
-__all__ = [
-    "BatchScript", "CONFIG_HEREDOC", "SlurmClient", "SlurmPlatform", "TIME_FORMS", "expand_hostlist", "from_config",
-    "node_count_problem", "parse_time_limit", "partition_sizes", "render_batch_script", "resolve_hosts",
-    "sbatch_partitions", "srun_env", "srun_exit_code", "submit", "warning_problems",
-]
+_EXPORTS = {
+    "client": ("SlurmClient", "partition_sizes", "srun_env", "srun_exit_code"),
+    "hostlist": ("expand_hostlist",),
+    "platform": ("SlurmPlatform", "from_config", "resolve_hosts"),
+    "sbatch": ("CONFIG_HEREDOC", "TIME_FORMS", "BatchScript", "node_count_problem", "parse_time_limit",
+               "render_batch_script", "sbatch_partitions", "submit", "warning_problems"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    module = _MODULE_OF.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    try:  # a submodule (``slurm.platform``), as when this package imported them all
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

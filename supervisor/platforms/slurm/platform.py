@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from supervisor.files import set_aside
-from supervisor.platforms.agent import agent_env, failure_fields, torchrun_argv
+from supervisor.platforms.node.agent import agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.platforms.slurm.client import (SlurmClient, node_state_is_bad, srun_env, srun_exit_code,
                                                srun_log_says_node_failed)
 from supervisor.platforms.slurm.hostlist import expand_hostlist
 from supervisor.platforms.slurm.lock import SlurmLockOwner
-from supervisor.platforms.slurm_guard import MARKER, GuardConfig, guard_argv
+from supervisor.platforms.slurm.guard import MARKER, GuardConfig, guard_argv
 from supervisor.procfs import pid_alive, proc_state, start_time
 
 log = logging.getLogger("supervisor.platform.slurm")
@@ -235,7 +235,7 @@ class SlurmPlatform(Platform):
     # ------------------------------------------------------------------ the standing node guards
     async def serving(self, api: str) -> None:
         """The controller holds the job and answers at ``api``: start the standing node guards
-        (:mod:`supervisor.platforms.slurm_guard`), one step per node of the allocation, before
+        (:mod:`supervisor.platforms.slurm.guard`), one step per node of the allocation, before
         anything is launched. They are not the agents' steps (no teardown touches them), so they
         watch the controller through the job's whole life: start-up, a teardown and the relaunch
         after it, launch retries. Guards a previous controller of this run left (a supervisor

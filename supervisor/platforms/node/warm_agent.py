@@ -1,6 +1,6 @@
 """A torchrun agent started before it is needed: it pays ``import torch`` ahead of time.
 
-The local platform starts one per node slot (``python -m supervisor.platforms.warm_agent``, in
+The local platform starts one per node slot (``python -m supervisor.platforms.node.warm_agent``, in
 a session of its own, stdin a pipe from the platform). It imports torch's agent, then waits
 for one JSON line on stdin::
 
@@ -55,7 +55,7 @@ def main() -> int:
     listener.start()
     import torch.distributed.run  # noqa: F401 - the cost this process exists to pay early
 
-    from supervisor.platforms import forking_agent
+    from supervisor.platforms.node import forking_agent
 
     forking_agent.preload(forking_agent.PRELOAD)  # and its ranks' imports (they are forked from it)
     listener.join()

@@ -9,7 +9,7 @@ on those nodes. The slurm platform starts one per node of the allocation as soon
 controller answers (before the first launch), as a step of its own::
 
     srun --jobid=J --nodelist=NODE --overlap --job-name=sv-JOB-guard-NODE ... \\
-         python -m supervisor.platforms.slurm_guard --job-id=J --restart-count=R --api=URL ...
+         python -m supervisor.platforms.slurm.guard --job-id=J --restart-count=R --api=URL ...
 
 ``--overlap`` lets it share the node's CPUs, memory and GRES with every other step (the agents'
 steps, with ``--overlap`` or without), so it neither holds nor waits for what the agents need.
@@ -341,7 +341,7 @@ def _controller_lost(cfg: GuardConfig, silent_s: float) -> int:
 
 def guard_argv(python: str, cfg: GuardConfig) -> list[str]:
     """The command line that runs ``cfg``'s guard."""
-    return [python, "-m", "supervisor.platforms.slurm_guard", f"--job-id={cfg.job_id}", f"--api={cfg.api}",
+    return [python, "-m", "supervisor.platforms.slurm.guard", f"--job-id={cfg.job_id}", f"--api={cfg.api}",
             f"--job={cfg.job}", f"--node={cfg.node}", f"--log-dir={cfg.log_dir}", f"--timeout={cfg.timeout_s:g}",
             f"--probe={cfg.probe_s:g}", f"--action={cfg.action}", f"--restart-count={cfg.restart_count}",
             f"--command-timeout={cfg.command_timeout_s:g}", *([f"--bin-dir={cfg.bin_dir}"] if cfg.bin_dir else []),
@@ -373,7 +373,7 @@ def _positive(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m supervisor.platforms.slurm_guard",
+        prog="python -m supervisor.platforms.slurm.guard",
         description="Watch the controller on the batch host from a node of its Slurm job and end the job "
                     "(requeue or cancel) when the controller stops answering. Started by the slurm platform, one "
                     "step per node for the job's life; not meant to be run by hand.")

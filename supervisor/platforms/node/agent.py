@@ -16,10 +16,10 @@ import asyncio
 from pathlib import Path
 from typing import Mapping
 
-from supervisor.platforms.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
+from supervisor.platforms.node.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
 from supervisor.platforms.base import LaunchSpec
-from supervisor.platforms import forking_agent
-from supervisor.platforms.forking_agent import FORK_ENV, PREFLIGHT_ENV
+from supervisor.platforms.node import forking_agent
+from supervisor.platforms.node.forking_agent import FORK_ENV, PREFLIGHT_ENV
 from supervisor.protocol import Env
 
 
@@ -31,7 +31,7 @@ AGENT_MODULE = forking_agent.__name__
 
 def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None,
                   join_timeout_s: float = JOIN_TIMEOUT_S) -> list[str]:
-    """``python -m supervisor.platforms.forking_agent ... COMMAND`` (torchrun's arguments) for one
+    """``python -m supervisor.platforms.node.forking_agent ... COMMAND`` (torchrun's arguments) for one
     node of ``spec``.
 
     ``endpoint``: the rendezvous address this node dials (default ``spec.rdzv_endpoint``);

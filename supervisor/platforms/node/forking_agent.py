@@ -1,6 +1,6 @@
 """torchrun, with Python ranks forked from the agent that has already imported torch.
 
-Every node runs ``python -m supervisor.platforms.forking_agent <torchrun arguments>``: torch's
+Every node runs ``python -m supervisor.platforms.node.forking_agent <torchrun arguments>``: torch's
 own agent (``torch.distributed.run``'s argument parsing, rendezvous, monitoring, restarts),
 with one change. When the command is a Python script or module run by this very interpreter
 (``python [-u] script.py ...``, ``python [-u] -m module ...``, ``python -c CODE ...``), the
@@ -377,7 +377,7 @@ def _unbuffered_flag(cmd_args: Sequence[str]) -> bool:
 
 def command_of(argv: Sequence[str]) -> list[str]:
     """The job's command in the agent's torchrun arguments: what follows the options, which
-    :func:`~supervisor.platforms.agent.torchrun_argv` writes as ``--name=value`` or bare flags."""
+    :func:`~supervisor.platforms.node.agent.torchrun_argv` writes as ``--name=value`` or bare flags."""
     for i, arg in enumerate(argv):
         if arg == "--":
             return list(argv[i + 1:])

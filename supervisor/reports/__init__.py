@@ -1,0 +1,1 @@
+"""Reports computed from a job's logs after the fact (no runtime module imports them)."""
