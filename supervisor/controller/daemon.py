@@ -76,7 +76,7 @@ from supervisor.controller.decide import (
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.metrics import MetricsState, Snapshot, take_snapshot
-from supervisor.platforms.agent_output import read_tail
+from supervisor.platforms.node.agent_output import read_tail
 from supervisor.platforms.base import WAIT_CANNOT_START, LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
