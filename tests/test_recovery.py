@@ -1,0 +1,176 @@
+"""A fault's recovery told as stories with a fake clock: each step's observation in, the
+recovery and its actions out (supervisor.controller.recovery, no process, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.controller.decide import RUNG_ABORT, RUNG_IN_PLACE, RUNG_KILL_NODE, RUNG_TEARDOWN, Fault
+from supervisor.controller.recovery import (
+    AbortRanks,
+    AskForStacks,
+    KillNodes,
+    Launch,
+    Observation,
+    PlanNext,
+    Policy,
+    Recovery,
+    Stage,
+    TearDown,
+    TryInPlace,
+    WriteEvidence,
+    begin,
+    poll_s,
+    resume,
+    step,
+)
+from supervisor.platforms.base import NodeState, NodeStatus
+
+POLICY = Policy(abort_grace_s=3.0, evidence_wait_s=1.0)
+RUNNING = {"n0": NodeStatus("n0", 0, NodeState.RUNNING), "n1": NodeStatus("n1", 0, NodeState.RUNNING)}
+N1_EXITED = RUNNING | {"n1": NodeStatus("n1", 0, NodeState.EXITED, -6)}
+
+
+def fault(kind="collective_hang", rung=RUNG_ABORT, ranks=(1,), nodes=("n1",)):
+    return Fault(kind, ranks, nodes, f"{kind} on rank {ranks}", rung, False, 100.0)
+
+
+def tell(rec, story):
+    """Walk ``rec`` through ``story``: (time, observation fields) per step; returns the actions of
+    each step (by type name, with their main field) and the recovery at the end."""
+    said = []
+    for now, fields in story:
+        rec, actions = step(rec, Observation(now=now, **fields), POLICY)
+        said.append([_name(a) for a in actions])
+        if rec is None:
+            break
+    return said, rec
+
+
+def _name(a):
+    if isinstance(a, AbortRanks):
+        return f"abort{list(a.ranks)}"
+    if isinstance(a, KillNodes):
+        return f"kill{list(a.nodes)}"
+    if isinstance(a, Launch):
+        return f"launch@{a.attempt}"
+    if isinstance(a, TearDown):
+        return "teardown(resumed)" if a.resumed else "teardown"
+    return type(a).__name__
+
+
+@pytest.mark.parametrize("kind,rung,story,expected", [
+    # a hang: the culprit is told to abort; it does not exit in the grace: its node is killed, then the gang
+    ("collective_hang", RUNG_ABORT,
+     [(101, {}), (101.2, {"answered": True}), (102, {"nodes": RUNNING}), (104.3, {"nodes": RUNNING}),
+      (104.4, {"nodes": RUNNING}), (104.5, {"nodes": RUNNING})],
+     [["AskForStacks"], ["WriteEvidence", "abort[1]"], [], ["kill['n1']"], ["teardown"], ["PlanNext"]]),
+    # the same hang, but the aborted rank's node exits within the grace: no node kill
+    ("collective_hang", RUNG_ABORT,
+     [(101, {}), (101.2, {"answered": True}), (101.8, {"nodes": N1_EXITED}), (101.9, {})],
+     [["AskForStacks"], ["WriteEvidence", "abort[1]"], ["teardown"], ["PlanNext"]]),
+    # a SIGSTOPped rank (silent: it cannot obey an abort): its node is killed at once
+    ("dead", RUNG_KILL_NODE,
+     [(101, {}), (101.2, {"answered": True}), (101.3, {}), (101.4, {})],
+     [["AskForStacks"], ["WriteEvidence", "kill['n1']"], ["teardown"], ["PlanNext"]]),
+    # kill -9 of a rank: its process is gone, the gang goes
+    ("rank_killed", RUNG_TEARDOWN,
+     [(101, {}), (101.2, {"answered": True}), (101.3, {})],
+     [["AskForStacks"], ["WriteEvidence", "teardown"], ["PlanNext"]]),
+    # no rank answers the dump order (older workers): the evidence is written after evidence_wait_s
+    ("node_lost", RUNG_TEARDOWN,
+     [(101, {}), (101.5, {}), (101.99, {}), (102.01, {}), (102.1, {})],
+     [["AskForStacks"], [], [], ["WriteEvidence", "teardown"], ["PlanNext"]]),
+    # a second fault during the abort's grace (another node dies): the ladder goes on; the teardown takes both
+    ("hang", RUNG_ABORT,
+     [(101, {}), (101.1, {"answered": True}), (102, {"nodes": RUNNING | {"n0": NodeStatus("n0", 0, NodeState.LOST)}}),
+      (104.2, {"nodes": RUNNING}), (104.3, {"nodes": RUNNING}), (104.4, {"nodes": RUNNING})],
+     [["AskForStacks"], ["WriteEvidence", "abort[1]"], [], ["kill['n1']"], ["teardown"], ["PlanNext"]]),
+])
+def test_the_ladder_of_each_fault_kind(kind, rung, story, expected):
+    said, rec = tell(begin(fault(kind, rung), in_place=False), story)
+    assert said == expected
+    assert rec is not None and rec.stage == Stage.PLAN and rec.acted  # the executor plans what follows
+
+
+def test_a_restart_in_place_taken_ends_the_recovery_and_one_declined_climbs_the_ladder():
+    f = fault("rank_exit", RUNG_IN_PLACE)
+    said, rec = tell(begin(f, in_place=True), [(101, {}), (101.1, {"answered": True}), (101.3, {"in_place": True})])
+    assert said == [["AskForStacks"], ["WriteEvidence", "TryInPlace"], []] and rec is None
+    said, rec = tell(begin(f, in_place=True), [(101, {}), (101.1, {"answered": True}), (101.3, {"in_place": False})])
+    assert said == [["AskForStacks"], ["WriteEvidence", "TryInPlace"], ["teardown"]]
+    assert rec.stage == Stage.RUNG
+
+
+def test_the_launch_stage_launches_the_desired_attempt_once():
+    rec = Recovery(fault(), Stage.LAUNCH, launch=(4, ("n0", "n1"), "step-0000000010"))
+    rec, actions = step(rec, Observation(now=110), POLICY)
+    assert actions == [Launch(4, ("n0", "n1"), "step-0000000010")] and rec.acted
+    assert step(rec, Observation(now=111), POLICY) == (rec, [])  # the executor ends it once launched
+
+
+def _saved(rec, shift):
+    """Through the state file: wall-clock times, read back by a controller whose clock is ``shift`` ahead."""
+    return Recovery.from_saved(rec.to_saved(lambda t: t + 5000.0), lambda u: u - 5000.0 + shift)
+
+
+@pytest.mark.parametrize("stop_at,expected", [
+    (1, ["AskForStacks"]),            # killed while the ranks dumped their stacks: asked again
+    (2, ["abort[1]"]),                # killed during the abort's grace: the abort is sent again
+    (4, ["kill['n1']"]),              # killed while the culprit's node was killed: killed again
+    (5, ["teardown(resumed)"]),       # killed during the teardown: finished, told as resumed
+])
+def test_a_controller_killed_at_a_rung_is_replaced_by_one_that_resumes_there(stop_at, expected):
+    story = [(101, {}), (101.2, {"answered": True}), (102, {"nodes": RUNNING}), (104.3, {"nodes": RUNNING}),
+             (104.4, {"nodes": RUNNING})]
+    rec = begin(fault(), in_place=False)
+    for now, fields in story[:stop_at]:
+        rec, _ = step(rec, Observation(now=now, **fields), POLICY)
+    before = rec
+    rec = resume(_saved(rec, shift=-60.0), gang_found=True)
+    assert (rec.stage, rec.rung, rec.fault.kind) == (before.stage, before.rung, before.fault.kind)
+    assert rec.fault.fault_at == pytest.approx(before.fault.fault_at - 60.0)  # the same instant, the new clock
+    rec, actions = step(rec, Observation(now=50.0, nodes=RUNNING), POLICY)
+    assert [_name(a) for a in actions] == expected
+    # and from there the ladder ends in one teardown at most
+    teardowns = sum(isinstance(a, TearDown) for a in actions)
+    now = 50.0
+    while rec is not None and rec.stage != Stage.PLAN:
+        now += 5.0
+        rec, actions = step(rec, Observation(now=now, nodes=RUNNING), POLICY)
+        teardowns += sum(isinstance(a, TearDown) for a in actions)
+    assert teardowns == 1
+
+
+def test_a_replacement_that_finds_no_gang_plans_at_once_and_one_cut_mid_launch_launches_the_next_attempt():
+    rec = Recovery(fault(), Stage.RUNG, rung=0, acted=True, deadline=103.0)
+    gone = resume(_saved(rec, 0.0), gang_found=False)
+    assert gone.stage == Stage.PLAN and not gone.acted
+    assert [_name(a) for a in step(gone, Observation(now=200), POLICY)[1]] == ["PlanNext"]
+    cut = Recovery(fault(), Stage.LAUNCH, acted=True, launch=(4, ("n0",), None))
+    again = resume(_saved(cut, 0.0), gang_found=False)
+    assert step(again, Observation(now=200), POLICY)[1] == [Launch(5, ("n0",), None)]
+    planned = Recovery(fault(), Stage.LAUNCH, acted=False, launch=(4, ("n0",), None))
+    assert step(resume(_saved(planned, 0.0), gang_found=False), Observation(now=200), POLICY)[1] == \
+        [Launch(4, ("n0",), None)]
+
+
+@pytest.mark.parametrize("raw", [
+    {}, {"stage": "evidence"}, {"stage": "nope", "fault": {}},
+    {"stage": "rung", "deadline_unix": 1.0, "fault": {"kind": "x", "ranks": ["a"], "nodes": [], "detail": "",
+                                                      "rung": 1, "node_failure": False, "fault_unix": 1.0}},
+    {"stage": "rung", "deadline_unix": 1.0, "fault": []},
+])
+def test_a_saved_recovery_that_is_not_one_is_refused_by_name(raw):
+    with pytest.raises(ValueError, match="recovery"):
+        Recovery.from_saved(raw, float)
+
+
+def test_the_loop_looks_again_soon_only_while_a_stage_waits():
+    rec = begin(fault(), in_place=False)
+    assert poll_s(None, 0.2) == 0.2 and poll_s(rec, 0.2) == 0.0
+    rec, _ = step(rec, Observation(now=101), POLICY)
+    assert poll_s(rec, 0.2) == 0.01  # the stacks come within milliseconds
+    assert isinstance(step(rec, Observation(now=101.1, answered=True), POLICY)[1][0], WriteEvidence)
+    assert isinstance(step(begin(fault(), in_place=True), Observation(now=1), POLICY)[1][0], AskForStacks)
+    assert PlanNext() == PlanNext() and TryInPlace() == TryInPlace()
