@@ -87,8 +87,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from supervisor import config as sv_config  # noqa: E402
-from supervisor.controller import daemon  # noqa: E402
-from supervisor.controller.daemon import TICK_S, Controller, Intake  # noqa: E402
+from supervisor.controller.daemon import CALIBRATE_S, TICK_S, Controller  # noqa: E402
+from supervisor.controller.intake import Intake, grow_receive_buffer  # noqa: E402
 from supervisor.controller.http import EXPORTER, build_app  # noqa: E402  (loaded as the daemon has it)
 from supervisor.health import Kind, Registry, Timeouts, calibrate, detect, straggler_scores  # noqa: E402
 from supervisor.platforms.base import Platform  # noqa: E402
@@ -278,8 +278,8 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
     sock = transport.get_extra_info("socket")
     if rcvbuf:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    elif hasattr(daemon, "_grow_receive_buffer"):
-        daemon._grow_receive_buffer(sock)  # what Controller.run() does to the intake socket
+    else:
+        grow_receive_buffer(sock)  # what Controller.run() does to the intake socket
     port = sock.getsockname()[1]
     gc.collect()  # every configuration starts its window from the same settled heap
     conn.send(("ready", port, sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF), http_port))
@@ -400,7 +400,7 @@ def tick_breakdown(c: Controller, timeouts: Timeouts, tick_s: list[float]) -> li
     n = len(reg.ranks)
     now = c.clock()
     h = c.cfg.health
-    every_calib = getattr(daemon, "CALIBRATE_S", TICK_S)  # the daemon's cadence for step statistics
+    every_calib = CALIBRATE_S  # the daemon's cadence for step statistics
     early_return = "if not self.findings" in inspect.getsource(Controller._tick)
     rows: list[tuple[str, float, float, str]] = []
 

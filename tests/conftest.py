@@ -96,7 +96,8 @@ class SupervisorRun:
     """``supervisor launch`` as a real subprocess (its own session), with its files at hand."""
 
     def __init__(self, tmp: Path, job_args: list[str], *, nnodes: str = "2", slots: int = 0, fault: str | None = None,
-                 extra: list[str] | None = None, log_dir: Path | None = None) -> None:
+                 extra: list[str] | None = None, log_dir: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
         self.log_dir = log_dir or tmp / "sv-logs"
         self.ckpt = tmp / "sv-ckpt"
@@ -105,7 +106,7 @@ class SupervisorRun:
                     "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--hang-timeout-floor", "3",
                     "--metrics-linger", "0",
                     *(extra or []), "--", PYTHON, str(TRAIN), *job_args]
-        self.env = job_env(tmp, fault)
+        self.env = job_env(tmp, fault, env)
         self.start()
 
     def start(self) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-import pytest
 from prometheus_client import generate_latest
 
 from supervisor.config import from_dict
-from supervisor.controller.daemon import Controller, Intake
+from supervisor.controller.daemon import Controller
+from supervisor.controller.intake import Intake
 from supervisor.controller.decide import Fault, JobPhase, RestartTimer
 from supervisor.metrics import make_registry
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform
@@ -193,34 +193,6 @@ def test_status_is_json_ready(tmp_path):
     assert st["budget_remaining_s"] == 900.0
 
 
-def test_recover_walks_the_ladder_on_a_fake_platform(tmp_path):
-    import asyncio
-    import dataclasses
-    import time
-
-    c, clock = controller(tmp_path)
-    c.clock = time.monotonic  # the ladder waits on real time (grace periods)
-    clock.t = time.monotonic()
-
-    async def scenario():
-        await c._launch(["node0", "node1"], None)
-        c.registry.observe(hb(0), clock.t)
-        c.registry.observe(hb(1), clock.t)
-        c.intake = Intake(c)  # no transport: sends are dropped, as to a dead rank
-        fault = Fault("collective_hang", (1,), ("node1",), "rank 1 never entered", 1, False, clock.t - 5)
-        c.cfg = dataclasses.replace(c.cfg, restart=dataclasses.replace(c.cfg.restart, abort_grace_s=0.2, teardown_grace_s=0.2))
-        await c._recover(fault)
-
-    asyncio.run(scenario())
-    calls = c.platform.calls
-    # the aborted rank's node did not exit within the grace: kill it, then tear down, then relaunch
-    assert calls[0][0] == "launch" and ("kill_node", "node1") in calls and ("teardown",) in calls
-    assert calls[-1] == ("launch", 3, ("node0", "node1"))
-    assert c.attempt == 3 and c.phase == JobPhase.STARTING
-    events = [json_line["event"] for json_line in map(__import__("json").loads, (tmp_path / "logs" / "events.jsonl").read_text().splitlines())]
-    assert events[:1] == ["launched"] and "fault_detected" in events and "evidence_saved" in events
-    assert events.index("evidence_saved") < events.index("action")  # evidence before any kill
-
 
 def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_by_one(tmp_path):
     # the intake reads everything queued when it wakes (not one datagram per loop iteration):
@@ -228,7 +200,7 @@ def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_
     import asyncio
     import socket
 
-    from supervisor.controller.daemon import DRAIN_MAX
+    from supervisor.controller.intake import DRAIN_MAX
     from supervisor.protocol import MAX_DATAGRAM
 
     c, _ = controller(tmp_path)

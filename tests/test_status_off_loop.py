@@ -15,8 +15,9 @@ import pytest
 from helpers import no_platform
 from supervisor import cli
 from supervisor.config import from_dict
-from supervisor.controller import daemon
-from supervisor.controller.daemon import STATUS_PAGE_MAX, STATUS_WORST_RANKS, Controller
+from supervisor.controller import view
+from supervisor.controller.daemon import Controller
+from supervisor.controller.view import STATUS_PAGE_MAX, STATUS_WORST_RANKS
 from supervisor.controller.http import STATUS, start_http
 from supervisor.protocol import Heartbeat
 
@@ -55,7 +56,7 @@ def test_status_is_rendered_in_a_worker_thread_while_the_loop_keeps_answering(tm
     c = big_controller(tmp_path)
     entered, release = threading.Event(), threading.Event()
     rendered_in: list[threading.Thread] = []
-    real = daemon.status_json
+    real = view.status_json
 
     def slow_render(snap, **kw):  # a render that takes as long as the test says
         rendered_in.append(threading.current_thread())
@@ -63,7 +64,7 @@ def test_status_is_rendered_in_a_worker_thread_while_the_loop_keeps_answering(tm
         assert release.wait(20)
         return real(snap, **kw)
 
-    monkeypatch.setattr(daemon, "status_json", slow_render)
+    monkeypatch.setattr(view, "status_json", slow_render)
 
     async def body(session, app):
         loop_thread = threading.current_thread()

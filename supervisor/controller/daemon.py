@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import copy
 import dataclasses
-import heapq
 import json
 import logging
 import os
 import signal
-import socket
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,14 +32,17 @@ from typing import Any, Awaitable, Callable
 from supervisor.checkpoint.cache import Scan, VerifiedCache
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller import preflight
+from supervisor.controller import recovery as recovery_step
+from supervisor.controller.executor import Executor
+from supervisor.controller.intake import Intake, grow_receive_buffer
+from supervisor.controller.view import StatusSnapshot, render_status
+from supervisor.controller.job_state import InState, JobState, as_path, as_tuple
+from supervisor.controller.recovery import Stage
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
-from supervisor.files import prune_oldest, rotate, set_aside, write_atomic
+from supervisor.files import rotate, set_aside
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
-    ACTION_ABORT,
-    ACTION_KILL_NODE,
-    ACTION_TEAR_DOWN,
     EXIT_CODES,
     CapacityWait,
     RUNG_KILL_NODE,
@@ -54,17 +53,14 @@ from supervisor.controller.decide import (
     JobPhase,
     Relaunch,
     RestartTimer,
-    Rung,
     Shrink,
     Stop,
     capacity,
     classify,
     grow,
     completed,
-    evidence_awaited,
     gang_size,
     in_place_ok,
-    ladder,
     note_refusals,
     pick_checkpoint,
     plan_next,
@@ -72,29 +68,20 @@ from supervisor.controller.decide import (
     restarted_in_place,
     restore_report,
     root_verdict,
-    rung_worked,
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
-from supervisor.metrics import MetricsState, Snapshot, take_snapshot
-from supervisor.platforms.node.agent_output import read_tail
+from supervisor.metrics import MetricsState, take_snapshot
 from supervisor.platforms.base import WAIT_CANNOT_START, LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
-    MAX_DATAGRAM,
     Env,
     OUTCOME_STOPPED,
     PHASE_DONE,
     PHASE_FAILED,
-    REJECT_OTHER_LAUNCH,
-    REJECT_STALE_ATTEMPT,
-    REJECT_UNAUTHENTICATED,
     ControlSequencer,
     Keys,
-    ProtocolError,
     control_message,
-    decode_heartbeat,
     derive_keys,
-    encode,
     new_launch_id,
 )
 
@@ -112,7 +99,6 @@ STANDBY_AFTER_S = 10.0
 instead of ones still importing it. Not at once: a job's start-up (its ranks building models,
 restoring) does not share its cores with them, and a job that ends within seconds never pays."""
 LEASE_RENEW_S = 10.0  # the job's owner lease (controller.state.JobLock) is renewed this often
-RECEIVE_BUFFER_BYTES = 16 << 20  # ~1 s of 16,384 heartbeats: the kernel's default holds ~10 ms
 STATE_FILE = state_file.STATE_FILE
 EVENTS_FILE = "events.jsonl"
 EVENTS_MAX_BYTES = 64 << 20
@@ -120,150 +106,6 @@ EVENTS_MAX_BYTES = 64 << 20
 EVENTS_KEPT = 8
 """Archived generations of events.jsonl kept beside it (the oldest beyond them is removed): at most
 (1 + EVENTS_KEPT) x EVENTS_MAX_BYTES in all, tens of thousands of faults' worth."""
-EVIDENCE_MAX_BYTES = 512 << 20
-"""The evidence folder's size at most: past it the oldest evidence files go (an event names them).
-A fault's file at 16,384 ranks is ~10 MB (every rank's last heartbeat)."""
-STATUS_ALL_RANKS = 256
-"""``/status`` lists every rank of a job of at most this many ranks (as ``/metrics`` does)."""
-STATUS_WORST_RANKS = 16
-"""Above :data:`STATUS_ALL_RANKS`: ``/status`` lists this many stalest and this many slowest ranks
-(``?offset=K&limit=N`` pages through the others)."""
-STATUS_PAGE_MAX = 1024
-"""Ranks in one page of ``/status?offset=K`` at most."""
-
-
-DRAIN_MAX = 256
-"""Heartbeats read per wake-up at most: bounded so that a flood cannot starve the ticks and the
-HTTP API sharing the loop (a full drain is followed at once by the next one)."""
-COALESCE_S = 0.005
-"""After a wake-up that read heartbeats, the intake stops watching its socket this long and lets
-them queue in the kernel (interrupt coalescing): a reader woken for every datagram pays an
-``epoll_wait``, a loop iteration and a failed read per heartbeat, which at 16,384 ranks a second
-was most of the controller's CPU. Heartbeats wait at most this long; timeouts are seconds."""
-_READ_SIZE = MAX_DATAGRAM + 1
-"""What one read asks for: asyncio's datagram transport reads with a 256 KiB buffer (its
-``max_size``); a frame longer than :data:`MAX_DATAGRAM` arrives cut to this size and is still
-refused as oversized."""
-
-
-class Intake(asyncio.DatagramProtocol):
-    """Heartbeats in: authenticate, validate, fence by attempt, record. Never raises.
-
-    The transport is kept for sending (control messages); reading is done by the intake itself,
-    on its own handle of the socket: up to :data:`DRAIN_MAX` datagrams per wake-up, then a pause
-    of :data:`COALESCE_S`. Where the transport cannot pause its own reading, it reads (one
-    datagram per callback, into ``datagram_received``) and the intake drains what else is queued.
-    """
-
-    def __init__(self, controller: "Controller") -> None:
-        self.c = controller
-        self.transport: asyncio.DatagramTransport | None = None
-        self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # set while the intake reads for itself
-        self._resume: asyncio.Handle | None = None  # watching again after a pause (COALESCE_S)
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        try:  # our own handle on the same socket
-            self._sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
-            self._sock.setblocking(False)
-        except (OSError, AttributeError):
-            self._sock = None  # one datagram per callback, as asyncio does
-            return
-        pause = getattr(transport, "pause_reading", None)
-        if pause is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-            pause()
-            self._loop = loop
-            self._watch()
-        except (RuntimeError, NotImplementedError):  # a loop without add_reader: the transport reads
-            self._loop = None
-            resume = getattr(transport, "resume_reading", None)
-            if resume is not None:
-                resume()
-
-    def connection_lost(self, exc) -> None:
-        if self._resume is not None:
-            self._resume.cancel()
-            self._resume = None
-        if self._sock is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(self._sock.fileno())  # a no-op while paused
-            self._loop = None
-            self._sock.close()
-            self._sock = None
-
-    def _watch(self) -> None:
-        self._resume = None
-        if self._sock is not None and self._loop is not None:
-            self._loop.add_reader(self._sock.fileno(), self._readable)
-
-    def _readable(self) -> None:
-        n = self._drain()
-        loop = self._loop
-        if loop is None or self._sock is None or n == 0:
-            return
-        loop.remove_reader(self._sock.fileno())
-        # more queued than one drain takes: go on after whatever else is ready; else coalesce
-        self._resume = loop.call_soon(self._watch) if n >= DRAIN_MAX else loop.call_later(COALESCE_S, self._watch)
-
-    def datagram_received(self, data: bytes, addr) -> None:
-        self._take(data, addr)
-        self._drain()
-
-    def _drain(self) -> int:
-        """Read and take what is queued, up to :data:`DRAIN_MAX` datagrams; how many were read."""
-        sock = self._sock
-        if sock is None:
-            return 0
-        recvfrom, take = sock.recvfrom, self._take
-        for n in range(DRAIN_MAX):
-            try:
-                data, addr = recvfrom(_READ_SIZE)
-            except OSError:  # BlockingIOError: nothing more queued
-                return n
-            take(data, addr)
-        return DRAIN_MAX
-
-    def _take(self, data: bytes, addr) -> None:
-        c = self.c
-        keys = c.keys
-        try:
-            if keys is None:
-                raise ProtocolError(REJECT_UNAUTHENTICATED, "no job token yet")
-            hb = decode_heartbeat(data, keys.heartbeat)
-        except ProtocolError as exc:
-            c.rejected[exc.reason] = c.rejected.get(exc.reason, 0) + 1
-            return
-        if hb.launch != c.launch_id:
-            # not this launch's: an earlier launch of this run (its ranks on their way out), or a
-            # launch this controller never made (another run's frame with the same token: replayed)
-            reason = REJECT_STALE_ATTEMPT if hb.launch in c.launch_ids else REJECT_OTHER_LAUNCH
-            c.rejected[reason] = c.rejected.get(reason, 0) + 1
-            return
-        if hb.attempt != c.attempt or hb.job != c.cfg.job:
-            if hb.job == c.cfg.job and c.attempt < hb.attempt <= c.launch_attempt + c.in_place_allowed:
-                # ranks restarted in place by their agents, ahead of the controller: the
-                # controller catches up (restarted_in_place), then takes their heartbeats
-                c.ahead_attempt = max(c.ahead_attempt or 0, hb.attempt)
-                return
-            c.rejected[REJECT_STALE_ATTEMPT] = c.rejected.get(REJECT_STALE_ATTEMPT, 0) + 1
-            return
-        if hb.world_size != c.registry.world_size and c.registry.world_size:
-            c.rejected["schema"] = c.rejected.get("schema", 0) + 1
-            return
-        c.received += 1
-        if c.registry.observe(hb, c.clock()):
-            c.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
-
-    def send(self, payload: dict, addr) -> None:
-        """A control message to a rank of the current launch (stamped with its id), under the
-        control key."""
-        c = self.c
-        if self.transport is not None and addr is not None and c.keys is not None:
-            self.transport.sendto(encode(payload | {"launch": c.launch_id}, c.keys.control), addr)
 
 
 class JobAlreadyFinished(Exception):
@@ -273,11 +115,33 @@ class JobAlreadyFinished(Exception):
 
 
 class Controller:
+    """One job's controller: its state (a :class:`JobState` value, replaced whole on every change,
+    saved before every action), its platform, and the executor of its recoveries' actions."""
+
+    # the job's state: each of these reads and writes a field of ``self.state``
+    phase = InState()
+    run_no = InState("run")
+    run_started = InState()
+    attempt = InState()
+    launch_attempt = InState()
+    in_place_allowed = InState()
+    in_place_used = InState()
+    launch_id = InState()
+    nodes = InState(to_state=as_tuple, from_state=list)
+    restore_from = InState()
+    restored = InState()
+    restored_step = InState()
+    ckpt_step_at_attempt_start = InState()
+    ckpt_root = InState(to_state=str, from_state=as_path)
+    latest_ckpt = InState("last_checkpoint")
+    stop_reason = InState()
+    history = InState()
+    recovery = InState()
+
     def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
         self.cfg = cfg
         self.fresh = fresh
-        self.run_no = 1
-        self.run_started = time.time()
+        self.state = JobState(cfg.job, run_started=time.time(), ckpt_root=str(Path(cfg.checkpoint_dir).resolve()))
         self.require_checkpoint = False
         self.skip_steps: list[int] = []
         self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
@@ -292,29 +156,17 @@ class Controller:
         self.checkpoint_times: collections.deque[float] = collections.deque(maxlen=8)  # metrics: the interval
         self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform  # a verdict to give once the gang is torn down
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
-        self.restored: str | None = None
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
         self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
         self.platform = platform
         self.clock = clock
         self.log_dir = Path(cfg.log_dir).resolve()
-        self.ckpt_root = Path(cfg.checkpoint_dir).resolve()
         self.state_path = self.log_dir / STATE_FILE
         self.registry = Registry()
-        self.phase = JobPhase.STARTING
-        self.attempt = 0
-        self.launch_attempt = 0
-        """The attempt the running agents were launched with (restarts in place raise ``attempt``)."""
-        self.in_place_allowed = 0  # restarts in place the running agents allow (their --max-restarts)
-        self.in_place_used = 0
         self.in_place_deadline: float | None = None  # the restarted ranks report in by then, or the gang goes
         self.in_place_failed = False
         self.ahead_attempt: int | None = None  # ranks of a later attempt heard (restarted in place)
-        self.history = History()
-        self.nodes: list[str] = []
         self.node_status: dict[str, NodeStatus] = {}
-        self.restore_from: str | None = None
-        self.restored_step = 0
         self.launched_at = clock()
         self.timers: list[RestartTimer] = []
         self.current_timer: RestartTimer | None = None
@@ -324,6 +176,7 @@ class Controller:
         self.addr_by_rank: dict[int, Any] = {}
         self.findings: list = []
         self.active_hang: Fault | None = None
+        self.executor = Executor(self)
         # the most recent fault, kept after it was handled (metrics: supervisor_last_fault_*)
         self.last_fault: Fault | None = None
         self.last_fault_culprits: list[tuple[int, str]] = []
@@ -332,14 +185,9 @@ class Controller:
         self.stragglers: dict[int, float] = {}
         self.timeouts = Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=cfg.health.startup_timeout_s,
                                  checkpoint_s=cfg.health.checkpoint_timeout_s)
-        self.latest_ckpt: dict[str, Any] | None = None
-        self.ckpt_step_at_attempt_start = -1
-        self.stop_reason = ""
         self.budget_exceeded = False
         self.keys: Keys | None = None
         self.token = b""  # the job token (held, never sent); sets ``keys``, derived from it
-        self.launch_id = ""
-        """The random id of the running gang's launch (Env.LAUNCH): only its frames are taken."""
         self.launch_ids: collections.deque[str] = collections.deque(maxlen=64)
         """This run's launch ids, the current one last: a frame of an earlier one is a stale attempt."""
         self.intake_port = cfg.intake.port
@@ -428,7 +276,7 @@ class Controller:
         loop = asyncio.get_running_loop()
         transport, self.intake = await self._bind_intake(loop, saved, adopt_gang)
         self.intake_port = transport.get_extra_info("sockname")[1]
-        _grow_receive_buffer(transport.get_extra_info("socket"))
+        grow_receive_buffer(transport.get_extra_info("socket"))
         from supervisor.controller.http import start_http
 
         runner = await self._bind_http(start_http, saved)
@@ -441,11 +289,18 @@ class Controller:
             # from here to the end the controller answers: what watches it starts before any launch
             api = f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}"
             await self.platform.serving(api)
+            # a recovery the previous controller was in the middle of is finished, at its stage
+            resume = saved is not None and saved.get("recovery") is not None and \
+                JobPhase(saved["phase"]) not in TERMINAL
             if adopt_gang:
-                self._adopt(saved)
+                self._adopt(saved, save=not resume)  # (a resumed recovery saves itself)
+            elif resume:
+                self._continue(saved)
             else:
                 await self._preflight()
                 await self._first_launch(saved)
+            if resume:
+                self._resume_recovery(saved, gang_found=adopt_gang)
             self.ready = True
             await self._reconcile_loop()
             await self._linger()
@@ -665,7 +520,7 @@ class Controller:
                          f"accepts (world_sizes={list(n.world_sizes)}, multiple of {n.world_size_multiple_of})")
             return
         await self._scan_checkpoints()
-        pick = pick_checkpoint(self._usable_checkpoints(), self.history, self.cfg.restart.allow_fresh_start)
+        pick = self._pick_checkpoint()
         if isinstance(pick, Stop):
             self._finish(pick.phase, pick.reason)
             return
@@ -677,29 +532,44 @@ class Controller:
         else:
             await self._launch_unless_handed_off(slots[:size], pick, None)
 
-    def _adopt(self, saved: dict) -> None:
-        attempt = int(saved["attempt"])
-        self.attempt = attempt
-        self.launch_attempt = _launched_as(saved)
-        self.in_place_allowed = int(saved.get("in_place_allowed", 0))
-        self.in_place_used = int(saved.get("in_place_used", 0))
-        # the running ranks' launch (their environment's): only its frames are theirs. A gang saved
-        # without one (an older controller's) speaks another wire: it is heard as silent and relaunched
-        self.launch_id = saved.get("launch_id", "")
-        self.launch_ids.append(self.launch_id)
-        self.history = saved["history"]
-        self.skip_steps = list(self.history.skip_steps)
-        self.nodes = list(saved.get("nodes", []))
-        self.restore_from = saved.get("restore_from")
-        self.restored_step = int(saved.get("restored_step", 0))
-        self.ckpt_step_at_attempt_start = int(saved.get("ckpt_step_at_attempt_start", -1))
-        self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        self.registry.reset(attempt, len(self.nodes) * self.cfg.nproc_per_node)
+    def _adopt(self, saved: dict, *, save: bool = True) -> None:
+        self._continue(saved)
         self.launched_at = self.clock()
         self.phase = JobPhase.STARTING
-        self.event("adopted", attempt=attempt, nodes=self.nodes)
-        log.info("event=adopted attempt=%d nodes=%s (the running gang was not touched)", attempt, self.nodes)
+        self.event("adopted", attempt=self.attempt, nodes=self.nodes)
+        log.info("event=adopted attempt=%d nodes=%s (the running gang was not touched)", self.attempt, self.nodes)
+        if save:
+            self._save_state()
+
+    def _resume_recovery(self, saved: dict, *, gang_found: bool) -> None:
+        """Go on with the recovery the saved state was in (:func:`~.recovery.resume`), with its
+        restart's timer: the gang, where it was found, is adopted first."""
+        rec = recovery_step.resume(self.recovery, gang_found=gang_found)
+        if saved.get("restart_timer"):
+            self.current_timer = RestartTimer.from_saved(saved["restart_timer"], self._from_unix)
+            self.timers.append(self.current_timer)
+        self.recovery = rec
+        self.executor.in_place = None
+        self.phase = JobPhase.RECOVERING
+        self.active_hang = self.last_fault = rec.fault
+        self.last_fault_attempt, self.last_fault_unix = self.attempt, self._to_unix(rec.fault.fault_at)
+        if not gang_found:
+            self.platform.exclude(list(self.history.excluded))
+        log.warning("event=recovery_resumed attempt=%d kind=%s stage=%s rung=%d gang_found=%s", self.attempt,
+                    rec.fault.kind, rec.stage.value, rec.rung, gang_found)
+        self.event("recovery_resumed", attempt=self.attempt, kind=rec.fault.kind, stage=rec.stage.value, rung=rec.rung,
+                   gang_found=gang_found, detail="the previous controller stopped in the middle of this recovery; "
+                   "this one finishes it from that stage")
         self._save_state()
+
+    def _continue(self, saved: dict) -> None:
+        """The saved run's attempt, launch and history, taken over by this controller."""
+        self.state = self.state.continued(saved, self._from_unix)
+        self.launch_ids.append(self.launch_id)  # the running ranks' launch: only its frames are theirs
+        self.skip_steps = list(self.history.skip_steps)
+        attempt = self.attempt
+        self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
+        self.registry.reset(attempt, len(self.nodes) * self.cfg.nproc_per_node)
 
     # ------------------------------------------------------------------ the loop
     async def _reconcile_loop(self) -> None:
@@ -727,7 +597,17 @@ class Controller:
             except PlatformError as exc:
                 log.error("event=platform_error error=%s (state kept; retrying)", exc)
                 self.event("platform_error", error=str(exc))
-            await asyncio.sleep(TICK_S)
+            await self._sleep(recovery_step.poll_s(self.recovery, TICK_S))
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until the next look: ``seconds``, or a stop (a signal), whichever comes first."""
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
 
     def _renew_lease(self) -> None:
         """Keep the job's lease (a shared filesystem: another host's controller may take a stale
@@ -758,6 +638,9 @@ class Controller:
                                     "stopped without touching the gang or the state")
 
     async def _tick(self) -> None:
+        if self.recovery is not None:
+            await self._advance_recovery()
+            return
         now = self.clock()
         self.node_status = await self.platform.observe()
         self._poll_checkpoints()
@@ -895,7 +778,7 @@ class Controller:
             await self.platform.teardown(r.teardown_grace_s)
             self.capacity_since, self.capacity_message = None, ""
             await self._scan_checkpoints()
-            pick = pick_checkpoint(self._usable_checkpoints(), self.history, r.allow_fresh_start)
+            pick = self._pick_checkpoint()
             if isinstance(pick, Stop):
                 self._finish(pick.phase, pick.reason)
                 return True
@@ -933,7 +816,7 @@ class Controller:
         if self.latest_ckpt and self.latest_ckpt["step"] > before:
             self.event("emergency_checkpoint", name=self.latest_ckpt["name"], step=self.latest_ckpt["step"],
                        detail="written by the ranks on the way out; the larger gang resumes from it")
-        pick = pick_checkpoint(self._usable_checkpoints(), self.history, self.cfg.restart.allow_fresh_start)
+        pick = self._pick_checkpoint()
         if isinstance(pick, Stop):
             self._finish(pick.phase, pick.reason)
             return True
@@ -1068,7 +951,8 @@ class Controller:
         if report.restored != self.restore_from and self.restore_from:
             log.warning("event=restored_other_than_announced attempt=%d announced=%s restored=%s refused=%s",
                         self.attempt, self.restore_from, report.restored, refused)
-        for name, why in note_refusals(self.history, report):
+        self.history, newly = note_refusals(self.history, report)
+        for name, why in newly:
             self.event("checkpoint_suspect", name=name, detail=why)
         parsed = parse_name(report.restored) if report.restored else None
         self.restored_step = parsed[0] if parsed else 0
@@ -1149,7 +1033,8 @@ class Controller:
         if found is None:
             self.latest_ckpt = None
         else:
-            self.history.had_checkpoint = True
+            if not self.history.had_checkpoint:
+                self.history = dataclasses.replace(self.history, had_checkpoint=True)
             if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
                 self.event("checkpoint_complete", name=found.name, step=found.step)
                 self.checkpoint_times.append(found.manifest.created_unix)
@@ -1167,6 +1052,8 @@ class Controller:
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self, fault: Fault) -> None:
+        """A fault is detected: its recovery begins (:mod:`~supervisor.controller.recovery`), and
+        its first step is taken at once."""
         self._check_lease()
         now = self.clock()
         self.phase = JobPhase.RECOVERING
@@ -1185,59 +1072,31 @@ class Controller:
                   list(fault.ranks), list(fault.nodes), fault.detail)
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
                    detection_s=round(now - fault.fault_at, 3))
-        await self._save_evidence(fault)
-        if self.in_place_allowed and await self._restart_in_place(fault, timer):
-            return
-        worked = False  # a rung whose nodes exited in time: straight on to the teardown
-        for rung in ladder(fault, abort_grace_s=self.cfg.restart.abort_grace_s):
-            if worked and rung.action != ACTION_TEAR_DOWN:
-                continue
-            if rung.action == ACTION_ABORT:
-                for rank in rung.ranks:
-                    self.intake.send(control_message("abort", attempt=self.attempt, rank=rank,
-                                                     seq=self.control_seq.next(),
-                                                     reason=f"{fault.kind}: {fault.detail}"[:400]),
-                                     self.addr_by_rank.get(rank))
-                self.event("action", attempt=self.attempt, action=rung.action, ranks=list(rung.ranks),
-                           reason=fault.kind)
-            elif rung.action == ACTION_KILL_NODE:
-                for node in rung.nodes:
-                    self.event("action", attempt=self.attempt, action=rung.action, node=node, reason=fault.kind)
-                    await self.platform.kill_node(node)
-            else:
-                self.event("action", attempt=self.attempt, action=rung.action, reason=fault.kind)
-                self._check_lease()
-                await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-            worked = rung.wait_s > 0 and await self._rung_works(rung)
-        timer.torn_down_at = self.clock()
-        if not fault.node_failure:
-            # a platform may learn only while tearing down that a node cannot answer (Slurm: a
-            # cancel it could not confirm): count that node, and only it, as failed
-            stopped = tuple(sorted(n for n, st in (await self.platform.observe()).items() if st.stopped))
-            if stopped:
-                fault = dataclasses.replace(fault, nodes=stopped, node_failure=True)
-                self.event("nodes_unresponsive", attempt=self.attempt, nodes=list(stopped), reason=fault.kind)
-        await self._scan_checkpoints()
-        suspects_before = set(self.history.suspects)
-        decision = self._plan(fault, self.history)
-        self._tell_suspects(suspects_before)
-        self.active_hang = None
-        if isinstance(decision, Stop):
-            self._finish(decision.phase, decision.reason)
-            return
-        assert isinstance(decision, Relaunch)
-        if decision.newly_excluded:
-            self.event("nodes_excluded", nodes=list(decision.newly_excluded), reason=fault.kind)
-        self.platform.exclude(list(self.history.excluded))
-        self.require_checkpoint = decision.require_checkpoint
-        if decision.skip_steps and decision.skip_steps != tuple(self.skip_steps):
-            self.event("batches_skipped", steps=list(decision.skip_steps),
-                       detail="a non-finite loss recurred at these steps: the ranks skip their batches")
-        self.skip_steps = list(decision.skip_steps)
-        # every message and process of the next gang carries the new number, above any the old
-        # agents could still give a rank they restart in place
-        self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
-        await self._launch_retrying(list(decision.nodes), decision.restore_from, timer)
+        self.recovery = recovery_step.begin(fault, in_place=bool(self.in_place_allowed))
+        self.executor.in_place = None
+        await self._advance_recovery()
+
+    async def _advance_recovery(self) -> None:
+        """Steps of the recovery (:func:`~supervisor.controller.recovery.step`), each saved before
+        its actions are carried out (:class:`~supervisor.controller.executor.Executor`), until one
+        has to wait (for the ranks' stacks, a rung's grace) or the recovery is over."""
+        while self.recovery is not None and self.phase not in TERMINAL and not self._stop.is_set():
+            rec = self.recovery
+            waits_on_nodes = rec.stage == Stage.RUNG and rec.acted
+            obs = recovery_step.Observation(
+                now=self.clock(), nodes=await self.platform.observe() if waits_on_nodes else self.node_status,
+                rank_pids={r: r_.hb.pid for r, r_ in self.registry.ranks.items() if r_.hb.pid},
+                answered=self.executor.answered(), in_place=self.executor.in_place)
+            new, actions = recovery_step.step(rec, obs, recovery_step.Policy(
+                abort_grace_s=self.cfg.restart.abort_grace_s,
+                evidence_wait_s=min(1.0, self.cfg.heartbeat.interval_s * 1.2)))  # older workers never answer
+            if new == rec and not actions:
+                return  # waiting
+            self.recovery = new
+            if actions or new is None:
+                self._save_state()  # what is about to be done, before it is done
+            for action in actions:
+                await self.executor.run(action, rec if new is None else new)
 
     async def _launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
         """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
@@ -1267,8 +1126,7 @@ class Controller:
         attempt number and ask for the restore point. Returns False (nothing done) otherwise."""
         self.node_status = await self.platform.observe()
         await self._scan_checkpoints()
-        preview = copy.deepcopy(self.history)
-        decision = self._plan(fault, preview)
+        decision, preview = self._plan(fault, self.history)  # kept only if this path is taken
         why_not = in_place_ok(fault=fault, decision=decision, nodes=self.node_status, previous_nodes=self.nodes,
                               allowed=self.in_place_allowed, used=self.in_place_used, skip_steps=self.skip_steps,
                               last_failed=self.in_place_failed, kills_ranks=self.platform.kills_ranks)
@@ -1316,8 +1174,15 @@ class Controller:
             if name not in before:
                 self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
 
-    def _plan(self, fault: Fault, history: History) -> Relaunch | Stop:
-        """What comes after ``fault`` (:func:`plan_next`, which updates ``history``), on the
+    def _pick_checkpoint(self) -> str | None | Stop:
+        """The checkpoint a launch resumes from (:func:`pick_checkpoint`), of the last look at the root."""
+        usable = self._usable_checkpoints()
+        if usable and not self.history.had_checkpoint:
+            self.history = dataclasses.replace(self.history, had_checkpoint=True)
+        return pick_checkpoint(usable, self.history, self.cfg.restart.allow_fresh_start)
+
+    def _plan(self, fault: Fault, history: History) -> tuple[Relaunch | Stop, History]:
+        """What comes after ``fault``, and the history after it (:func:`plan_next`), on the
         checkpoints of the last :meth:`_scan_checkpoints` (its callers look first)."""
         made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
         straggler_nodes = []
@@ -1364,52 +1229,6 @@ class Controller:
                     self.attempt)
         self.event("launch_abandoned", attempt=self.attempt,
                    detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
-
-    async def _rung_works(self, rung: Rung) -> bool:
-        """Whether the rung's action takes within its ``wait_s`` (:func:`rung_worked`)."""
-        pids = {r: rec.hb.pid for r, rec in self.registry.ranks.items() if rec.hb.pid}
-        deadline = self.clock() + rung.wait_s
-        while self.clock() < deadline:
-            if rung_worked(rung, await self.platform.observe(), pids):
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
-    async def _save_evidence(self, fault: Fault) -> None:
-        """Before anything is killed: every live rank dumps its stacks; keep their last heartbeats."""
-        asked: dict[int, int] = {}
-        for rank, addr in self.addr_by_rank.items():
-            asked[rank] = self.control_seq.next()
-            self.intake.send(control_message("dump", attempt=self.attempt, rank=rank, seq=asked[rank],
-                                             reason=fault.kind), addr)
-        interval = self.cfg.heartbeat.interval_s
-        reg = self.registry
-        awaited = evidence_awaited(fault, {r: (rec.hb.phase, rec.received) for r, rec in reg.ranks.items()
-                                           if r in asked}, now=self.clock(), fresh_s=2 * interval)
-
-        def answered(rank: int) -> bool:  # its stacks are on disk: a heartbeat naming the request
-            rec = reg.ranks.get(rank)
-            return rec is not None and rec.hb.dump_seq >= asked[rank]
-
-        # until every rank that can answer has (it answers at once), at most as long as a
-        # heartbeat interval and a little (older workers never answer)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(1.0, interval * 1.2)
-        while loop.time() < deadline and not all(answered(r) for r in awaited):
-            await asyncio.sleep(0.01)
-        ev_dir = self.log_dir / "evidence"
-        path = ev_dir / f"attempt-{self.attempt}-{int(time.time())}-{fault.kind}.json"
-        head = {"fault": fault.to_dict(), "attempt": self.attempt, "time": time.time(),
-                "findings": list(self.findings), "nodes": dict(self.node_status)}
-        # built, encoded and written in a worker thread (16,384 ranks' heartbeats are megabytes);
-        # the records as they are now (a heartbeat arriving meanwhile replaces one, whole)
-        pruned = await asyncio.to_thread(_write_evidence, path, head, list(self.registry.ranks.items()), asked,
-                                         awaited, answered, self.clock(), self.log_dir / "ranks")
-        self.event("evidence_saved", attempt=self.attempt, path=str(path))
-        if pruned:
-            self.event("evidence_rotated", removed=[p.name for p in pruned[:20]], count=len(pruned),
-                       cap_bytes=EVIDENCE_MAX_BYTES, detail="the oldest evidence files of this log directory, past "
-                       "its cap")
 
     async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
         await self._arm(nodes, restore_from, timer, self.platform.launch)
@@ -1551,128 +1370,21 @@ class Controller:
 
     def _save_state(self) -> None:
         self._check_lease()  # the state is the new owner's once the lease is lost
-        state_file.save(self.state_path, {
-            "job": self.cfg.job, "phase": self.phase.value, "attempt": self.attempt, "nodes": self.nodes,
-            "restore_from": self.restore_from, "restored": self.restored, "restored_step": self.restored_step,
-            "ckpt_step_at_attempt_start": self.ckpt_step_at_attempt_start, "history": self.history,
+        # the job's state, and beside it what only this controller knows (where it listens, what
+        # its platform runs) and the restart under way's timer
+        state_file.save(self.state_path, self.state.to_saved(self._to_unix) | {
             "intake_port": self.intake_port, "http_port": self.http_port, "http_host": self.cfg.http.host,
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
-            "stop_reason": self.stop_reason, "ckpt_root": str(self.ckpt_root), "last_checkpoint": self.latest_ckpt,
-            "run": self.run_no, "run_started": self.run_started,
-            "launch_attempt": self.launch_attempt, "in_place_allowed": self.in_place_allowed,
-            "in_place_used": self.in_place_used, "launch_id": self.launch_id,
+            "restart_timer": None if self.current_timer is None or self.current_timer.done else
+            self.current_timer.to_saved(self._to_unix),
         } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
 
+    def _to_unix(self, t: float) -> float:
+        """A time of this controller's clock as wall-clock time (what a replacement can read)."""
+        return time.time() - (self.clock() - t)
 
-@dataclasses.dataclass
-class StatusSnapshot:
-    """One ``/status`` snapshot: the metrics' snapshot of the ranks and the job, and the
-    status-only fields (plain values and references to objects the controller replaces)."""
-
-    metrics: Snapshot
-    extra: dict[str, Any]
-
-
-def render_status(snap: StatusSnapshot, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
-    """The ``/status`` document of ``snap``; safe off the event loop (it reads the ranks' records
-    once). Per-rank detail is capped: every rank of a job of at most :data:`STATUS_ALL_RANKS`
-    ranks; above it the :data:`STATUS_WORST_RANKS` stalest (oldest heartbeat) and the
-    :data:`STATUS_WORST_RANKS` slowest (highest straggler score); with ``offset`` (and
-    ``limit``, at most :data:`STATUS_PAGE_MAX`) one page of ranks in rank order. ``ranks_summary``
-    says which were listed and sums up the others (phases, steps, stale ranks, stragglers)."""
-    m, x = snap.metrics, snap.extra
-    now, timeout = m.now, m.timeout_s
-    recs = m.ranks
-    scores = m.stragglers
-    rows: dict[int, Any] = {rec.hb.rank: rec for rec in recs}
-    ages = {r: now - rec.received for r, rec in rows.items()}
-    phases = collections.Counter(rec.hb.phase for rec in recs)
-    steps = [rec.hb.step for rec in recs]
-    active = [r for r, rec in rows.items() if rec.hb.phase != PHASE_DONE]
-    stale = [r for r in active if ages[r] > timeout]
-    over = [r for r, score in scores.items() if score > m.straggler_threshold and r in rows]
-    if offset is not None or limit is not None:
-        start = max(0, offset or 0)
-        count = min(STATUS_PAGE_MAX, STATUS_PAGE_MAX if limit is None else max(0, limit))
-        shown = sorted(rows)[start:start + count]
-        selection = "page"
-    elif len(rows) <= STATUS_ALL_RANKS:
-        start, count, shown, selection = 0, len(rows), sorted(rows), "all"
-    else:
-        stalest = heapq.nlargest(STATUS_WORST_RANKS, active, key=ages.__getitem__)
-        slowest = heapq.nlargest(STATUS_WORST_RANKS, scores, key=scores.__getitem__)
-        start, count, selection = 0, 0, "stalest_and_slowest"
-        shown = sorted(set(stalest) | {r for r in slowest if r in rows})
-    ranks = []
-    for r in shown:
-        rec = rows[r]
-        hb = rec.hb
-        age = max(0.0, now - rec.received)
-        ranks.append({
-            "rank": r, "node": hb.node, "step": hb.step, "phase": hb.phase,
-            "phase_s": round(hb.phase_s + age, 2), "heartbeat_age_s": round(age, 2), "coll_seq": hb.coll_seq,
-            "coll_inside": hb.coll_inside, "straggler_score": round(scores.get(r, 1.0), 3),
-            "watchdog": hb.watchdog, "loss_ok": hb.loss_ok,
-        })
-    summary = {
-        "heard": len(rows), "listed": len(ranks), "omitted": len(rows) - len(ranks), "selection": selection,
-        "by_phase": dict(phases), "step_min": min(steps, default=0), "step_max": max(steps, default=0),
-        "heartbeat_age_max_s": round(max((max(0.0, ages[r]) for r in active), default=0.0), 2),
-        "stale": len(stale), "stragglers": len(over), "page_max": STATUS_PAGE_MAX,
-    }
-    if selection == "page":
-        summary |= {"offset": start, "limit": count,
-                    "next_offset": start + count if start + count < len(rows) else None}
-    elif selection == "stalest_and_slowest":
-        summary["worst"] = STATUS_WORST_RANKS
-    budget = m.budget_s
-    return {
-        "job": m.job, "phase": m.phase, "attempt": m.attempt, "as_of_unix": round(m.unix, 3),
-        "world_size": m.world_size, "alive_ranks": len(active) - len(stale),
-        "nodes": [{"name": n, "state": st.state.value, "pid": st.pid, "exit_code": st.exit_code, "stopped": st.stopped,
-                   "waiting": st.waiting, "reason": st.reason, "detail": st.detail}
-                  for n, st in sorted(x["nodes"].items())],
-        "waiting_for_capacity": x.get("waiting_for_capacity"),
-        "excluded_nodes": x["excluded_nodes"], "suspect_checkpoints": x["suspect_checkpoints"],
-        "suspect_why": x["suspect_why"], "checkpoint_root": x["checkpoint_root"],
-        "restored": x["restored"], "restore_refused": x["restore_refused"],
-        "run": x["run"], "log_dir": x["log_dir"],
-        "ranks": ranks, "ranks_summary": summary, "step_rate": round(m.step_rate, 3),
-        "last_checkpoint": None if not m.checkpoint else m.checkpoint | {
-            "age_s": round(m.unix - m.checkpoint["created_unix"], 1)},
-        "restore_from": x["restore_from"],
-        "restarts": [t.to_dict(now, budget) for t in x["timers"]],
-        "findings": [f.to_dict() for f in x["findings"]],
-        "timeouts": x["timeouts"], "budget_s": budget, "budget_remaining_s": m.budget_remaining_s,
-        "budget_exceeded": m.budget_exceeded, "rejected_heartbeats": m.rejected,
-        "heartbeats_received": m.received, "stop_reason": x["stop_reason"],
-        "exit_code": x["exit_code"],
-    }
-
-
-def status_json(snap: StatusSnapshot, *, offset: int | None = None, limit: int | None = None) -> bytes:
-    """:func:`render_status` encoded (what ``/status`` serves; off the event loop)."""
-    return json.dumps(render_status(snap, offset=offset, limit=limit)).encode()
-
-
-def _write_evidence(path: Path, head: dict, records: list, asked: dict[int, int], awaited, answered,
-                    now: float, rank_log_dir: Path) -> list[Path]:
-    """The evidence file of a fault (off the event loop), then the oldest evidence files past
-    :data:`EVIDENCE_MAX_BYTES` removed (never this one); returns those."""
-    ranks = {r: {"heartbeat": rec.hb.to_payload(), "age_s": round(now - rec.received, 3)} for r, rec in sorted(records)}
-    doc = {
-        "fault": head["fault"], "attempt": head["attempt"], "time": head["time"],
-        "findings": [f.to_dict() for f in head["findings"]],
-        "nodes": {n: asdict(st) for n, st in head["nodes"].items()},
-        "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
-        # asked to dump their stacks; of those, the ones that could answer; the ones that did
-        "asked": sorted(asked), "awaited": sorted(awaited),
-        "answered": sorted(filter(answered, asked)),
-        "rank_log_dir": str(rank_log_dir),
-    }
-    path.parent.mkdir(exist_ok=True)
-    write_atomic(path, json.dumps(doc, indent=1, default=str).encode(), mode=0o644)
-    return prune_oldest(path.parent, EVIDENCE_MAX_BYTES, suffix=".json", keep=[path.name])
+    def _from_unix(self, unix: float) -> float:
+        return self.clock() - (time.time() - unix)
 
 
 def _launched_as(saved: dict) -> int:
@@ -1688,25 +1400,3 @@ def _last_logged_step(path: Path, attempt: int) -> int | None:
         if rec.get("attempt") == attempt and isinstance(rec.get("step"), int):
             return rec["step"]
     return None
-
-
-_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)
-"""Linux's SO_RCVBUFFORCE (33; Python's socket module does not name it, so without the number
-the buffer stayed capped at net.core.rmem_max even as root)."""
-
-
-def _grow_receive_buffer(sock) -> None:
-    """Room for bursts of heartbeats while a tick runs; beyond net.core.rmem_max only as root."""
-    if sock is None:
-        return
-    for opt in (_SO_RCVBUFFORCE, socket.SO_RCVBUF):
-        if opt is None:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, RECEIVE_BUFFER_BYTES)
-            return
-        except OSError:
-            continue
-
-
-

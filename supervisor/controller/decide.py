@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping
 
 from supervisor.health import Finding, Kind
@@ -649,28 +649,50 @@ class Stop:
     reason: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class History:
     """What the progress guard, node exclusion and checkpoint choice remember across the
-    attempts of one run (a new run after a finished one starts a new history)."""
+    attempts of one run (a new run after a finished one starts a new history). A value: the
+    decisions return a new one (lists given are kept as tuples, mappings as copies)."""
 
     restarts: int = 0
     attempts_without_progress: int = 0
-    node_failures: dict[str, int] = field(default_factory=dict)
-    excluded: list[str] = field(default_factory=list)
-    suspects: list[str] = field(default_factory=list)
-    suspect_why: dict[str, str] = field(default_factory=dict)
-    no_step_after: dict[str, int] = field(default_factory=dict)
+    node_failures: Mapping[str, int] = field(default_factory=dict)
+    excluded: tuple[str, ...] = ()
+    suspects: tuple[str, ...] = ()
+    suspect_why: Mapping[str, str] = field(default_factory=dict)
+    no_step_after: Mapping[str, int] = field(default_factory=dict)
     """Per checkpoint: attempts that restored it and then completed no step (ranks' reports)."""
     had_checkpoint: bool = False
     """A complete checkpoint existed in this run: training from scratch would lose progress."""
-    nonfinite_steps: list[int] = field(default_factory=list)
+    nonfinite_steps: tuple[int, ...] = ()
     """Steps at which a rank reported a non-finite loss, one entry per attempt it happened in."""
-    skip_steps: list[int] = field(default_factory=list)
+    skip_steps: tuple[int, ...] = ()
     startup_failure: str = ""
     """The last attempt's failure if it came before any step (else ""): the same one twice stops."""
-    oom_at: list[str] = field(default_factory=list)
+    oom_at: tuple[str, ...] = ()
     """``RANK@STEP`` of every out-of-memory kill: the same rank at the same step again stops."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, list):
+                object.__setattr__(self, f.name, tuple(v))
+            elif isinstance(v, dict):
+                object.__setattr__(self, f.name, dict(v))
+
+
+class _Draft:
+    """:func:`plan_next`'s working copy of a :class:`History` (lists and dicts it may change),
+    frozen again into the history it returns."""
+
+    def __init__(self, h: History) -> None:
+        for f in fields(h):
+            v = getattr(h, f.name)
+            setattr(self, f.name, list(v) if isinstance(v, tuple) else dict(v) if isinstance(v, Mapping) else v)
+
+    def freeze(self) -> History:
+        return History(**{f.name: getattr(self, f.name) for f in fields(History)})
 
 
 @dataclass(frozen=True)
@@ -723,15 +745,15 @@ def restore_report(heartbeats: Iterable[Any]) -> RestoreReport:
     )
 
 
-def note_refusals(history: History, report: RestoreReport) -> list[tuple[str, str]]:
-    """Checkpoints the ranks refused become suspect now; returns the newly suspect ones."""
-    newly = []
-    for name, why in report.refused:
-        if name not in history.suspects:
-            history.suspects.append(name)
-            history.suspect_why[name] = f"the ranks refused it: {why}"
-            newly.append((name, history.suspect_why[name]))
-    return newly
+def note_refusals(history: History, report: RestoreReport) -> tuple[History, list[tuple[str, str]]]:
+    """Checkpoints the ranks refused become suspect now: the history after that, and the newly
+    suspect ones."""
+    newly = [(name, f"the ranks refused it: {why}") for name, why in dict(report.refused).items()
+             if name not in history.suspects]
+    if not newly:
+        return history, []
+    return replace(history, suspects=(*history.suspects, *(n for n, _ in newly)),
+                   suspect_why={**history.suspect_why, **dict(newly)}), newly
 
 
 def root_verdict(watched: str, report: RestoreReport) -> tuple[str, str]:
@@ -763,11 +785,10 @@ def gang_size(available: int, nodes_min: int, nodes_max: int, nproc_per_node: in
 def pick_checkpoint(checkpoints: list[str], history: History, allow_fresh_start: bool) -> str | None | Stop:
     """The checkpoint to resume from: the newest of ``checkpoints`` (those that verify, newest
     first) that is not suspect; None for a fresh start, allowed only for a job that never had a
-    checkpoint (or when the operator allowed it); else a Stop in ``STOPPED_NO_CHECKPOINT``."""
-    if checkpoints:
-        history.had_checkpoint = True
+    checkpoint (or when the operator allowed it); else a Stop in ``STOPPED_NO_CHECKPOINT``. Any
+    checkpoint given means the job has had one (the caller's history says so from then on)."""
     pick = next((c for c in checkpoints if c not in history.suspects), None)
-    if pick is None and history.had_checkpoint and not allow_fresh_start:
+    if pick is None and (history.had_checkpoint or checkpoints) and not allow_fresh_start:
         why = ("; ".join(f"{n}: {history.suspect_why.get(n, 'suspect')}" for n in history.suspects)
                or "none is left that verifies")
         return Stop(JobPhase.STOPPED_NO_CHECKPOINT,
@@ -799,8 +820,8 @@ def plan_next(
     skip_batches: int = 0,
     straggler_nodes: Iterable[str] = (),
     hosts: Mapping[str, str] | None = None,
-) -> Relaunch | Stop:
-    """Decide the next attempt after a failed one; updates ``history`` in place.
+) -> tuple[Relaunch | Stop, History]:
+    """Decide the next attempt after a failed one, and the run's history after it.
 
     * a checkpoint the ranks refused (verification or load failed) is suspect; so is one that
       two attempts restored without completing a step after it (the ranks' own reports, not
@@ -824,9 +845,11 @@ def plan_next(
       attempts in a row, is a job that cannot start: it stops at once with that error
       (``STOPPED_STARTUP_FAILURE``) instead of spending the restart budget on it.
     """
-    note_refusals(history, report)
+    history = _Draft(note_refusals(history, report)[0])
+    if checkpoints:
+        history.had_checkpoint = True
     if fault.kind in STOP_AT_ONCE:
-        return Stop(JobPhase.STOPPED_STARTUP_FAILURE, f"the job cannot start: {fault.detail}")
+        return Stop(JobPhase.STOPPED_STARTUP_FAILURE, f"the job cannot start: {fault.detail}"), history.freeze()
     # only a failure the restored state could have caused speaks against it: a lost or killed
     # node, a preemption, a silent rank or a non-finite loss (its step ran: the load worked) do not
     if (report.state == "restored" and report.restored and not report.stepped
@@ -856,7 +879,8 @@ def plan_next(
     signature = re.sub(r"\branks? [\d, ]+", "rank N", f"{fault.kind}: {fault.detail}") if before_first_step else ""
     if signature and signature == history.startup_failure:
         return Stop(JobPhase.STOPPED_STARTUP_FAILURE,
-                    f"the job fails the same way before its first step in two attempts in a row: {fault.detail}")
+                    f"the job fails the same way before its first step in two attempts in a row: {fault.detail}"), \
+            history.freeze()
     history.startup_failure = signature
     if fault.kind == "oom" and fault.step is not None:
         key = f"{fault.ranks[0] if fault.ranks else -1}@{fault.step}"
@@ -864,7 +888,8 @@ def plan_next(
             return Stop(JobPhase.STOPPED_OUT_OF_MEMORY,
                         f"{fault.detail}: the same rank ran out of memory at the same step after a restart from a "
                         "verified checkpoint: a restart does not fix a memory bug (lower the batch or the model's "
-                        "memory, or raise the container's memory limit), stopping instead of looping")
+                        "memory, or raise the container's memory limit), stopping instead of looping"), \
+                history.freeze()
         history.oom_at.append(key)
     if fault.kind == "nonfinite" and fault.step is not None:
         again = [s for s in history.nonfinite_steps if abs(s - fault.step) <= nonfinite_window]
@@ -877,32 +902,38 @@ def plan_next(
                             f"non-finite loss at step {fault.step} again after a restart from a verified checkpoint "
                             f"(earlier at step {again[-1]}; window {nonfinite_window} steps"
                             + (f", {len(history.skip_steps)} batches skipped already" if skip_batches else
-                               "; nonfinite.skip_batches is 0") + "): not transient, stopping instead of looping")
+                               "; nonfinite.skip_batches is 0") + "): not transient, stopping instead of looping"), \
+                    history.freeze()
     if history.restarts > max_restarts:
-        return Stop(JobPhase.STOPPED_MAX_RESTARTS, f"{history.restarts - 1} restarts reached restart.max_restarts={max_restarts}")
+        return Stop(JobPhase.STOPPED_MAX_RESTARTS,
+                    f"{history.restarts - 1} restarts reached restart.max_restarts={max_restarts}"), history.freeze()
     if history.attempts_without_progress >= guard_attempts:
         return Stop(JobPhase.STOPPED_NO_PROGRESS,
                     f"{history.attempts_without_progress} attempts in a row without a new complete checkpoint "
-                    f"(last fault: {fault.kind}: {fault.detail[:300]})")
+                    f"(last fault: {fault.kind}: {fault.detail[:300]})"), history.freeze()
     healthy = [s for s in slots if s not in history.excluded]
     if len(healthy) < nodes_min:
         return Stop(JobPhase.STOPPED_NO_CAPACITY,
-                    f"{len(healthy)} healthy node slots left, nodes.min is {nodes_min} (excluded: {history.excluded})")
-    pick = pick_checkpoint(checkpoints, history, allow_fresh_start)
+                    f"{len(healthy)} healthy node slots left, nodes.min is {nodes_min} (excluded: {history.excluded})"), \
+            history.freeze()
+    pick = pick_checkpoint(checkpoints, history.freeze(), allow_fresh_start)
     if isinstance(pick, Stop):
-        return pick
+        return pick, history.freeze()
     size = gang_size(len(healthy), nodes_min, nodes_max, nproc_per_node, world_sizes, world_size_multiple_of)
     if size is None:
         return Stop(JobPhase.STOPPED_NO_CAPACITY,
                     f"{len(healthy)} healthy node slots left and no node count in [{nodes_min}, {nodes_max}] gives a "
                     f"world size the job accepts (world_sizes={list(world_sizes)}, multiple of "
-                    f"{world_size_multiple_of}, {nproc_per_node} per node)")
+                    f"{world_size_multiple_of}, {nproc_per_node} per node)"), history.freeze()
     keep = [n for n in previous_nodes if n in healthy]
     spares = [s for s in healthy if s not in keep]
     chosen = (keep + spares)[:size]
     return Relaunch(tuple(chosen), pick, tuple(history.suspects), tuple(newly),
                     require_checkpoint=history.had_checkpoint and not allow_fresh_start,
-                    skip_steps=tuple(history.skip_steps))
+                    skip_steps=tuple(history.skip_steps)), history.freeze()
+
+
+_MARKS = ("fault_at", "detected_at", "torn_down_at", "scheduled_at", "rendezvous_at", "restored_at", "first_step_at")
 
 
 @dataclass
@@ -940,6 +971,22 @@ class RestartTimer:
 
     def budget_remaining(self, budget_s: float, now: float) -> float:
         return budget_s - self.total(now)
+
+    def to_saved(self, to_unix) -> dict:
+        """The marks as wall-clock times (``to_unix``): a replacement controller keeps the timer."""
+        return {"attempt_from": self.attempt_from, "reason": self.reason} | {
+            name: None if getattr(self, name) is None else to_unix(getattr(self, name)) for name in _MARKS}
+
+    @classmethod
+    def from_saved(cls, raw: dict, from_unix) -> "RestartTimer":
+        """:meth:`to_saved`'s value on this controller's clock (``from_unix``); ValueError if it is not one."""
+        try:
+            marks = {name: None if raw.get(name) is None else from_unix(float(raw[name])) for name in _MARKS}
+            if marks["fault_at"] is None or marks["detected_at"] is None:
+                raise ValueError("fault_at and detected_at are required")
+            return cls(int(raw["attempt_from"]), str(raw["reason"]), **marks)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"restart_timer: {exc!r:.200}") from None
 
     def to_dict(self, now: float, budget_s: float) -> dict:
         return {"attempt_from": self.attempt_from, "reason": self.reason, "phases": self.durations(),

@@ -67,7 +67,7 @@ class StatusView:
     """``/status`` for a controller, as ``/metrics`` is served (:class:`Exporter`): a snapshot on
     the event loop (:meth:`Controller.status_snapshot`: references and list copies), taken at
     most every :data:`STATUS_SNAPSHOT_S`; the document built and JSON-encoded in one worker
-    thread (:func:`supervisor.controller.daemon.status_json`), one rendering per page per
+    thread (:func:`supervisor.controller.view.status_json`), one rendering per page per
     snapshot shared by every request that asks for it meanwhile. A flood of requests at 16,384
     ranks costs the loop a dictionary lookup each."""
 
@@ -81,7 +81,7 @@ class StatusView:
         """Snapshots taken so far."""
 
     async def render(self, offset: int | None, limit: int | None) -> bytes:
-        from supervisor.controller.daemon import status_json
+        from supervisor.controller.view import status_json
 
         loop = asyncio.get_running_loop()
         now = loop.time()

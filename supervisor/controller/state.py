@@ -23,6 +23,7 @@ controller on the same log directory is refused at once, naming the running one.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import errno
 import fcntl
@@ -39,7 +40,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from supervisor.controller.decide import History, JobPhase
+from supervisor.controller.decide import History, JobPhase, RestartTimer
+from supervisor.controller.recovery import Recovery
 from supervisor.files import fsync_dir, set_aside, write_atomic
 from supervisor.platforms.base import LockOwner
 from supervisor.procfs import pid_alive, start_time
@@ -88,6 +90,8 @@ _SCHEMA: dict[str, tuple[str, bool]] = {
     "in_place_allowed": (_INT, False),
     "in_place_used": (_INT, False),
     "launch_id": (_STR, False),
+    "recovery": (_DICT, False),
+    "restart_timer": (_DICT, False),
     "version": (_INT, False),
 }
 
@@ -120,9 +124,9 @@ def _check_history(raw: dict) -> History:
             good = isinstance(value, int) and not isinstance(value, bool)
         elif tp is str:
             good = isinstance(value, str)
-        elif origin is list:
+        elif origin in (list, tuple):  # a JSON list (a tuple in the value)
             good = isinstance(value, list) and all(isinstance(x, args[0]) and not isinstance(x, bool) for x in value)
-        elif origin is dict:
+        elif origin in (dict, collections.abc.Mapping):
             good = isinstance(value, dict) and all(
                 isinstance(k, str) and isinstance(v, args[1]) and not isinstance(v, bool) for k, v in value.items())
         else:  # a field type this checker does not know: refuse rather than guess
@@ -195,6 +199,11 @@ def _check_fields(obj: dict) -> None:
     for name in ("run", "launch_attempt", "in_place_allowed", "in_place_used", "restored_step"):
         if name in obj and obj[name] < 0:
             raise ValueError(f"{name}: negative")
+    # a recovery a replacement controller resumes, and its restart's timer (wall-clock marks)
+    if obj.get("recovery") is not None:
+        Recovery.from_saved(obj["recovery"], float)
+    if obj.get("restart_timer") is not None:
+        RestartTimer.from_saved(obj["restart_timer"], float)
     ck = obj.get("last_checkpoint")
     if ck is not None:
         if not _checkpoint_name(ck.get("name")):
