@@ -24,7 +24,7 @@ def test_save_then_load_round_trips_with_a_typed_history(tmp_path):
     path = tmp_path / "supervisor-state.json"
     save(path, GOOD | {"history": History(restarts=1, excluded=["node1"])})
     got = load(path)
-    assert isinstance(got["history"], History) and got["history"].excluded == ["node1"]
+    assert isinstance(got["history"], History) and got["history"].excluded == ("node1",)
     assert got["attempt"] == 2 and list(tmp_path.iterdir()) == [path]  # no temporary left behind
     save(path, GOOD)
     assert load(path)["history"].no_step_after == {"step-0000000010": 1}

@@ -195,35 +195,37 @@ def hb(restore_state="", restored="", skipped="", steps_done=0, root=""):
 
 def test_relaunch_same_nodes_from_latest():
     h = History()
-    d = plan_next(history=h, fault=fault(), **PLAN)
+    d, h = plan_next(history=h, fault=fault(), **PLAN)
     assert d == Relaunch(("a", "b"), C20, (), (), require_checkpoint=True)
     assert h.restarts == 1 and h.attempts_without_progress == 0
 
 
 def test_lost_node_is_excluded_and_a_spare_used():
     h = History()
-    d = plan_next(history=h, fault=fault("node_lost", node_failure=True), **PLAN)
-    assert d.nodes == ("a", "c") and d.newly_excluded == ("b",) and h.excluded == ["b"]
+    d, h = plan_next(history=h, fault=fault("node_lost", node_failure=True), **PLAN)
+    assert d.nodes == ("a", "c") and d.newly_excluded == ("b",) and h.excluded == ("b",)
 
 
 def test_no_spare_means_a_smaller_gang_then_no_capacity():
     h = History()
     kw = PLAN | {"slots": ["a", "b"]}
-    d = plan_next(history=h, fault=fault("node_lost", node_failure=True), **kw)
+    d, h = plan_next(history=h, fault=fault("node_lost", node_failure=True), **kw)
     assert d.nodes == ("a",)
-    d = plan_next(history=h, fault=fault("node_lost", nodes=("a",), node_failure=True), **kw | {"previous_nodes": ["a"]})
+    d, h = plan_next(history=h, fault=fault("node_lost", nodes=("a",), node_failure=True), **kw | {"previous_nodes": ["a"]})
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CAPACITY
 
 
 def test_progress_guard_and_max_restarts():
     h = History()
     kw = PLAN | {"made_progress": False}
-    assert isinstance(plan_next(history=h, fault=fault(), **kw), Relaunch)
-    assert isinstance(plan_next(history=h, fault=fault(), **kw), Relaunch)
-    d = plan_next(history=h, fault=fault(), **kw)
+    d, h = plan_next(history=h, fault=fault(), **kw)
+    assert isinstance(d, Relaunch)
+    d, h = plan_next(history=h, fault=fault(), **kw)
+    assert isinstance(d, Relaunch)
+    d, h = plan_next(history=h, fault=fault(), **kw)
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_PROGRESS and "3 attempts" in d.reason
     h = History(restarts=5)
-    d = plan_next(history=h, fault=fault(), **PLAN)
+    d, h = plan_next(history=h, fault=fault(), **PLAN)
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_MAX_RESTARTS
 
 
@@ -243,8 +245,8 @@ def test_progress_guard_and_max_restarts():
 def test_a_checkpoint_is_suspect_only_on_evidence_about_it(reports, suspects, pick):
     h = History()
     for report in reports:
-        d = plan_next(history=h, fault=fault("hang"), **PLAN | {"report": report, "guard_attempts": 10})
-    assert h.suspects == suspects and d.restore_from == pick and d.require_checkpoint
+        d, h = plan_next(history=h, fault=fault("hang"), **PLAN | {"report": report, "guard_attempts": 10})
+    assert list(h.suspects) == suspects and d.restore_from == pick and d.require_checkpoint
     assert all(h.suspect_why[n] for n in suspects)
 
 
@@ -253,28 +255,28 @@ def test_failures_the_restored_state_cannot_have_caused_never_make_it_suspect(ki
     h = History()
     no_step = RestoreReport(state="restored", restored=C20)
     for _ in range(3):
-        d = plan_next(history=h, fault=Fault(kind, (1,), ("b",), "x", RUNG_TEARDOWN, False, 0.0, step=21),
+        d, h = plan_next(history=h, fault=Fault(kind, (1,), ("b",), "x", RUNG_TEARDOWN, False, 0.0, step=21),
                       **PLAN | {"report": no_step, "guard_attempts": 10, "skip_batches": 5, "nonfinite_window": 0})
-    assert h.suspects == [] and d.restore_from == C20
+    assert h.suspects == () and d.restore_from == C20
 
 
 def test_no_usable_checkpoint_stops_instead_of_training_from_scratch():
     h = History()
     refused = RestoreReport(state="failed", refused=((C20, "corrupt"), (C10, "corrupt")))
-    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": refused})
+    d, h = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": refused})
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CHECKPOINT and EXIT_CODES[d.phase] == 6
     assert C20 in d.reason and "refusing to train from scratch" in d.reason
     # the operator's explicit flag allows it
     h = History()
-    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": refused, "allow_fresh_start": True})
+    d, h = plan_next(history=h, fault=fault("crash"), **PLAN | {"report": refused, "allow_fresh_start": True})
     assert isinstance(d, Relaunch) and d.restore_from is None and not d.require_checkpoint
     # a job that never had a checkpoint starts from scratch as before
     h = History()
-    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"checkpoints": [], "report": RestoreReport(state="fresh")})
+    d, h = plan_next(history=h, fault=fault("crash"), **PLAN | {"checkpoints": [], "report": RestoreReport(state="fresh")})
     assert isinstance(d, Relaunch) and d.restore_from is None and not d.require_checkpoint
     # one that had one and lost them all (deleted) stops too
     h = History(had_checkpoint=True)
-    d = plan_next(history=h, fault=fault("crash"), **PLAN | {"checkpoints": []})
+    d, h = plan_next(history=h, fault=fault("crash"), **PLAN | {"checkpoints": []})
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CHECKPOINT
 
 
@@ -302,8 +304,10 @@ def test_the_supervisor_watches_the_root_the_ranks_write(roots, verdict):
 def test_exclusion_threshold_counts_node_failures():
     h = History()
     kw = PLAN | {"exclude_after": 2}
-    assert plan_next(history=h, fault=fault("dead", node_failure=True), **kw).nodes == ("a", "b")
-    assert plan_next(history=h, fault=fault("dead", node_failure=True), **kw).nodes == ("a", "c")
+    d, h = plan_next(history=h, fault=fault("dead", node_failure=True), **kw)
+    assert d.nodes == ("a", "b")
+    d, h = plan_next(history=h, fault=fault("dead", node_failure=True), **kw)
+    assert d.nodes == ("a", "c")
 
 
 def test_a_failed_pod_counts_against_its_machine_not_its_slot_index():
@@ -312,12 +316,12 @@ def test_a_failed_pod_counts_against_its_machine_not_its_slot_index():
     kw = PLAN | {"slots": ["slot-0", "slot-1", "slot-2"], "previous_nodes": ["slot-0", "slot-1"],
                  "exclude_after": 2}
     pod = fault("node_lost", nodes=("slot-1",), node_failure=True)
-    plan_next(history=h, fault=pod, hosts={"slot-0": "k8s-a", "slot-1": "k8s-b"}, **kw)
-    assert h.node_failures == {"k8s-b": 1} and h.excluded == []
+    _, h = plan_next(history=h, fault=pod, hosts={"slot-0": "k8s-a", "slot-1": "k8s-b"}, **kw)
+    assert h.node_failures == {"k8s-b": 1} and h.excluded == ()
     # the next attempt's slot-0 ran on the same machine: two failures there, whatever the slot
-    d = plan_next(history=h, fault=fault("node_lost", nodes=("slot-0",), node_failure=True),
+    d, h = plan_next(history=h, fault=fault("node_lost", nodes=("slot-0",), node_failure=True),
                   hosts={"slot-0": "k8s-b", "slot-1": "k8s-c"}, **kw)
-    assert h.excluded == ["k8s-b"] and d.newly_excluded == ("k8s-b",)
+    assert h.excluded == ("k8s-b",) and d.newly_excluded == ("k8s-b",)
     assert d.nodes == ("slot-0", "slot-1")  # pod indexes stay usable: the platform avoids the machine
 
 
@@ -386,7 +390,7 @@ def nan_fault(step):
 def test_nonfinite_policy(steps, window, skips, outcome):
     h = History()
     for s in steps:
-        d = plan_next(history=h, fault=nan_fault(s), **PLAN | {"nonfinite_window": window, "skip_batches": skips,
+        d, h = plan_next(history=h, fault=nan_fault(s), **PLAN | {"nonfinite_window": window, "skip_batches": skips,
                                                                "guard_attempts": 10})
     if outcome == "stop":
         assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NONFINITE and EXIT_CODES[d.phase] == 7
@@ -400,22 +404,24 @@ def test_the_same_failure_before_the_first_step_twice_stops_at_once():
     broken = Fault("rank_error", (0,), ("a",), "rank 0 crashed: ModuleNotFoundError: No module named 'torch'",
                    RUNG_TEARDOWN, False, 0.0)
     nothing = RestoreReport()
-    assert isinstance(plan_next(history=h, fault=broken, **PLAN | {"report": nothing}), Relaunch)
+    d, h = plan_next(history=h, fault=broken, **PLAN | {"report": nothing})
+    assert isinstance(d, Relaunch)
     same_on_another_rank = Fault("rank_error", (1,), ("b",), "rank 1 crashed: ModuleNotFoundError: No module named "
                                  "'torch'", RUNG_TEARDOWN, False, 0.0)
-    d = plan_next(history=h, fault=same_on_another_rank, **PLAN | {"report": nothing})
+    d, h = plan_next(history=h, fault=same_on_another_rank, **PLAN | {"report": nothing})
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_STARTUP_FAILURE and EXIT_CODES[d.phase] == 8
     assert "ModuleNotFoundError" in d.reason and h.restarts == 2
     # once a step was taken, the same crash is no startup failure (the progress guard handles it)
     h = History()
     for _ in range(2):
-        d = plan_next(history=h, fault=broken, **PLAN | {"report": RESTORED_10_STEPPED})
+        d, h = plan_next(history=h, fault=broken, **PLAN | {"report": RESTORED_10_STEPPED})
     assert isinstance(d, Relaunch)
     # a different failure each time is not "the same"
     h = History()
-    plan_next(history=h, fault=broken, **PLAN | {"report": nothing})
+    _, h = plan_next(history=h, fault=broken, **PLAN | {"report": nothing})
     other = Fault("rank_error", (0,), ("a",), "rank 0 crashed: OSError: disk full", RUNG_TEARDOWN, False, 0.0)
-    assert isinstance(plan_next(history=h, fault=other, **PLAN | {"report": nothing}), Relaunch)
+    d, h = plan_next(history=h, fault=other, **PLAN | {"report": nothing})
+    assert isinstance(d, Relaunch)
 
 
 NO_TORCH = "PreflightError: the job's interpreter /usr/bin/python cannot import torch, so every rank would fail"
@@ -439,7 +445,7 @@ def test_a_nodes_failed_preflight_stops_the_job_on_its_first_attempt(b, kind, sa
     f = classify({"a": node("a"), "b": b}, [], **KW)
     assert f.kind == kind and f.nodes == ("b",)
     h = History()
-    d = plan_next(history=h, fault=f, **PLAN | {"report": RestoreReport()})
+    d, h = plan_next(history=h, fault=f, **PLAN | {"report": RestoreReport()})
     if said:
         assert f.detail == said
         assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_STARTUP_FAILURE and EXIT_CODES[d.phase] == 8
@@ -463,9 +469,9 @@ def test_a_relaunch_after_a_lost_node_picks_an_accepted_world_size():
     h = History()
     kw = PLAN | {"slots": ["a", "b", "c", "d"], "previous_nodes": ["a", "b", "c", "d"], "nodes_max": 4,
                  "world_sizes": (1, 2, 4, 8)}
-    d = plan_next(history=h, fault=fault("node_lost", nodes=("d",), node_failure=True), **kw)
+    d, h = plan_next(history=h, fault=fault("node_lost", nodes=("d",), node_failure=True), **kw)
     assert d.nodes == ("a", "b")  # 3 healthy nodes; 3 is not an accepted world size, 2 is
-    d = plan_next(history=History(), fault=fault("node_lost", nodes=("d",), node_failure=True),
+    d, _ = plan_next(history=History(), fault=fault("node_lost", nodes=("d",), node_failure=True),
                   **kw | {"world_sizes": (4,)})
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_NO_CAPACITY and "world size" in d.reason
 

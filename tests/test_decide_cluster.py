@@ -78,7 +78,7 @@ def test_a_pod_that_cannot_start_is_a_fault_at_once_and_stops_the_job():
     f = classify(gang(RUN, bad), [], now=5.0, last_heard={}, phase_started={}, rank_nodes={0: "a", 1: "b"})
     assert (f.kind, f.nodes, f.rung, f.node_failure) == ("cannot_start", ("b",), RUNG_TEARDOWN, False)
     assert "failed to pull" in f.detail
-    d = plan_next(history=History(), fault=f, **PLAN)
+    d, _ = plan_next(history=History(), fault=f, **PLAN)
     assert isinstance(d, Stop) and d.phase == JobPhase.STOPPED_STARTUP_FAILURE
     assert "ErrImagePull" in d.reason
 
@@ -99,9 +99,9 @@ def test_an_oom_is_the_ranks_fault_not_the_machines_and_the_same_again_stops():
     assert (f.kind, f.ranks, f.node_failure, f.step) == ("oom", (1,), False, 12)
     assert "rank 1 out of memory at step 12" in f.detail and "memory limit 1Gi" in f.detail
     h = History()
-    first = plan_next(history=h, fault=f, **PLAN)
-    assert isinstance(first, Relaunch) and first.newly_excluded == () and h.excluded == []
-    again = plan_next(history=h, fault=f, **PLAN)
+    first, h = plan_next(history=h, fault=f, **PLAN)
+    assert isinstance(first, Relaunch) and first.newly_excluded == () and h.excluded == ()
+    again, h = plan_next(history=h, fault=f, **PLAN)
     assert isinstance(again, Stop) and again.phase == JobPhase.STOPPED_OUT_OF_MEMORY
     assert "same rank ran out of memory at the same step" in again.reason
 
@@ -111,7 +111,8 @@ def test_an_oom_at_another_step_is_restarted_again():
     for step in (12, 20):
         f = classify(gang(RUN, oom_node()), [], now=5.0, last_heard={}, phase_started={},
                      rank_nodes={0: "a", 1: "b"}, rank_steps={1: step})
-        assert isinstance(plan_next(history=h, fault=f, **PLAN), Relaunch)
+        d, h = plan_next(history=h, fault=f, **PLAN)
+        assert isinstance(d, Relaunch)
 
 
 def test_an_oom_names_the_rank_the_agent_names():
@@ -127,9 +128,9 @@ def test_a_kubelets_admission_reject_excludes_its_machine_at_once():
     f = classify(gang(RUN, rejected), [], now=5.0, last_heard={}, phase_started={}, rank_nodes={0: "a", 1: "b"})
     assert (f.kind, f.node_failure, f.exclude_now) == ("node_rejected", True, True)
     h = History()
-    d = plan_next(history=h, fault=f, **(PLAN | {"exclude_after": 3}), hosts={"b": "n2"})
+    d, h = plan_next(history=h, fault=f, **(PLAN | {"exclude_after": 3}), hosts={"b": "n2"})
     assert isinstance(d, Relaunch)
-    assert d.newly_excluded == ("n2",) and h.excluded == ["n2"]
+    assert d.newly_excluded == ("n2",) and h.excluded == ("n2",)
 
 
 def test_an_evicted_pod_is_lost_not_a_bad_node():
