@@ -187,3 +187,11 @@ def test_the_guard_refuses_a_command_line_without_its_controller(tmp_path):
 def test_guard_settings_are_checked(fields, message):
     with pytest.raises(ConfigError, match=message):
         SlurmConfig(**fields)
+
+
+def test_the_guard_loads_alone_on_its_node():
+    # it runs in front of every agent: the Slurm package's platform, torch and aiohttp stay unloaded
+    code = ("import sys, supervisor.platforms.slurm.guard; "
+            "print(sorted(m for m in sys.modules if m.startswith(('supervisor.platforms.slurm', 'torch', 'aiohttp'))))")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "['supervisor.platforms.slurm', 'supervisor.platforms.slurm.guard']"
