@@ -33,7 +33,7 @@ from supervisor.files import set_aside
 from supervisor.platforms.node.agent import AGENT_MODULE, agent_env, failure_fields, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
-from supervisor.protocol import Env
+from supervisor.protocol import Env, ranklog
 
 log = logging.getLogger("supervisor.platform.local")
 
@@ -134,7 +134,7 @@ class LocalPlatform(Platform):
         if not self.warm_agents:
             return []
         self._warm = [p for p in self._warm if p.poll() is None]
-        env = dict(os.environ) | {Env.LOG_DIR: str(self.log_dir.resolve() / "ranks")}
+        env = dict(os.environ) | {Env.LOG_DIR: str(self.log_dir.resolve() / ranklog.RANKS_DIR)}
         while len(self._warm) < len(self._slots):
             try:
                 p = subprocess.Popen([self.python, "-m", "supervisor.platforms.node.warm_agent"], env=env,
