@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable
 from supervisor.checkpoint.cache import Scan, VerifiedCache
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller import preflight
+from supervisor.controller import reconcile
 from supervisor.controller import recovery as recovery_step
 from supervisor.controller.executor import Executor
 from supervisor.controller.intake import Intake, grow_receive_buffer
@@ -46,7 +47,6 @@ from supervisor.controller.decide import (
     EXIT_CODES,
     CapacityWait,
     RUNG_KILL_NODE,
-    RUNG_TEARDOWN,
     TERMINAL,
     Fault,
     History,
@@ -56,28 +56,22 @@ from supervisor.controller.decide import (
     Shrink,
     Stop,
     capacity,
-    classify,
     grow,
-    completed,
     gang_size,
     in_place_ok,
     note_refusals,
     pick_checkpoint,
     plan_next,
-    rank_ended,
-    restarted_in_place,
     restore_report,
     root_verdict,
 )
-from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
+from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
 from supervisor.metrics import MetricsState, take_snapshot
 from supervisor.platforms.base import WAIT_CANNOT_START, LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     Env,
-    OUTCOME_STOPPED,
     PHASE_DONE,
-    PHASE_FAILED,
     ControlSequencer,
     Keys,
     control_message,
@@ -137,11 +131,15 @@ class Controller:
     stop_reason = InState()
     history = InState()
     recovery = InState()
+    # what the looks remember (reconcile.Memory), read and written the same way
+    in_place_deadline = InState(holder="memory")
+    in_place_failed = InState(holder="memory")
 
     def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
         self.cfg = cfg
         self.fresh = fresh
         self.state = JobState(cfg.job, run_started=time.time(), ckpt_root=str(Path(cfg.checkpoint_dir).resolve()))
+        self.memory = reconcile.Memory()  # what the looks at the gang remember between them
         self.require_checkpoint = False
         self.skip_steps: list[int] = []
         self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
@@ -149,7 +147,6 @@ class Controller:
         self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
         self._linger_cut = False
         self._lease_renewed = -LEASE_RENEW_S
-        self._agents_ended_at: float | None = None  # when no agent of the gang was running any more
         self._pending_stop: tuple[JobPhase, str] | None = None
         self._lease_lost_told = False
         self._standby_at: float | None = None  # when to refill the warm agents (STANDBY_AFTER_S)
@@ -163,8 +160,6 @@ class Controller:
         self.log_dir = Path(cfg.log_dir).resolve()
         self.state_path = self.log_dir / STATE_FILE
         self.registry = Registry()
-        self.in_place_deadline: float | None = None  # the restarted ranks report in by then, or the gang goes
-        self.in_place_failed = False
         self.ahead_attempt: int | None = None  # ranks of a later attempt heard (restarted in place)
         self.node_status: dict[str, NodeStatus] = {}
         self.launched_at = clock()
@@ -201,7 +196,6 @@ class Controller:
         self._ckpt_rebase = False  # a root adopted: count this attempt's progress from its newest checkpoint
         self._step_marks: list[tuple[float, int]] = []
         self._last_calibration = -CALIBRATE_S
-        self._secondary_since: float | None = None
         self.capacity_since: float | None = None
         """Since when the cluster could not place the gang (None: placed, or not on such a platform)."""
         self.capacity_message = ""
@@ -645,24 +639,18 @@ class Controller:
         self.node_status = await self.platform.observe()
         self._poll_checkpoints()
         reg = self.registry
-        world = reg.world_size
-        if self.node_status and all(n.state != NodeState.RUNNING for n in self.node_status.values()):
-            self._agents_ended_at = self._agents_ended_at or now
-        else:
-            self._agents_ended_at = None
-        outcomes = {r: rec.hb.outcome for r, rec in reg.ranks.items()}
-        if completed(self.node_status, outcomes, world, waited_s=now - (self._agents_ended_at or now),
-                     # less than the heartbeat timeout: a rank silent that long would read as dead
-                     grace_s=self.cfg.heartbeat.timeout_s / 2):
+        policy = self._look_policy()
+        self.memory, done = reconcile.ended(self.memory, self._look(now), policy)
+        if done is not None:
             # the last save may have landed after the last look (which runs off the loop, every few
             # seconds): the final state names it
             await self._scan_checkpoints()
-            missing = sorted(set(range(world)) - {r for r, o in outcomes.items() if o}) if outcomes else []
+            missing = list(done.missing)
             if missing:
                 log.warning("event=last_words_missing ranks=%s every agent exited 0; taking their word", missing)
                 self.event("last_words_missing", ranks=missing,
                            detail="every agent exited 0 but these ranks' last heartbeat never arrived")
-            if not reg.ranks:
+            if not done.heard:
                 log.warning("event=no_heartbeats the command ended without a heartbeat from any rank: it never "
                             "started the worker SDK, so nothing about its training was watched or verified")
                 self.event("no_heartbeats", attempt=self.attempt,
@@ -698,34 +686,35 @@ class Controller:
                                       startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
                                       factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s)
             self.stragglers = straggler_scores(reg)
-        if self.in_place_allowed and (fault := self._in_place_signal(now)) is not None:
-            await self._recover(fault)
-            return
-        if not self.in_place_allowed and (fault := self._rank_end_signal(now)) is not None:
-            await self._recover(fault)
-            return
-        self.findings = detect(reg, now, self.timeouts, launched_at=self.launched_at)
-        if not self.findings and all(n.state == NodeState.RUNNING and n.waiting != WAIT_CANNOT_START
-                                     for n in self.node_status.values()):
-            return
-        fault = classify(
-            self.node_status, self.findings, now=now,
-            last_heard={r: rec.received for r, rec in reg.ranks.items()},
-            phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
-            **self._ranks_said(),
-            stopped_ranks={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.outcome == OUTCOME_STOPPED},
-        )
-        if fault is not None and fault.secondary:
-            # only ranks that lost a peer have failed so far: give the culprit's node a moment
-            # to exit too, so that it (not its victim) is named and counted against its node
-            if self._secondary_since is None:
-                self._secondary_since = now
-            # (a whole node that died or froze shows only as silence: up to the heartbeat timeout)
-            if now - self._secondary_since < max(SECONDARY_GRACE_S, self.cfg.heartbeat.timeout_s + 1.0):
-                return
-        self._secondary_since = None
+        self.memory, fault, findings = reconcile.fault(self.memory, self._look(now, logged=True), policy)
+        if findings is not None:
+            self.findings = findings
         if fault is not None:
             await self._recover(fault)
+
+    def _look(self, now: float, *, logged: bool = False) -> reconcile.Look:
+        """This tick's look at the gang (``logged``: with the last step each ended rank's own log
+        recorded, read from disk)."""
+        return reconcile.Look(
+            now=now, nodes=self.node_status, registry=self.registry, attempt=self.attempt,
+            gang=tuple(self.nodes), in_place_allowed=self.in_place_allowed, ahead_attempt=self.ahead_attempt,
+            logged_steps=self._logged_steps() if logged else {}, timeouts=self.timeouts,
+            launched_at=self.launched_at)
+
+    def _look_policy(self) -> reconcile.Policy:
+        return reconcile.Policy(heartbeat_timeout_s=self.cfg.heartbeat.timeout_s,
+                                in_place_timeout_s=self.cfg.restart.in_place_timeout_s,
+                                secondary_grace_s=SECONDARY_GRACE_S)
+
+    def _logged_steps(self) -> dict[int, int]:
+        """The ranks that ended (:func:`~.reconcile.ended_ranks`): the last step their own log
+        recorded in this attempt."""
+        out = {}
+        for rank in reconcile.ended_ranks(self.node_status, self.registry):
+            logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{rank}.jsonl", self.attempt)
+            if logged is not None:
+                out[rank] = logged
+        return out
 
     async def _capacity(self, now: float) -> bool:
         """Whether the gang waits for capacity this tick (:func:`~.decide.capacity`): not a fault,
@@ -823,62 +812,6 @@ class Controller:
         self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
         await self._launch_retrying(list(nodes), pick, None)
         return True
-
-    def _in_place_signal(self, now: float) -> Fault | None:
-        """The agents have begun restarting this attempt's ranks in place, or the last restart in
-        place did not come back in time (then the gang is torn down)."""
-        reg = self.registry
-        ahead = self.ahead_attempt if (self.ahead_attempt or 0) > self.attempt else None
-        if self.in_place_deadline is not None and ahead is None:
-            if now <= self.in_place_deadline:
-                return None  # the restarted ranks are on their way: exits seen now are the old ones'
-            self.in_place_deadline = None
-            self.in_place_failed = True
-            missing = sorted(set(range(reg.world_size)) - set(reg.ranks))
-            return Fault("startup_stall", tuple(missing), tuple(self.nodes),
-                         f"the restart in place did not report in within {self.cfg.restart.in_place_timeout_s:g} s "
-                         f"(ranks {missing} silent): tearing the gang down", RUNG_TEARDOWN, False, now)
-        return restarted_in_place(self.node_status, now=now, ahead_attempt=ahead,
-                                  rank_pids={r: rec.hb.pid for r, rec in reg.ranks.items()}, **self._ranks_said())
-
-    def _rank_end_signal(self, now: float) -> Fault | None:
-        """A rank of the gang ended in failure and its agent (which may not restart it) told
-        how: the fault its agent's exit will name, ~1 s before that exit."""
-        if not any(code for st in self.node_status.values() for _, code, _ in st.exit_codes):
-            return None  # nothing ended, or only ranks that finished: nothing to read per tick
-        return rank_ended(self.node_status, now=now,
-                          rank_pids={r: rec.hb.pid for r, rec in self.registry.ranks.items()}, **self._ranks_said())
-
-    def _ranks_said(self) -> dict[str, Any]:
-        """What the ranks' last heartbeats say, as the pure decisions (classify, restarted_in_place,
-        rank_ended) take it: where each rank runs, which are done, which failed (and whether a peer
-        broke them, and their error), whose loss was not finite, and each rank's step."""
-        ranks = self.registry.ranks
-        return {
-            "rank_nodes": {r: rec.hb.node for r, rec in ranks.items()},
-            "done_ranks": {r for r, rec in ranks.items() if rec.hb.phase == PHASE_DONE},
-            "failed_ranks": {r: rec.hb.error_peer for r, rec in ranks.items() if rec.hb.phase == PHASE_FAILED},
-            "failed_errors": {r: rec.hb.error for r, rec in ranks.items() if rec.hb.phase == PHASE_FAILED},
-            "nonfinite_ranks": [r for r, rec in ranks.items() if not rec.hb.loss_ok],
-            "rank_steps": self._rank_steps(),
-        }
-
-    def _rank_steps(self) -> dict[int, int]:
-        """Each rank's step: its last heartbeat's, or, for a rank that ended (its node's agent
-        failed, or recorded the end), the one after the last step its own log recorded in this
-        attempt (heartbeats are sampled; a rank killed mid-step leaves its log one step behind)."""
-        reg = self.registry
-        steps = {r: rec.hb.step for r, rec in reg.ranks.items()}
-        by_pid = {rec.hb.pid: r for r, rec in reg.ranks.items() if rec.hb.pid}
-        oom = {n for n, st in self.node_status.items() if st.out_of_memory}  # every rank of it was killed
-        ended = {f.rank for st in self.node_status.values() for f in st.failures} | \
-            {by_pid[pid] for st in self.node_status.values() for pid, _, _ in st.exit_codes if pid in by_pid} | \
-            {r for r, rec in reg.ranks.items() if rec.hb.node in oom}
-        for rank in ended:
-            logged = _last_logged_step(self.log_dir / "ranks" / f"rank-{rank}.jsonl", self.attempt)
-            if logged is not None:
-                steps[rank] = max(steps.get(rank, 0), logged + 1)
-        return steps
 
     def _track_progress(self, now: float) -> None:
         reg = self.registry

@@ -74,13 +74,15 @@ class JobState:
 
 
 class InState:
-    """A controller attribute that is a field of its :class:`JobState` (``owner.state``): read
-    from the value, written by replacing the value."""
+    """A controller attribute that is a field of a frozen value it holds (its :class:`JobState`,
+    ``owner.state``, unless told): read from the value, written by replacing the value."""
 
     def __init__(self, name: str | None = None, *, to_state: Callable[[Any], Any] | None = None,
-                 from_state: Callable[[Any], Any] | None = None) -> None:
+                 from_state: Callable[[Any], Any] | None = None, holder: str = "state") -> None:
         self.field = name
         self.to_state, self.from_state = to_state, from_state
+        self.holder = holder
+        """The owner's attribute holding the value (``state``; the looks' ``memory``)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.field = self.field or name
@@ -88,12 +90,12 @@ class InState:
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        value = getattr(obj.state, self.field)
+        value = getattr(getattr(obj, self.holder), self.field)
         return value if self.from_state is None else self.from_state(value)
 
     def __set__(self, obj: Any, value: Any) -> None:
         value = value if self.to_state is None else self.to_state(value)
-        obj.state = dataclasses.replace(obj.state, **{self.field: value})
+        setattr(obj, self.holder, dataclasses.replace(getattr(obj, self.holder), **{self.field: value}))
 
 
 def as_tuple(value: Any) -> tuple:

@@ -1,0 +1,173 @@
+"""What one look at the running gang decides: the job has completed, a fault is to be recovered
+from, or nothing yet; with what the looks remember between them (:class:`Memory`).
+
+Plain data in (the nodes as the platform reports them, the ranks' last heartbeats, the clock), a
+verdict out: no I/O, no clock of its own, no platform. The controller observes, calls
+:func:`ended` and :func:`fault`, and acts on what they say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from supervisor.controller.decide import (
+    RUNG_TEARDOWN,
+    Fault,
+    classify,
+    completed,
+    rank_ended,
+    restarted_in_place,
+)
+from supervisor.health import Registry, Timeouts, detect
+from supervisor.model import WAIT_CANNOT_START, NodeState, NodeStatus
+from supervisor.protocol import OUTCOME_STOPPED, PHASE_DONE, PHASE_FAILED
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the looks remember between them."""
+
+    agents_ended_at: float | None = None
+    """Since when no agent of the gang has been running."""
+    secondary_since: float | None = None
+    """Since when only ranks that lost a peer have failed (the culprit gets a moment to show up)."""
+    in_place_deadline: float | None = None
+    """The ranks restarted in place report in by then, or the gang is torn down."""
+    in_place_failed: bool = False
+    """The last restart in place did not come back in time (the next fault is not restarted in place)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    heartbeat_timeout_s: float
+    in_place_timeout_s: float
+    secondary_grace_s: float = 2.0
+    """How long, at least, a fault seen only through ranks that lost a peer waits for the culprit
+    (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen)."""
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at the gang."""
+
+    now: float
+    nodes: Mapping[str, NodeStatus]
+    registry: Registry
+    """The ranks' last heartbeats (read, never changed)."""
+    attempt: int
+    gang: tuple[str, ...]
+    """The nodes of the running attempt."""
+    in_place_allowed: int = 0
+    ahead_attempt: int | None = None
+    """Ranks of a later attempt were heard (restarted in place by their agents)."""
+    logged_steps: Mapping[int, int] = None  # type: ignore[assignment]
+    """Ranks that ended: the last step their own log recorded in this attempt (see :func:`ended_ranks`)."""
+    timeouts: Timeouts | None = None
+    launched_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Completed:
+    missing: tuple[int, ...]
+    """Ranks whose last heartbeat (saying they finished) never arrived."""
+    heard: bool
+    """Some rank sent a heartbeat (else the command never started the worker SDK)."""
+
+
+def ended(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Completed | None]:
+    """Whether the job has completed: every agent exited 0 and every rank said it finished (or
+    the agents ended long enough ago that a last word would have arrived)."""
+    nodes, now, reg = look.nodes, look.now, look.registry
+    if nodes and all(n.state != NodeState.RUNNING for n in nodes.values()):
+        mem = replace(mem, agents_ended_at=mem.agents_ended_at or now)
+    elif mem.agents_ended_at is not None:
+        mem = replace(mem, agents_ended_at=None)
+    outcomes = {r: rec.hb.outcome for r, rec in reg.ranks.items()}
+    world = reg.world_size
+    # less than the heartbeat timeout: a rank silent that long would read as dead
+    if not completed(nodes, outcomes, world, waited_s=now - (mem.agents_ended_at or now),
+                     grace_s=policy.heartbeat_timeout_s / 2):
+        return mem, None
+    missing = sorted(set(range(world)) - {r for r, o in outcomes.items() if o}) if outcomes else []
+    return mem, Completed(tuple(missing), bool(reg.ranks))
+
+
+def ended_ranks(nodes: Mapping[str, NodeStatus], registry: Registry) -> set[int]:
+    """The ranks known to have ended: their agent recorded the end or failed them, or their node
+    was OOM-killed (every rank of it). The controller reads their own logs' last step for
+    :attr:`Look.logged_steps` (heartbeats are sampled; a rank killed mid-step leaves its log
+    one step behind its last heartbeat's step or ahead of it)."""
+    ranks = registry.ranks
+    by_pid = {rec.hb.pid: r for r, rec in ranks.items() if rec.hb.pid}
+    oom = {n for n, st in nodes.items() if st.out_of_memory}
+    return ({f.rank for st in nodes.values() for f in st.failures}
+            | {by_pid[pid] for st in nodes.values() for pid, _, _ in st.exit_codes if pid in by_pid}
+            | {r for r, rec in ranks.items() if rec.hb.node in oom})
+
+
+def ranks_said(look: Look) -> dict[str, Any]:
+    """What the ranks' last heartbeats say, as the pure decisions (classify, restarted_in_place,
+    rank_ended) take it: where each rank runs, which are done, which failed (and whether a peer
+    broke them, and their error), whose loss was not finite, and each rank's step (for a rank
+    that ended, the one after the last its log recorded, if later)."""
+    ranks = look.registry.ranks
+    steps = {r: rec.hb.step for r, rec in ranks.items()}
+    for rank, logged in (look.logged_steps or {}).items():
+        steps[rank] = max(steps.get(rank, 0), logged + 1)
+    return {
+        "rank_nodes": {r: rec.hb.node for r, rec in ranks.items()},
+        "done_ranks": {r for r, rec in ranks.items() if rec.hb.phase == PHASE_DONE},
+        "failed_ranks": {r: rec.hb.error_peer for r, rec in ranks.items() if rec.hb.phase == PHASE_FAILED},
+        "failed_errors": {r: rec.hb.error for r, rec in ranks.items() if rec.hb.phase == PHASE_FAILED},
+        "nonfinite_ranks": [r for r, rec in ranks.items() if not rec.hb.loss_ok],
+        "rank_steps": steps,
+    }
+
+
+def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None, list]:
+    """The fault to recover from now, if any, and the detectors' findings (for the evidence and
+    ``/status``; None when they did not run: a rank's end was read first).
+
+    In order: with restarts in place allowed, the agents' own restarts (and a restart in place
+    that did not come back in time); without, a rank that ended in failure (its agent's exit
+    follows ~1 s later); then the detectors and the node states (:func:`classify`). A fault
+    seen only through ranks that lost a peer waits a moment for the culprit's own."""
+    now, reg, nodes = look.now, look.registry, look.nodes
+    pids = {r: rec.hb.pid for r, rec in reg.ranks.items()}
+    if look.in_place_allowed:
+        ahead = look.ahead_attempt if (look.ahead_attempt or 0) > look.attempt else None
+        if mem.in_place_deadline is not None and ahead is None:
+            if now > mem.in_place_deadline:
+                missing = sorted(set(range(reg.world_size)) - set(reg.ranks))
+                return replace(mem, in_place_deadline=None, in_place_failed=True), Fault(
+                    "startup_stall", tuple(missing), look.gang,
+                    f"the restart in place did not report in within {policy.in_place_timeout_s:g} s "
+                    f"(ranks {missing} silent): tearing the gang down", RUNG_TEARDOWN, False, now), None
+            # else the restarted ranks are on their way: exits seen now are the old ones'
+        else:
+            found = restarted_in_place(nodes, now=now, ahead_attempt=ahead, rank_pids=pids, **ranks_said(look))
+            if found is not None:
+                return mem, found, None
+    elif any(code for st in nodes.values() for _, code, _ in st.exit_codes):
+        found = rank_ended(nodes, now=now, rank_pids=pids, **ranks_said(look))
+        if found is not None:
+            return mem, found, None
+    findings = detect(reg, now, look.timeouts, launched_at=look.launched_at)
+    if not findings and all(n.state == NodeState.RUNNING and n.waiting != WAIT_CANNOT_START for n in nodes.values()):
+        return mem, None, findings
+    found = classify(
+        nodes, findings, now=now,
+        last_heard={r: rec.received for r, rec in reg.ranks.items()},
+        phase_started={r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()},
+        **ranks_said(look),
+        stopped_ranks={r: rec.hb.error for r, rec in reg.ranks.items() if rec.hb.outcome == OUTCOME_STOPPED},
+    )
+    if found is not None and found.secondary:
+        # only ranks that lost a peer have failed so far: give the culprit's node a moment to exit
+        # too, so that it (not its victim) is named and counted against its node (a whole node that
+        # died or froze shows only as silence: up to the heartbeat timeout)
+        since = now if mem.secondary_since is None else mem.secondary_since
+        if now - since < max(policy.secondary_grace_s, policy.heartbeat_timeout_s + 1.0):
+            return replace(mem, secondary_since=since), None, findings
+    return replace(mem, secondary_since=None), found, findings

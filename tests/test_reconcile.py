@@ -1,0 +1,115 @@
+"""What a look at the gang decides (supervisor.controller.reconcile), told as stories with a fake
+clock: the nodes and the ranks' last heartbeats in, the memory and a verdict out. No process."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.controller.reconcile import Look, Memory, Policy, ended, ended_ranks, fault
+from supervisor.health import Registry, Timeouts
+from supervisor.model import NodeState, NodeStatus
+from supervisor.protocol import Heartbeat
+
+POLICY = Policy(heartbeat_timeout_s=3.0, in_place_timeout_s=20.0, secondary_grace_s=2.0)
+TIMEOUTS = Timeouts(heartbeat_s=3.0, startup_s=60.0, checkpoint_s=60.0)
+RUNNING = {"n0": NodeStatus("n0", 0, NodeState.RUNNING), "n1": NodeStatus("n1", 0, NodeState.RUNNING)}
+
+
+def hb(rank, **kw):
+    return Heartbeat(**(dict(job="j", attempt=0, rank=rank, world_size=2, seq=kw.pop("seq", 1), step=10,
+                             phase="compute", phase_s=0.1, node=f"n{rank}", pid=100 + rank) | kw))
+
+
+def registry(*beats, at=100.0):
+    reg = Registry(0, 2)
+    for b in beats:
+        reg.observe(b, at)
+    return reg
+
+
+def look(now, nodes, reg, **kw):
+    return Look(now=now, nodes=nodes, registry=reg, attempt=0, gang=("n0", "n1"), timeouts=TIMEOUTS,
+                **{"launched_at": 99.0} | kw)
+
+
+def exited(name, code, **kw):
+    return NodeStatus(name, 0, NodeState.EXITED, code, **kw)
+
+
+def test_a_gang_whose_ranks_finished_and_agents_exited_0_completes():
+    reg = registry(hb(0, phase="done", outcome="finished"), hb(1, phase="done", outcome="finished"))
+    mem, done = ended(Memory(), look(101, {"n0": exited("n0", 0), "n1": exited("n1", 0)}, reg), POLICY)
+    assert done is not None and done.missing == () and done.heard and mem.agents_ended_at == 101
+
+
+def test_a_last_word_lost_on_the_way_completes_after_the_grace_naming_the_rank():
+    reg = registry(hb(0, phase="done", outcome="finished"), hb(1, step=39))
+    nodes = {"n0": exited("n0", 0), "n1": exited("n1", 0)}
+    mem, done = ended(Memory(), look(101, nodes, reg), POLICY)
+    assert done is None and mem.agents_ended_at == 101  # rank 1's "done" may still be on its way
+    mem, done = ended(mem, look(102.6, nodes, reg), POLICY)  # past half the heartbeat timeout
+    assert done is not None and done.missing == (1,)
+    # an agent running again (a node that came back) forgets when they ended
+    assert ended(mem, look(103, RUNNING, reg), POLICY)[0].agents_ended_at is None
+
+
+def test_nothing_is_wrong_while_every_rank_beats_and_every_node_runs():
+    mem, found, findings = fault(Memory(), look(101, RUNNING, registry(hb(0), hb(1))), POLICY)
+    assert found is None and findings == [] and mem == Memory()
+
+
+def test_a_rank_that_lost_a_peer_waits_for_the_culprit_and_is_named_only_after_the_grace():
+    # rank 0 failed because its peer broke the collective; rank 1 (the culprit) still looks alive
+    reg = registry(hb(0, phase="failed", error="peer closed", error_peer=True), hb(1))
+    nodes = RUNNING | {"n0": exited("n0", 1)}
+    mem, found, _ = fault(Memory(), look(101, nodes, reg), POLICY)
+    assert found is None and mem.secondary_since == 101
+    reg.observe(hb(1, seq=2), 103.5)  # the culprit still beats
+    mem, found, _ = fault(mem, look(103.9, nodes, reg), POLICY)
+    assert found is None  # the grace is the heartbeat timeout + 1 s: a silent culprit is seen by then
+    reg.observe(hb(1, seq=3), 105.0)
+    mem, found, _ = fault(mem, look(105.1, nodes, reg), POLICY)
+    assert found is not None and found.secondary and mem.secondary_since is None
+
+
+def test_the_culprits_own_exit_during_the_grace_is_the_fault_named():
+    reg = registry(hb(0, phase="failed", error="peer closed", error_peer=True), hb(1))
+    mem, _, _ = fault(Memory(), look(101, RUNNING | {"n0": exited("n0", 1)}, reg), POLICY)
+    mem, found, _ = fault(mem, look(101.5, {"n0": exited("n0", 1), "n1": exited("n1", -9)}, reg), POLICY)
+    assert found is not None and not found.secondary and "n1" in found.nodes
+
+
+def test_a_rank_end_its_agent_recorded_is_the_fault_before_the_agent_exits():
+    # without restarts in place: rank 1 was SIGKILLed (its agent recorded it), the agent still runs
+    nodes = RUNNING | {"n1": NodeStatus("n1", 0, NodeState.RUNNING, exit_codes=((101, -9, 1.0),))}
+    reg = registry(hb(0), hb(1))
+    mem, found, findings = fault(Memory(), look(101, nodes, reg, logged_steps={1: 12}), POLICY)
+    assert found is not None and found.ranks == (1,) and findings is None
+    assert found.step == 13  # the step after the last one its own log recorded
+    assert ended_ranks(nodes, reg) == {1}
+
+
+def test_a_restart_in_place_that_does_not_report_in_is_torn_down_and_not_tried_again():
+    reg = registry(hb(0), at=118.5)
+    mem = Memory(in_place_deadline=120.0)
+    mem1, found, _ = fault(mem, look(119, RUNNING, reg, in_place_allowed=2, launched_at=110.0), POLICY)
+    assert found is None and mem1.in_place_deadline == 120.0  # on their way: old exits are not faults
+    mem2, found, _ = fault(mem, look(120.5, RUNNING, reg, in_place_allowed=2, launched_at=110.0), POLICY)
+    assert found is not None and found.kind == "startup_stall" and found.ranks == (1,)
+    assert mem2.in_place_deadline is None and mem2.in_place_failed
+
+
+@pytest.mark.parametrize("nodes,kind", [
+    ({"n0": NodeStatus("n0", 0, NodeState.RUNNING), "n1": NodeStatus("n1", 0, NodeState.LOST)}, "node_lost"),
+    ({"n0": NodeStatus("n0", 0, NodeState.RUNNING), "n1": exited("n1", -9)}, None),
+])
+def test_a_node_gone_is_a_fault_at_once(nodes, kind):
+    _, found, _ = fault(Memory(), look(101, nodes, registry(hb(0), hb(1))), POLICY)
+    assert found is not None and "n1" in found.nodes and (kind is None or found.kind == kind)
+
+
+def test_a_silent_rank_is_found_by_the_detectors():
+    reg = registry(hb(0), (hb(1)))
+    reg.observe(hb(0, seq=2), 104.0)  # rank 0 beats on; rank 1 last beat at 100
+    _, found, findings = fault(Memory(), look(104.5, RUNNING, reg), POLICY)
+    assert findings and found is not None and found.ranks == (1,)
