@@ -6,6 +6,8 @@ the job's loss path bit for bit the uninterrupted one's."""
 from __future__ import annotations
 
 import datetime
+import json
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,7 @@ def control(tmp_path_factory):
 
 @pytest.mark.parametrize("fault,die_before,stage,kind", [
     ("kind=hang,rank=1,step=13,attempt=0", "AskForStacks", "evidence", "hang"),
+    ("kind=hang,rank=1,step=13,attempt=0", "WriteEvidence", "record", "hang"),
     ("kind=hang,rank=1,step=13,attempt=0", "AbortRanks", "rung", "hang"),
     ("kind=stop,rank=1,step=13,attempt=0", "KillNodes", "rung", "dead"),
     ("kind=hang,rank=1,step=13,attempt=0", "TearDown", "rung", "hang"),
@@ -48,8 +51,15 @@ def test_a_controller_killed_mid_recovery_is_replaced_by_one_that_finishes_it(
     assert [f["kind"] for f in faults] == [kind]  # one fault: the replacement did not detect it again
     teardowns = [e for e in run.events("action") if e["action"] == "tear_down"]
     assert len(teardowns) == 1, teardowns  # the gang went once
-    assert bool(teardowns[0].get("resumed")) == (die_before in ("AskForStacks", "AbortRanks", "KillNodes",
-                                                                 "TearDown"))
+    assert bool(teardowns[0].get("resumed")) == (die_before == "TearDown")  # carried out again, and said so
+    if die_before in ("AskForStacks", "WriteEvidence"):
+        # the replacement waited for the adopted ranks' heartbeats: the evidence holds them all
+        evidence = json.loads(Path(run.wait_event("evidence_saved")["path"]).read_text())
+        assert sorted(evidence["ranks"]) == ["0", "1"]
+        # asked again at the evidence stage; at the record stage the first controller had asked
+        assert evidence["asked"] == ([0, 1] if die_before == "AskForStacks" else [])
+    if die_before == "AbortRanks":
+        assert run.wait_event("action", action="abort_ranks")["resumed"] is True
     launched = run.events("launched")
     assert launched[-1]["restore_from"] == "step-0000000010" and len(launched) == 2
     done = run.wait_event("restart_complete")

@@ -289,7 +289,9 @@ class Controller:
             if adopt_gang:
                 self._adopt(saved, save=not resume)  # (a resumed recovery saves itself)
             elif resume:
+                await self._preflight()
                 self._continue(saved)
+                self.event("adopt_failed", detail="no live node of the saved gang; finishing the recovery it was in")
             else:
                 await self._preflight()
                 await self._first_launch(saved)
@@ -538,15 +540,23 @@ class Controller:
     def _resume_recovery(self, saved: dict, *, gang_found: bool) -> None:
         """Go on with the recovery the saved state was in (:func:`~.recovery.resume`), with its
         restart's timer: the gang, where it was found, is adopted first."""
-        rec = recovery_step.resume(self.recovery, gang_found=gang_found)
+        # an adopted gang's ranks are heard again within a heartbeat interval or two: their stacks
+        # are asked for, and an abort sent, once their reply addresses are known
+        rec = recovery_step.resume(self.recovery, gang_found=gang_found, now=self.clock(),
+                                   hold_s=2 * self.cfg.heartbeat.interval_s + 0.5)
         if saved.get("restart_timer"):
             self.current_timer = RestartTimer.from_saved(saved["restart_timer"], self._from_unix)
             self.timers.append(self.current_timer)
         self.recovery = rec
         self.executor.in_place = None
         self.phase = JobPhase.RECOVERING
-        self.active_hang = self.last_fault = rec.fault
-        self.last_fault_attempt, self.last_fault_unix = self.attempt, self._to_unix(rec.fault.fault_at)
+        fault = rec.fault
+        self.active_hang = self.last_fault = fault
+        t = self.current_timer
+        self.last_fault_attempt = self.attempt
+        self.last_fault_unix = self._to_unix(t.detected_at) if t is not None else time.time()
+        self.last_fault_culprits = [(r, ",".join(fault.nodes)) for r in fault.ranks or (-1,)]
+        self.restarts_by_reason[fault.kind] = self.restarts_by_reason.get(fault.kind, 0) + 1
         if not gang_found:
             self.platform.exclude(list(self.history.excluded))
         log.warning("event=recovery_resumed attempt=%d kind=%s stage=%s rung=%d gang_found=%s", self.attempt,
@@ -574,6 +584,9 @@ class Controller:
                            detail="SIGTERM: this controller stops; the gang keeps running and the next one adopts it")
                 return
             if self._stop.is_set():
+                rec = self.recovery
+                if rec is not None and rec.stage in (Stage.EVIDENCE, Stage.RECORD) and rec.acted:
+                    await self.executor.run(recovery_step.WriteEvidence(), rec)  # asked for: kept before the kill
                 # stopped on purpose: the ranks get kill_grace_s to write their emergency checkpoint
                 before = self.latest_ckpt["step"] if self.latest_ckpt else -1
                 self._check_lease()
@@ -1019,7 +1032,8 @@ class Controller:
             obs = recovery_step.Observation(
                 now=self.clock(), nodes=await self.platform.observe() if waits_on_nodes else self.node_status,
                 rank_pids={r: r_.hb.pid for r, r_ in self.registry.ranks.items() if r_.hb.pid},
-                answered=self.executor.answered(), in_place=self.executor.in_place)
+                answered=self.executor.answered(), in_place=self.executor.in_place,
+                heard=0 < self.registry.world_size <= len(self.addr_by_rank))
             new, actions = recovery_step.step(rec, obs, recovery_step.Policy(
                 abort_grace_s=self.cfg.restart.abort_grace_s,
                 evidence_wait_s=min(1.0, self.cfg.heartbeat.interval_s * 1.2)))  # older workers never answer
@@ -1027,9 +1041,18 @@ class Controller:
                 return  # waiting
             self.recovery = new
             if actions or new is None:
-                self._save_state()  # what is about to be done, before it is done
-            for action in actions:
-                await self.executor.run(action, rec if new is None else new)
+                # what is about to be done, before it is done (no fsync: it is a controller's
+                # death that this outlives; the launch's own save is durable)
+                self._save_state(durable=False)
+            for i, action in enumerate(actions):
+                try:
+                    await self.executor.run(action, rec if new is None else new, resumed=rec.resumed and i == 0)
+                except PlatformError:
+                    # not carried out: the stage's action is tried again at the next tick
+                    if self.recovery is not None and self.recovery.acted and self.recovery.stage == new.stage:
+                        self.recovery = dataclasses.replace(self.recovery, acted=False)
+                        self._save_state(durable=False)
+                    raise
 
     async def _launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
         """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
@@ -1201,6 +1224,7 @@ class Controller:
                    **({} if launch is not None else {"in_place": True}))
         log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", self.attempt, nodes, world,
                  restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
+        self.recovery = None  # launched (or restarted in place): the recovery is over, in the same write
         self._save_state()
 
     def _launch_spec(self, nodes: list[str]) -> LaunchSpec:
@@ -1237,6 +1261,7 @@ class Controller:
     def _finish(self, phase: JobPhase, reason: str) -> None:
         self.phase = phase
         self.stop_reason = reason
+        self.recovery = None  # a recovery under way ends with the job
         level = logging.INFO if phase == JobPhase.COMPLETED else logging.ERROR
         log.log(level, "event=terminal phase=%s exit_code=%d reason=%s", phase.value, EXIT_CODES[phase], reason)
         self._save_state()
@@ -1301,16 +1326,16 @@ class Controller:
                 log.warning("event=events_rotate_failed path=%s error=%s", path, exc)
         self.platform.tell(name, rec)
 
-    def _save_state(self) -> None:
+    def _save_state(self, *, durable: bool = True) -> None:
         self._check_lease()  # the state is the new owner's once the lease is lost
         # the job's state, and beside it what only this controller knows (where it listens, what
         # its platform runs) and the restart under way's timer
+        timer = self.current_timer
         state_file.save(self.state_path, self.state.to_saved(self._to_unix) | {
             "intake_port": self.intake_port, "http_port": self.http_port, "http_host": self.cfg.http.host,
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
-            "restart_timer": None if self.current_timer is None or self.current_timer.done else
-            self.current_timer.to_saved(self._to_unix),
-        } | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}))
+        } | ({"restart_timer": timer.to_saved(self._to_unix)} if timer is not None and not timer.done else {})
+          | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}), durable=durable)
 
     def _to_unix(self, t: float) -> float:
         """A time of this controller's clock as wall-clock time (what a replacement can read)."""

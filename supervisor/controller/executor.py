@@ -64,7 +64,9 @@ class Executor:
         ranks = self.c.registry.ranks
         return all(r in ranks and ranks[r].hb.dump_seq >= self.asked[r] for r in self.awaited)
 
-    async def run(self, action: Action, rec: Recovery) -> None:
+    async def run(self, action: Action, rec: Recovery, *, resumed: bool = False) -> None:
+        """Carry out ``action`` of ``rec`` (``resumed``: again, by a controller that replaced the
+        one killed while it was under way; its event says so)."""
         c = self.c
         fault = rec.fault
         if self._die_before and type(action).__name__ == self._die_before:
@@ -83,20 +85,19 @@ class Executor:
                 c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.control_seq.next(),
                                               reason=f"{fault.kind}: {fault.detail}"[:400]), c.addr_by_rank.get(rank))
             c.event("action", attempt=c.attempt, action="abort_ranks", ranks=list(action.ranks), reason=fault.kind,
-                    **_resumed(rec))
+                    **_resumed(resumed))
         elif isinstance(action, KillNodes):
             for node in action.nodes:
-                c.event("action", attempt=c.attempt, action="kill_node", node=node, reason=fault.kind, **_resumed(rec))
+                c.event("action", attempt=c.attempt, action="kill_node", node=node, reason=fault.kind, **_resumed(resumed))
                 await c.platform.kill_node(node)
         elif isinstance(action, TearDown):
-            c.event("action", attempt=c.attempt, action="tear_down", reason=fault.kind, **_resumed(rec))
+            c.event("action", attempt=c.attempt, action="tear_down", reason=fault.kind, **_resumed(resumed))
             c._check_lease()
             await c.platform.teardown(c.cfg.restart.teardown_grace_s)
         elif isinstance(action, PlanNext):
             await self._plan_next(rec)
         elif isinstance(action, Launch):
             c.attempt = action.attempt
-            c.recovery = None  # the launch saves the state: a recovery no more
             await c._launch_retrying(list(action.nodes), action.restore_from, c.current_timer)
         else:  # pragma: no cover - every action of recovery.Action is handled above
             raise TypeError(f"no executor for {action!r}")
@@ -176,8 +177,8 @@ class Executor:
         c._save_state()
 
 
-def _resumed(rec: Recovery) -> dict:
-    return {"resumed": True} if rec.resumed else {}
+def _resumed(resumed: bool) -> dict:
+    return {"resumed": True} if resumed else {}
 
 
 def _write_evidence(path: Path, head: dict, records: list, asked: dict[int, int], awaited, answered,

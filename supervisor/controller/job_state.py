@@ -53,8 +53,7 @@ class JobState:
             "run": self.run, "run_started": self.run_started, "launch_attempt": self.launch_attempt,
             "in_place_allowed": self.in_place_allowed, "in_place_used": self.in_place_used,
             "launch_id": self.launch_id,
-            "recovery": None if self.recovery is None else self.recovery.to_saved(to_unix),
-        }
+        } | ({} if self.recovery is None else {"recovery": self.recovery.to_saved(to_unix)})
 
     def continued(self, saved: dict[str, Any], from_unix: Callable[[float], float]) -> "JobState":
         """This value with what a replacement controller takes over from a saved state (as

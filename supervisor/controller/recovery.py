@@ -5,7 +5,8 @@ A recovery walks these stages, each saved before its action is carried out
 one that resumes there, with the same fault and the same timer:
 
 ``evidence``  every live rank is asked for its stacks; moves on once the ranks that can answer
-              have (or after ``evidence_wait_s``), and the evidence file is written.
+              have (or after ``evidence_wait_s``).
+``record``    the evidence file is written (before anything is killed).
 ``in_place``  the agents restart the ranks in place, where the job allows it and the fault is one
               they can fix; declined, the ladder follows.
 ``rung``      the escalation ladder (:func:`~supervisor.controller.decide.ladder`): abort the
@@ -35,6 +36,7 @@ from supervisor.controller.decide import (
 
 class Stage(str, enum.Enum):
     EVIDENCE = "evidence"
+    RECORD = "record"
     IN_PLACE = "in_place"
     RUNG = "rung"
     PLAN = "plan"
@@ -71,9 +73,6 @@ class KillNodes:
 class TearDown:
     """The whole gang goes (``restart.teardown_grace_s``)."""
 
-    resumed: bool = False
-    """Carried out again by a controller that replaced one killed during it (no second event)."""
-
 
 @dataclass(frozen=True)
 class PlanNext:
@@ -108,7 +107,12 @@ class Recovery:
     launch: tuple[int, tuple[str, ...], str | None] | None = None
     """``launch`` stage: the desired attempt, its nodes and its checkpoint."""
     resumed: bool = False
-    """Continued by a controller that replaced the one that began it."""
+    """Continued by a controller that replaced the one that began it, until its first action."""
+    hold_until: float = 0.0
+    """A replacement that adopted the gang waits until then for the ranks' first heartbeats (their
+    reply addresses) before it asks them for stacks or orders an abort."""
+    sweep: bool = False
+    """``launch`` stage: tear down what a replacement found running before launching."""
 
     def to_saved(self, to_unix) -> dict[str, Any]:
         """The value as the state file keeps it (``to_unix``: controller clock -> wall clock)."""
@@ -127,18 +131,59 @@ class Recovery:
         ValueError naming the field when it is not one."""
         try:
             f = raw["fault"]
-            fault = Fault(str(f["kind"]), tuple(int(r) for r in f["ranks"]), tuple(str(n) for n in f["nodes"]),
-                          str(f["detail"]), int(f["rung"]), bool(f["node_failure"]), from_unix(float(f["fault_unix"])),
-                          bool(f.get("secondary", False)), None if f.get("step") is None else int(f["step"]),
-                          bool(f.get("exclude_now", False)))
+            fault = Fault(_text(f["kind"], "fault.kind"), tuple(_whole(r, "fault.ranks") for r in _list(f["ranks"])),
+                          tuple(_text(n, "fault.nodes") for n in _list(f["nodes"])), _text(f["detail"], "fault.detail"),
+                          _whole(f["rung"], "fault.rung"), _flag(f["node_failure"]), from_unix(_number(f["fault_unix"])),
+                          _flag(f.get("secondary", False)), None if f.get("step") is None else _whole(f["step"], "step"),
+                          _flag(f.get("exclude_now", False)))
+            stage = Stage(raw["stage"])
+            rung = _whole(raw.get("rung", 0), "rung")
+            if not 0 <= rung < len(ladder(fault, abort_grace_s=0.0)):
+                raise ValueError(f"rung {rung} is not a rung of this fault's ladder")
             launch = raw.get("launch")
-            return cls(fault, Stage(raw["stage"]), int(raw.get("rung", 0)), bool(raw.get("acted", False)),
-                       from_unix(float(raw["deadline_unix"])) if raw.get("deadline_unix") else 0.0,
-                       bool(raw.get("in_place", False)),
-                       None if launch is None else (int(launch["attempt"]), tuple(str(n) for n in launch["nodes"]),
-                                                    launch.get("restore_from")))
+            if launch is not None:
+                ckpt = launch.get("restore_from")
+                if ckpt is not None and not isinstance(ckpt, str):
+                    raise ValueError("launch.restore_from is not a checkpoint name")
+                launch = (_whole(launch["attempt"], "launch.attempt"),
+                          tuple(_text(n, "launch.nodes") for n in _list(launch["nodes"])), ckpt)
+            elif stage == Stage.LAUNCH:
+                raise ValueError("the launch stage names no launch")
+            return cls(fault, stage, rung, _flag(raw.get("acted", False)),
+                       from_unix(_number(raw["deadline_unix"])) if raw.get("deadline_unix") else 0.0,
+                       _flag(raw.get("in_place", False)), launch)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ValueError(f"recovery: {exc!r:.200}") from None
+            raise ValueError(f"recovery: {exc!s:.200}") from None
+
+
+def _list(v: Any) -> list:
+    if not isinstance(v, list):
+        raise ValueError(f"{v!r:.40} is not a list")
+    return v
+
+
+def _text(v: Any, what: str) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{what}: {v!r:.40} is not a string")
+    return v
+
+
+def _whole(v: Any, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"{what}: {v!r:.40} is not a whole number")
+    return v
+
+
+def _number(v: Any) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError(f"{v!r:.40} is not a time")
+    return float(v)
+
+
+def _flag(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r:.40} is not true or false")
+    return v
 
 
 @dataclass(frozen=True)
@@ -154,6 +199,8 @@ class Observation:
     """Every rank the evidence waits for has dumped its stacks."""
     in_place: bool | None = None
     """The result of the last :class:`TryInPlace` (None: none was carried out)."""
+    heard: bool = False
+    """Every rank of the gang has been heard from (its reply address is known)."""
 
 
 @dataclass(frozen=True)
@@ -167,28 +214,32 @@ def begin(fault: Fault, *, in_place: bool) -> Recovery:
     return Recovery(fault, in_place=in_place)
 
 
-def resume(rec: Recovery, *, gang_found: bool) -> Recovery:
+def resume(rec: Recovery, *, gang_found: bool, now: float = 0.0, hold_s: float = 0.0) -> Recovery:
     """The recovery a replacement controller continues. Without the gang (gone meanwhile) there
     is nothing left to gather or stop: it plans. Otherwise the stage's action is carried out
     again (the value is saved before an action, so it may have been cut short): asking for
-    stacks, an abort, a node kill and a teardown are all safe to repeat."""
-    rec = replace(rec, resumed=True)
-    if rec.stage == Stage.LAUNCH and rec.launch is not None and rec.acted:
-        # the cut launch may have made some of its gang: the next number fences them as strays
+    stacks, writing the evidence, an abort, a node kill and a teardown are all safe to repeat;
+    the stacks and an abort wait up to ``hold_s`` for the adopted ranks' first heartbeats.
+    A gang found at the plan or the launch (its teardown did not take) goes first."""
+    acted = rec.acted
+    rec = replace(rec, resumed=True, acted=False)
+    if rec.stage == Stage.LAUNCH and rec.launch is not None:
         attempt, nodes, restore_from = rec.launch
-        return replace(rec, acted=False, launch=(attempt + 1, nodes, restore_from))
-    if rec.stage in (Stage.LAUNCH, Stage.PLAN):
-        return replace(rec, acted=False)
+        # a launch cut short may have made some of its gang: the next number fences them as strays
+        return replace(rec, launch=(attempt + 1 if acted else attempt, nodes, restore_from), sweep=gang_found)
     if not gang_found:
-        return replace(rec, stage=Stage.PLAN, acted=False)
+        return replace(rec, stage=Stage.PLAN)
+    if rec.stage == Stage.PLAN:
+        return replace(rec, stage=Stage.RUNG, rung=len(ladder(rec.fault, abort_grace_s=0.0)) - 1)
     if rec.stage == Stage.IN_PLACE:
         # the agents may or may not have been told: the ladder is the safe way on
-        return replace(rec, stage=Stage.RUNG, rung=0, acted=False)
-    return replace(rec, acted=False)
+        rec = replace(rec, stage=Stage.RUNG, rung=0)
+    return replace(rec, hold_until=now + hold_s)
 
 
-_LOOK_AFTER = (AskForStacks, TryInPlace, AbortRanks, KillNodes, TearDown, PlanNext, Launch)
-"""Actions whose outcome the next step must observe: a step stops after one."""
+_LOOK_AFTER = (AskForStacks, WriteEvidence, TryInPlace, AbortRanks, KillNodes, TearDown, PlanNext, Launch)
+"""Actions after which a step stops (each is saved before it is carried out, and its outcome is
+the next step's to observe): every action."""
 
 
 def step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery | None, list[Action]]:
@@ -199,6 +250,8 @@ def step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery | No
     while True:
         new, acts = _one_step(rec, obs, policy)
         actions += acts
+        if acts and new is not None and new.resumed:
+            new = replace(new, resumed=False)  # "resumed" tells of the first action only
         if new is None or new == rec or any(isinstance(a, _LOOK_AFTER) for a in acts):
             return new, actions
         rec = new
@@ -206,13 +259,21 @@ def step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery | No
 
 def _one_step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery | None, list[Action]]:
     fault = rec.fault
+    if rec.hold_until:
+        if obs.now < rec.hold_until and not obs.heard:
+            return rec, []
+        rec = replace(rec, hold_until=0.0)
     if rec.stage == Stage.EVIDENCE:
         if not rec.acted:
             return replace(rec, acted=True, deadline=obs.now + policy.evidence_wait_s), [AskForStacks()]
         if obs.answered or obs.now >= rec.deadline:
-            nxt = Stage.IN_PLACE if rec.in_place else Stage.RUNG
-            return replace(rec, stage=nxt, rung=0, acted=False, deadline=0.0), [WriteEvidence()]
+            return replace(rec, stage=Stage.RECORD, acted=False, deadline=0.0), []
         return rec, []
+    if rec.stage == Stage.RECORD:
+        if not rec.acted:
+            return replace(rec, acted=True), [WriteEvidence()]
+        nxt = Stage.IN_PLACE if rec.in_place else Stage.RUNG
+        return replace(rec, stage=nxt, rung=0, acted=False), []
     if rec.stage == Stage.IN_PLACE:
         if not rec.acted:
             return replace(rec, acted=True), [TryInPlace()]
@@ -228,7 +289,7 @@ def _one_step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery
             elif rung.action == ACTION_KILL_NODE:
                 act = KillNodes(rung.nodes)
             else:
-                act = TearDown(resumed=rec.resumed)
+                act = TearDown()
             return replace(rec, acted=True, deadline=obs.now + rung.wait_s), [act]
         worked = rung.wait_s > 0 and rung_worked(rung, obs.nodes, obs.rank_pids)
         if rung.wait_s > 0 and not worked and obs.now < rec.deadline:
@@ -244,6 +305,8 @@ def _one_step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery
     # LAUNCH: the desired attempt (the executor ends the recovery once it is launched)
     if rec.launch is None:
         return None, []
+    if rec.sweep:
+        return replace(rec, sweep=False), [TearDown()]
     if not rec.acted:
         return replace(rec, acted=True), [Launch(*rec.launch)]
     return rec, []
@@ -254,6 +317,8 @@ def poll_s(rec: Recovery | None, tick_s: float) -> float:
     within milliseconds), often while a rung waits for its nodes to exit, else the tick."""
     if rec is None:
         return tick_s
+    if rec.hold_until:
+        return 0.05
     if rec.stage == Stage.EVIDENCE and rec.acted:
         return 0.01
     if rec.stage == Stage.RUNG and rec.acted:

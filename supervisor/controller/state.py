@@ -284,11 +284,12 @@ def to_json(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` so that a crash at any instant leaves the old file or the new one."""
+def save(path: Path, state: dict[str, Any], *, durable: bool = True) -> None:
+    """Write ``state`` so that a crash at any instant leaves the old file or the new one
+    (``durable=False``: no fsync; a killed process's write survives, a lost machine's may not)."""
     # a temporary name of its own (random, O_EXCL): two controllers that are both PID 1 (two
     # pods on one shared volume) never write into the same temporary file
-    write_atomic(path, json.dumps(to_json(state), indent=1).encode())
+    write_atomic(path, json.dumps(to_json(state), indent=1).encode(), durable=durable)
 
 
 def archive(path: Path, label: str) -> Path:
