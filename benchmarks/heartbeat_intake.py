@@ -93,7 +93,7 @@ from supervisor.controller.http import EXPORTER, build_app  # noqa: E402  (loade
 from supervisor.health import Kind, Registry, Timeouts, calibrate, detect, straggler_scores  # noqa: E402
 from supervisor.platforms.base import Platform  # noqa: E402
 from supervisor import protocol  # noqa: E402
-from supervisor.protocol import frames  # noqa: E402
+from supervisor.protocol import frames as wire  # noqa: E402
 from supervisor.protocol import Heartbeat, encode  # noqa: E402
 
 JOB = "bench"
@@ -378,9 +378,9 @@ def scrape_shape(c: Controller, exporter) -> dict[str, Any]:
     rendering (snapshot on this thread, text and gzip) timed alone, best of 3."""
     from supervisor.metrics import exposition, take_snapshot
 
-    text = exposition(take_snapshot(c, exporter.state)).decode()
+    text = exposition(take_snapshot(c.view(), exporter.state)).decode()
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
-    best = _best(lambda: exporter.render_snapshot(take_snapshot(c, exporter.state), True))
+    best = _best(lambda: exporter.render_snapshot(take_snapshot(c.view(), exporter.state), True))
     return {"series": series, "alone_s": best}
 
 
@@ -466,9 +466,9 @@ def step_costs(ranks: int, rate: float, timeout_s: float, frames: list[bytes]) -
         return 1e6 * best / len(items)
 
     out = [
-        ("HMAC-SHA256 of the payload (`protocol.frames._mac`)", per_frame(lambda b: frames._mac(KEY, b), bodies)),
+        ("HMAC-SHA256 of the payload (`protocol.frames._mac`)", per_frame(lambda b: wire._mac(KEY, b), bodies)),
         ("`msgspec` decode + schema checks of the payload (`protocol.frames._WIRE_DECODER`)",
-         per_frame(frames._WIRE_DECODER.decode, bodies)),
+         per_frame(wire._WIRE_DECODER.decode, bodies)),
         ("`decode_heartbeat` (framing, MAC, the msgspec decode, construction)",
          per_frame(lambda f: protocol.decode_heartbeat(f, KEY), frames)),
         ("for comparison, not on the path: `json.loads` of the payload", per_frame(json.loads, bodies)),

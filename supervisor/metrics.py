@@ -46,12 +46,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from supervisor.controller import decide
-from supervisor.controller.decide import TERMINAL, JobPhase
+from supervisor.controller.decide import JobPhase
 from supervisor.health import Kind
 from supervisor.protocol import PHASE_DONE, PHASES, REJECT_REASONS, RESTART_PHASES
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
+    from supervisor.controller.view import JobView
 
 RESTART_PHASE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1800)
 WORST_RANKS = 10
@@ -138,48 +139,29 @@ class Snapshot:
     """How long the cluster has not been able to place the gang (0: placed)."""
 
 
-def take_snapshot(c: "Controller", state: MetricsState) -> Snapshot:
-    """O(1) in the number of ranks but for one list copy of the registry's records (~0.1 ms at
-    16,384 ranks): this part runs on the event loop."""
-    now = c.clock()
-    culprits_cap = WORST_RANKS
-    hang = c.active_hang
-    hang_culprits: list[tuple[int, str]] = []
-    if hang is not None:
-        for r in (hang.ranks or (-1,))[:culprits_cap]:
-            rec = c.registry.ranks.get(r)
-            hang_culprits.append((r, rec.hb.node if rec is not None else ",".join(hang.nodes)))
-    t = c.current_timer
-    ck = c.latest_ckpt
-    # every checkpoint the controller saw published, not only the one current at this scrape
-    # (two saves between scrapes would otherwise hide an interval)
-    for created in list(getattr(c, "checkpoint_times", ())):
+def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
+    """What one rendering needs, from the job's view (:class:`~supervisor.controller.view.JobView`)
+    and what the metrics remember between scrapes (every checkpoint the controller saw published
+    counts toward the interval, not only the one current at this scrape: two saves between
+    scrapes would otherwise hide one). O(1) in the number of ranks."""
+    for created in v.checkpoint_times:
         state.observe_checkpoint(created)
+    ck = v.checkpoint
     state.observe_checkpoint(ck["created_unix"] if ck else None)
-    step_rate = c.step_rate() if callable(getattr(c, "step_rate", None)) else 0.0
-    stop_requested = getattr(c, "stop_requested", None)
-    if not isinstance(stop_requested, bool):
-        # until the controller says so itself: request_stop() records "stopped by SIGNAME"
-        stop_requested = str(getattr(c, "stop_reason", "")).startswith("stopped by ")
     return Snapshot(
-        job=c.cfg.job, now=now, unix=time.time(), phase=c.phase.value, attempt=c.attempt,
-        world_size=c.registry.world_size, timeout_s=c.cfg.heartbeat.timeout_s,
-        straggler_threshold=c.cfg.health.straggler_threshold,
-        per_rank_limit=getattr(c.cfg, "metrics_per_rank_limit", DEFAULT_PER_RANK_LIMIT),
-        ranks=list(c.registry.ranks.values()), stragglers=c.stragglers,
-        hang_kind=hang.kind if hang is not None else None, hang_culprits=hang_culprits,
-        last_fault_kind=c.last_fault.kind if c.last_fault is not None else None,
-        last_fault_attempt=c.last_fault_attempt, last_fault_unix=c.last_fault_unix,
-        last_fault_culprits=list(c.last_fault_culprits) if c.last_fault is not None else [],
-        restart_in_progress=t is not None and not t.done and c.phase not in TERMINAL,
-        restarts=dict(c.restarts_by_reason), restart_durations=[tm.durations() for tm in c.timers],
-        budget_s=c.cfg.restart.budget_s, budget_remaining_s=c.budget_remaining(now),
-        budget_exceeded=bool(c.budget_exceeded), checkpoint=dict(ck) if ck else None,
-        checkpoint_interval_s=state.checkpoint_interval(), rejected=dict(c.rejected), received=c.received,
-        excluded_nodes=len(c.history.excluded), step_rate=max(0.0, float(step_rate)),
-        stop_requested=stop_requested,
-        run_started_unix=float(getattr(c, "run_started", None) or state.started_unix),
-        waiting_for_capacity_s=now - c.capacity_since if getattr(c, "capacity_since", None) is not None else 0.0,
+        job=v.job, now=v.now, unix=v.unix, phase=v.phase, attempt=v.attempt, world_size=v.world_size,
+        timeout_s=v.timeout_s, straggler_threshold=v.straggler_threshold, per_rank_limit=v.per_rank_limit,
+        ranks=v.ranks, stragglers=v.stragglers, hang_kind=v.hang_kind, hang_culprits=v.hang_culprits,
+        last_fault_kind=v.last_fault_kind, last_fault_attempt=v.last_fault_attempt,
+        last_fault_unix=v.last_fault_unix, last_fault_culprits=v.last_fault_culprits,
+        restart_in_progress=v.restart_in_progress, restarts=v.restarts,
+        restart_durations=[tm.durations() for tm in v.timers], budget_s=v.budget_s,
+        budget_remaining_s=v.budget_remaining_s, budget_exceeded=v.budget_exceeded,
+        checkpoint=dict(ck) if ck else None, checkpoint_interval_s=state.checkpoint_interval(),
+        rejected=v.rejected, received=v.received, excluded_nodes=len(v.excluded_nodes),
+        step_rate=max(0.0, float(v.step_rate)), stop_requested=v.stop_requested,
+        run_started_unix=float(v.run_started_unix or state.started_unix),
+        waiting_for_capacity_s=v.waiting_for_capacity_s,
     )
 
 
@@ -389,7 +371,7 @@ class ControllerCollector:
         self.state = state or MetricsState()
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(take_snapshot(self.c, self.state))
+        yield from families(take_snapshot(self.c.view(), self.state))
 
 
 class _SnapshotCollector:
@@ -454,7 +436,7 @@ class Exporter:
         self.last: Rendered | None = None
 
     async def render(self, gzip_ok: bool) -> Rendered:
-        snap = take_snapshot(self.c, self.state)
+        snap = take_snapshot(self.c.view(), self.state)
         out = await asyncio.get_running_loop().run_in_executor(self._pool, self.render_snapshot, snap, gzip_ok)
         self.last = out
         return out

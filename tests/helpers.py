@@ -96,3 +96,20 @@ def record_durability(monkeypatch) -> list[tuple]:
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     return ops
+
+
+def view_registry(view):
+    """A Prometheus registry over one JobView, rendered as /metrics renders a controller's
+    (supervisor.metrics.take_snapshot, then its families)."""
+    from prometheus_client import CollectorRegistry
+
+    from supervisor.metrics import MetricsState, families, take_snapshot
+
+    reg = CollectorRegistry(auto_describe=False)
+
+    class Collector:
+        def collect(self):
+            yield from families(take_snapshot(view, MetricsState()))
+
+    reg.register(Collector())
+    return reg

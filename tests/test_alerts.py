@@ -129,30 +129,27 @@ def github_anchors(markdown: str) -> set[str]:
 
 
 def real_exposition(tmp_path: Path) -> str:
-    """The collector's exposition for a real Controller mid-restart: two ranks reporting, a
-    hang being handled, one completed restart, a checkpoint, straggler scores."""
+    """The exporter's exposition of a job mid-restart, as a controller's view holds it: two ranks
+    reporting, a hang being handled, one completed restart, a checkpoint, straggler scores."""
     from prometheus_client import generate_latest
 
-    from supervisor.config import from_dict
-    from supervisor.controller.daemon import Controller
-    from supervisor.controller.decide import Fault, RestartTimer
-    from supervisor.metrics import make_registry
-    from helpers import no_platform
+    from helpers import view_registry
+    from supervisor.controller.decide import RestartTimer
+    from supervisor.controller.view import JobView
+    from supervisor.health import Registry
     from supervisor.protocol import Heartbeat
 
-    cfg = from_dict({"command": ["python", "x.py"], "job": "j", "nodes": {"min": 2, "max": 2},
-                     "log_dir": str(tmp_path / "logs"), "checkpoint_dir": str(tmp_path / "ckpt")})
-    c = Controller(cfg, no_platform(["node0", "node1"]), clock=lambda: 1000.0)
-    c.registry.reset(0, 2)
+    records = Registry(0, 2)
     for rank in (0, 1):
-        c.registry.observe(Heartbeat(job="j", attempt=0, rank=rank, world_size=2, seq=1, step=7, phase="compute",
-                                     phase_s=0.1, node=f"node{rank}"), 999.0)
-    c.active_hang = Fault("hang", (1,), ("node1",), "test", 1, False, 990.0)
-    c.restarts_by_reason = {"crash": 1}
-    c.timers = [RestartTimer(0, "crash", 900.0, 901.0, 902.0, 903.0, 904.0, 905.0, 906.0)]
-    c.latest_ckpt = {"name": "step-0000000010", "step": 10, "created_unix": time.time() - 5, "writer_world_size": 2}
-    c.stragglers = {0: 1.0, 1: 1.2}
-    return generate_latest(make_registry(c)).decode()
+        records.observe(Heartbeat(job="j", attempt=0, rank=rank, world_size=2, seq=1, step=7, phase="compute",
+                                  phase_s=0.1, node=f"node{rank}"), 999.0)
+    view = JobView(job="j", now=1000.0, unix=time.time(), phase="recovering", attempt=0, world_size=2,
+                   ranks=list(records.ranks.values()), stragglers={0: 1.0, 1: 1.2},
+                   hang_kind="hang", hang_culprits=[(1, "node1")], restarts={"crash": 1},
+                   timers=[RestartTimer(0, "crash", 900.0, 901.0, 902.0, 903.0, 904.0, 905.0, 906.0)],
+                   checkpoint={"name": "step-0000000010", "step": 10, "created_unix": time.time() - 5,
+                               "writer_world_size": 2})
+    return generate_latest(view_registry(view)).decode()
 
 
 # --------------------------------------------------------------------------- rules

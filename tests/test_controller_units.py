@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 
 from prometheus_client import generate_latest
 
+from helpers import view_registry
 from supervisor.config import from_dict
 from supervisor.controller.daemon import Controller
 from supervisor.controller.intake import Intake
-from supervisor.controller.decide import Fault, JobPhase, RestartTimer
-from supervisor.metrics import make_registry
+from supervisor.controller.decide import RestartTimer
+from supervisor.controller.view import JobView, render_status
+from supervisor.health import Registry
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform
 from supervisor.protocol import Heartbeat, control_message, decode_control, derive_keys, encode
 
@@ -147,19 +150,18 @@ def test_control_frames_go_out_under_the_control_key_stamped_with_the_current_la
     assert TOKEN not in frame and KEYS.control not in frame and KEYS.heartbeat not in frame
 
 
-def test_metrics_read_the_controller_state(tmp_path):
-    c, clock = controller(tmp_path)
-    c.registry.observe(hb(0, ckpt_s=0.25), clock.t - 2.5)
-    c.registry.observe(hb(1, ckpt_s=0.75), clock.t - 0.5)
-    c.phase = JobPhase.RUNNING
-    c.stragglers = {0: 1.0, 1: 2.5}
-    c.restarts_by_reason = {"dead": 2}
-    c.timers = [RestartTimer(1, "dead", 900.0, 904.0, 905.0, 905.5, 908.0, 909.0, 909.5)]
-    c.active_hang = Fault("collective_hang", (1,), ("node1",), "x", 1, False, 990.0)
-    c.latest_ckpt = {"name": "step-0000000010", "step": 10, "created_unix": 1.7e9, "writer_world_size": 2}
-    c.rejected = {"unauthenticated": 3}
-    reg = make_registry(c)
-    v = reg.get_sample_value
+def test_metrics_and_status_render_one_view_of_the_job():
+    records = Registry(1, 2)
+    records.observe(hb(0, ckpt_s=0.25, attempt=1), 997.5)
+    records.observe(hb(1, ckpt_s=0.75, attempt=1), 999.5)
+    view = JobView(
+        job="j", now=1000.0, unix=1.7e9 + 60, phase="running", attempt=1, world_size=2,
+        ranks=list(records.ranks.values()), stragglers={0: 1.0, 1: 2.5}, restarts={"dead": 2},
+        timers=[RestartTimer(1, "dead", 900.0, 904.0, 905.0, 905.5, 908.0, 909.0, 909.5)],
+        hang_kind="collective_hang", hang_culprits=[(1, "node1")],
+        checkpoint={"name": "step-0000000010", "step": 10, "created_unix": 1.7e9, "writer_world_size": 2},
+        rejected={"unauthenticated": 3}, excluded_nodes=("node7",), suspect_checkpoints=("step-0000000005",))
+    v = view_registry(view).get_sample_value
     assert v("supervisor_job_phase", {"job": "j", "phase": "running"}) == 1.0
     assert v("supervisor_job_phase", {"job": "j", "phase": "recovering"}) == 0.0
     assert v("supervisor_alive_ranks", {"job": "j"}) == 2.0
@@ -174,12 +176,27 @@ def test_metrics_read_the_controller_state(tmp_path):
     assert v("supervisor_checkpoint_save_seconds", {"job": "j"}) == 0.75
     assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": "unauthenticated"}) == 3.0
     assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": "oversized"}) == 0.0
-    clock.t += 10  # both ranks now silent past the 5 s timeout
-    assert v("supervisor_alive_ranks", {"job": "j"}) == 0.0
+    assert v("supervisor_excluded_nodes", {"job": "j"}) == 1.0
+    # the same view, ten seconds on: both ranks silent past the 5 s timeout
+    later = dataclasses.replace(view, now=1010.0)
+    assert view_registry(later).get_sample_value("supervisor_alive_ranks", {"job": "j"}) == 0.0
+    st = render_status(later)
+    assert st["alive_ranks"] == 0 and st["ranks_summary"]["stale"] == 2
+    assert st["excluded_nodes"] == ["node7"] and st["suspect_checkpoints"] == ["step-0000000005"]
+    assert st["last_checkpoint"]["age_s"] == 60.0 and st["restarts"][0]["reason"] == "dead"
     if shutil.which("promtool"):
-        text = generate_latest(reg)
+        text = generate_latest(view_registry(view))
         proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_controllers_view_is_its_state(tmp_path):
+    c, clock = controller(tmp_path)
+    c.registry.observe(hb(0), clock.t - 1.0)
+    view = c.view()
+    assert (view.job, view.attempt, view.phase, view.world_size) == ("j", 2, "starting", 2)
+    assert view.run == c.state.run and view.checkpoint_root == c.state.ckpt_root and view.exit_code is None
+    assert [r.hb.rank for r in view.ranks] == [0] and view.budget_remaining_s == 900.0
 
 
 def test_status_is_json_ready(tmp_path):

@@ -36,7 +36,8 @@ from supervisor.controller import reconcile
 from supervisor.controller import recovery as recovery_step
 from supervisor.controller.executor import Executor
 from supervisor.controller.intake import Intake, grow_receive_buffer
-from supervisor.controller.view import StatusSnapshot, render_status
+from supervisor.controller.view import JobView, render_status
+from supervisor.metrics import WORST_RANKS
 from supervisor.controller.job_state import InState, JobState, as_path, as_tuple
 from supervisor.controller.recovery import Stage
 from supervisor.controller import state as state_file
@@ -66,7 +67,6 @@ from supervisor.controller.decide import (
     root_verdict,
 )
 from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
-from supervisor.metrics import MetricsState, take_snapshot
 from supervisor.platforms.base import WAIT_CANNOT_START, LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
@@ -151,7 +151,7 @@ class Controller:
         self._lease_lost_told = False
         self._standby_at: float | None = None  # when to refill the warm agents (STANDBY_AFTER_S)
         self.checkpoint_times: collections.deque[float] = collections.deque(maxlen=8)  # metrics: the interval
-        self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform  # a verdict to give once the gang is torn down
+        self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform
         self.report = None  # the ranks' restore report of this attempt, once they all sent one
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
         self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
@@ -1273,27 +1273,47 @@ class Controller:
         (t0, s0), (t1, s1) = self._step_marks[0], self._step_marks[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
-    def status_snapshot(self) -> "StatusSnapshot":
-        """What one ``/status`` rendering needs, taken on the event loop the way ``/metrics``
-        takes its own (:func:`supervisor.metrics.take_snapshot`: references and list copies,
-        no per-rank object made here); :func:`render_status` turns it into the document
-        anywhere (``/status`` does it in a worker thread)."""
-        snap = take_snapshot(self, MetricsState())
-        return StatusSnapshot(snap, {
-            "nodes": dict(self.node_status), "excluded_nodes": list(self.history.excluded),
-            "suspect_checkpoints": list(self.history.suspects), "suspect_why": dict(self.history.suspect_why),
-            "checkpoint_root": str(self.ckpt_root), "restored": self.restored,
-            "restore_refused": dict(self.report.refused) if self.report else {},
-            "run": self.run_no, "log_dir": str(self.log_dir), "restore_from": self.restore_from,
-            "timers": list(self.timers), "findings": list(self.findings), "timeouts": asdict(self.timeouts),
-            "stop_reason": self.stop_reason, "exit_code": EXIT_CODES.get(self.phase),
-            "waiting_for_capacity": None if self.capacity_since is None else {
-                "since_s": round(self.clock() - self.capacity_since, 1), "detail": self.capacity_message},
-        })
+    def view(self) -> JobView:
+        """The job as ``/status``, ``/metrics`` and ``supervisor status`` show it: its state and
+        what this controller has seen, taken here, on the event loop, in O(1) but for one list
+        copy of the ranks' records; rendered anywhere."""
+        now = self.clock()
+        hang = self.active_hang
+        ranks = self.registry.ranks
+        t = self.current_timer
+        ck = self.latest_ckpt
+        since = self.capacity_since
+        return JobView(
+            job=self.cfg.job, now=now, unix=time.time(), phase=self.phase.value, attempt=self.attempt,
+            run=self.run_no, run_started_unix=self.run_started, world_size=self.registry.world_size,
+            timeout_s=self.cfg.heartbeat.timeout_s, straggler_threshold=self.cfg.health.straggler_threshold,
+            per_rank_limit=self.cfg.metrics_per_rank_limit, ranks=list(ranks.values()), stragglers=self.stragglers,
+            hang_kind=hang.kind if hang is not None else None,
+            hang_culprits=[] if hang is None else [(r, ranks[r].hb.node if r in ranks else ",".join(hang.nodes))
+                                                   for r in (hang.ranks or (-1,))[:WORST_RANKS]],
+            last_fault_kind=self.last_fault.kind if self.last_fault is not None else None,
+            last_fault_attempt=self.last_fault_attempt, last_fault_unix=self.last_fault_unix,
+            last_fault_culprits=list(self.last_fault_culprits) if self.last_fault is not None else [],
+            restart_in_progress=t is not None and not t.done and self.phase not in TERMINAL,
+            restarts=dict(self.restarts_by_reason), timers=list(self.timers), budget_s=self.cfg.restart.budget_s,
+            budget_remaining_s=self.budget_remaining(now), budget_exceeded=bool(self.budget_exceeded),
+            checkpoint=dict(ck) if ck else None, checkpoint_times=tuple(self.checkpoint_times),
+            rejected=dict(self.rejected), received=self.received, step_rate=max(0.0, float(self.step_rate())),
+            stop_requested=self.stop_requested,
+            waiting_for_capacity=None if since is None else {"since_s": round(now - since, 1),
+                                                              "detail": self.capacity_message},
+            waiting_for_capacity_s=0.0 if since is None else now - since,
+            nodes=dict(self.node_status), excluded_nodes=tuple(self.history.excluded),
+            suspect_checkpoints=tuple(self.history.suspects), suspect_why=dict(self.history.suspect_why),
+            checkpoint_root=str(self.ckpt_root), restored=self.restored,
+            restore_refused=dict(self.report.refused) if self.report else {}, log_dir=str(self.log_dir),
+            restore_from=self.restore_from, findings=list(self.findings), timeouts=asdict(self.timeouts),
+            stop_reason=self.stop_reason, exit_code=EXIT_CODES.get(self.phase),
+        )
 
     def status(self, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
-        """The state as ``supervisor status`` shows it (:func:`render_status` of a snapshot taken now)."""
-        return render_status(self.status_snapshot(), offset=offset, limit=limit)
+        """The state as ``supervisor status`` shows it (:func:`render_status` of a view taken now)."""
+        return render_status(self.view(), offset=offset, limit=limit)
 
     def alive_ranks(self, now: float | None = None) -> int:
         now = self.clock() if now is None else now

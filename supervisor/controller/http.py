@@ -65,7 +65,7 @@ STATUS_PAGES_KEPT = 16
 
 class StatusView:
     """``/status`` for a controller, as ``/metrics`` is served (:class:`Exporter`): a snapshot on
-    the event loop (:meth:`Controller.status_snapshot`: references and list copies), taken at
+    the event loop (:meth:`Controller.view`: references and list copies), taken at
     most every :data:`STATUS_SNAPSHOT_S`; the document built and JSON-encoded in one worker
     thread (:func:`supervisor.controller.view.status_json`), one rendering per page per
     snapshot shared by every request that asks for it meanwhile. A flood of requests at 16,384
@@ -86,7 +86,7 @@ class StatusView:
         loop = asyncio.get_running_loop()
         now = loop.time()
         if self._snap is None or now - self._taken >= STATUS_SNAPSHOT_S:
-            self._snap, self._taken, self._bodies = self.c.status_snapshot(), now, {}
+            self._snap, self._taken, self._bodies = self.c.view(), now, {}
             self.snapshots += 1
         key = (offset, limit)
         fut = self._bodies.get(key)
