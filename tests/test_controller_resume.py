@@ -11,23 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_log, run_job
+from test_supervisor_local import JOB, STEPS, control  # noqa: F401 (the uninterrupted control run)
 from supervisor.controller.executor import CONTROLLER_FAULT
 
-STEPS = 40
+pytestmark = pytest.mark.slow
 
 
 def _unix(stamp: str) -> float:
     return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.timezone.utc).timestamp()
-
-JOB = ["--steps", str(STEPS), "--checkpoint-every", "5", "--step-sleep", "0.05"]
-
-
-@pytest.fixture(scope="module")
-def control(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("control")
-    run_job(tmp, 2, [*JOB, "--log-dir", str(tmp / "log")])
-    return {r["step"]: r for r in read_log(tmp / "log", 0)}
 
 
 @pytest.mark.parametrize("fault,die_before,stage,kind", [
