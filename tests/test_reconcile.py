@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.controller.reconcile import Look, Memory, Policy, ended, ended_ranks, fault
+from supervisor.controller.decide import Shrink, Stop
+from supervisor.controller.reconcile import (
+    CapacityPolicy,
+    Look,
+    Memory,
+    Placed,
+    Policy,
+    Waiting,
+    ended,
+    ended_ranks,
+    fault,
+    placement,
+)
 from supervisor.health import Registry, Timeouts
 from supervisor.model import NodeState, NodeStatus
 from supervisor.protocol import Heartbeat
@@ -113,3 +125,38 @@ def test_a_silent_rank_is_found_by_the_detectors():
     reg.observe(hb(0, seq=2), 104.0)  # rank 0 beats on; rank 1 last beat at 100
     _, found, findings = fault(Memory(), look(104.5, RUNNING, reg), POLICY)
     assert findings and found is not None and found.ranks == (1,)
+
+
+# ---------------------------------------------------------------------------- placement
+CAPACITY = CapacityPolicy(wait_limit_s=300.0, shrink_after_s=60.0, nodes_min=1, nodes_max=2, nproc_per_node=1)
+PENDING = NodeStatus("n1", 0, NodeState.RUNNING, waiting="capacity",
+                     detail="0/3 nodes are available: 3 Insufficient nvidia.com/gpu")
+
+
+def test_a_gang_that_cannot_be_placed_waits_then_shrinks_to_what_was_placed():
+    nodes = RUNNING | {"n1": PENDING}
+    mem, said = placement(Memory(), nodes, 100.0, CAPACITY)
+    assert said == [Waiting(True, ("n1",), said[0].message)] and mem.capacity_since == 100.0
+    assert "Insufficient nvidia.com/gpu" in said[0].message
+    mem, said = placement(mem, nodes, 130.0, CAPACITY)
+    assert said == [Waiting(False, ("n1",), said[0].message)] and mem.capacity_since == 100.0
+    mem, said = placement(mem, nodes, 161.0, CAPACITY)  # past shrink_after_s: the placed node goes on alone
+    assert isinstance(said[-1], Shrink) and said[-1].nodes == ("n0",) and mem.capacity_since is None
+
+
+def test_a_gang_placed_after_a_wait_says_how_long_and_one_that_never_fits_stops():
+    mem, _ = placement(Memory(), RUNNING | {"n1": PENDING}, 100.0, CAPACITY)
+    after, said = placement(mem, RUNNING, 112.5, CAPACITY)
+    assert said == [Placed(12.5, True)] and after.capacity_since is None
+    rigid = CapacityPolicy(wait_limit_s=30.0, shrink_after_s=0.0, nodes_min=2, nodes_max=2, nproc_per_node=1)
+    mem, _ = placement(Memory(), RUNNING | {"n1": PENDING}, 100.0, rigid)
+    _, said = placement(mem, RUNNING | {"n1": PENDING}, 131.0, rigid)
+    assert isinstance(said[-1], Stop) and said[-1].phase.value == "stopped_no_capacity"
+
+
+def test_a_node_that_cannot_start_is_not_a_wait_and_a_placed_node_that_ended_ends_it():
+    cannot = NodeStatus("n1", 0, NodeState.RUNNING, waiting="cannot_start", detail="ErrImagePull")
+    assert placement(Memory(), RUNNING | {"n1": cannot}, 100.0, CAPACITY) == (Memory(), [])
+    mem, _ = placement(Memory(), RUNNING | {"n1": PENDING}, 100.0, CAPACITY)
+    _, said = placement(mem, {"n0": exited("n0", -9), "n1": PENDING}, 101.0, CAPACITY)
+    assert said == [Placed(1.0, False)]  # the fault that follows names the ended node

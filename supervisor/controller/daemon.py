@@ -46,7 +46,6 @@ from supervisor.files import rotate, set_aside
 from supervisor.config import JobConfig
 from supervisor.controller.decide import (
     EXIT_CODES,
-    CapacityWait,
     RUNG_KILL_NODE,
     TERMINAL,
     Fault,
@@ -56,7 +55,6 @@ from supervisor.controller.decide import (
     RestartTimer,
     Shrink,
     Stop,
-    capacity,
     grow,
     gang_size,
     in_place_ok,
@@ -67,7 +65,7 @@ from supervisor.controller.decide import (
     root_verdict,
 )
 from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
-from supervisor.platforms.base import WAIT_CANNOT_START, LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
+from supervisor.platforms.base import LaunchSpec, NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     Env,
@@ -134,6 +132,8 @@ class Controller:
     # what the looks remember (reconcile.Memory), read and written the same way
     in_place_deadline = InState(holder="memory")
     in_place_failed = InState(holder="memory")
+    capacity_since = InState(holder="memory")
+    capacity_message = InState(holder="memory")
 
     def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
         self.cfg = cfg
@@ -196,9 +196,6 @@ class Controller:
         self._ckpt_rebase = False  # a root adopted: count this attempt's progress from its newest checkpoint
         self._step_marks: list[tuple[float, int]] = []
         self._last_calibration = -CALIBRATE_S
-        self.capacity_since: float | None = None
-        """Since when the cluster could not place the gang (None: placed, or not on such a platform)."""
-        self.capacity_message = ""
         self.ready = False
         self._handoff = False
         self._root_judged = False  # this attempt's checkpoint root was checked before any restore report
@@ -730,69 +727,60 @@ class Controller:
         return out
 
     async def _capacity(self, now: float) -> bool:
-        """Whether the gang waits for capacity this tick (:func:`~.decide.capacity`): not a fault,
-        and the startup timeout runs from the moment it is placed. Past restart.shrink_after_s an
-        elastic gang is relaunched at the size that was placed; past restart.capacity_wait_s the
-        job stops. A node that cannot start at all is classify's (a startup failure)."""
+        """Whether the gang waits for capacity this tick (:func:`~.reconcile.placement`): not a
+        fault, and the startup timeout runs from the moment it is placed. Past
+        restart.shrink_after_s an elastic gang is relaunched at the size that was placed; past
+        restart.capacity_wait_s the job stops."""
         r, n = self.cfg.restart, self.cfg.nodes
-        since = self.capacity_since
-        verdict = capacity(self.node_status, waited_s=now - (now if since is None else since),
-                           wait_limit_s=r.capacity_wait_s or r.budget_s, shrink_after_s=r.shrink_after_s,
-                           nodes_min=n.min, nodes_max=n.max, nproc_per_node=self.cfg.nproc_per_node,
-                           world_sizes=n.world_sizes, world_size_multiple_of=n.world_size_multiple_of)
-        if any(st.waiting == WAIT_CANNOT_START for st in self.node_status.values()):
-            return False  # a startup failure (classify names it): not capacity
-        # a placed pod that ended meanwhile (crashed, rejected by its node) is a fault now, whatever waits
-        broken = any(st.state != NodeState.RUNNING and not (st.state == NodeState.EXITED and st.exit_code == 0)
-                     for st in self.node_status.values())
-        if verdict is None or broken:
-            if since is not None:
-                self.capacity_since, self.capacity_message = None, ""
+        self.memory, said = reconcile.placement(self.memory, self.node_status, now, reconcile.CapacityPolicy(
+            wait_limit_s=r.capacity_wait_s or r.budget_s, shrink_after_s=r.shrink_after_s, nodes_min=n.min,
+            nodes_max=n.max, nproc_per_node=self.cfg.nproc_per_node, world_sizes=n.world_sizes,
+            world_size_multiple_of=n.world_size_multiple_of))
+        for verdict in said:
+            if isinstance(verdict, reconcile.Placed):
                 self.launched_at = now  # the startup timeout starts now
                 if self.phase == JobPhase.WAITING_FOR_CAPACITY:
                     self.phase = JobPhase.STARTING
-                if verdict is None:  # (else a placed pod ended: the fault that follows says so)
-                    log.info("event=capacity_found attempt=%d waited_s=%.1f", self.attempt, now - since)
-                    self.event("capacity_found", attempt=self.attempt, waited_s=round(now - since, 3))
+                if verdict.found:  # (else a placed pod ended: the fault that follows says so)
+                    log.info("event=capacity_found attempt=%d waited_s=%.1f", self.attempt, verdict.waited_s)
+                    self.event("capacity_found", attempt=self.attempt, waited_s=round(verdict.waited_s, 3))
                 self._save_state()
-            return False
-        self.launched_at = now
-        if since is None:
-            self.capacity_since = now
-            self.phase = JobPhase.WAITING_FOR_CAPACITY
-            waiting = verdict.waiting if isinstance(verdict, CapacityWait) else ()
-            self.capacity_message = verdict.message if isinstance(verdict, CapacityWait) else verdict.reason
-            self._save_state()
-            log.warning("event=waiting_for_capacity attempt=%d nodes=%s limit_s=%g detail=%s", self.attempt,
-                        list(waiting), r.capacity_wait_s or r.budget_s, self.capacity_message)
-            self.event("waiting_for_capacity", attempt=self.attempt, nodes=list(waiting), detail=self.capacity_message,
-                       limit_s=r.capacity_wait_s or r.budget_s)
-        if isinstance(verdict, Stop):
-            self.event("action", attempt=self.attempt, action="tear_down", reason="no_capacity")
-            await self.platform.teardown(r.teardown_grace_s)
-            self._finish(verdict.phase, verdict.reason)
-            return True
-        if isinstance(verdict, Shrink):
-            log.warning("event=capacity_shrink attempt=%d nodes=%s reason=%s", self.attempt, list(verdict.nodes),
-                        verdict.reason)
-            self.event("capacity_shrink", attempt=self.attempt, nodes=list(verdict.nodes), detail=verdict.reason)
-            self.event("action", attempt=self.attempt, action="tear_down", reason="capacity_shrink")
-            await self.platform.teardown(r.teardown_grace_s)
-            self.capacity_since, self.capacity_message = None, ""
-            await self._scan_checkpoints()
-            pick = self._pick_checkpoint()
-            if isinstance(pick, Stop):
-                self._finish(pick.phase, pick.reason)
-                return True
-            self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
-            timer = self.current_timer if self.current_timer is not None and not self.current_timer.done else None
-            left_out = [s for s in self.nodes if s not in verdict.nodes]
-            await self._launch_retrying(list(verdict.nodes), pick, timer)
-            if self.phase not in TERMINAL:
-                await self.platform.probe_capacity(left_out)  # to grow back when the cluster has room
-            return True
-        self.capacity_message = verdict.message
-        return True
+                return False
+            self.launched_at = now
+            if isinstance(verdict, reconcile.Waiting) and verdict.first:
+                self.phase = JobPhase.WAITING_FOR_CAPACITY
+                self._save_state()
+                log.warning("event=waiting_for_capacity attempt=%d nodes=%s limit_s=%g detail=%s", self.attempt,
+                            list(verdict.nodes), r.capacity_wait_s or r.budget_s, verdict.message)
+                self.event("waiting_for_capacity", attempt=self.attempt, nodes=list(verdict.nodes),
+                           detail=verdict.message, limit_s=r.capacity_wait_s or r.budget_s)
+            elif isinstance(verdict, Stop):
+                self.event("action", attempt=self.attempt, action="tear_down", reason="no_capacity")
+                await self.platform.teardown(r.teardown_grace_s)
+                self._finish(verdict.phase, verdict.reason)
+            elif isinstance(verdict, Shrink):
+                await self._shrink(verdict)
+        return bool(said)
+
+    async def _shrink(self, verdict: Shrink) -> None:
+        """An elastic gang that waited restart.shrink_after_s is relaunched at the size placed; the
+        slots left out are watched, to grow back when the cluster has room."""
+        log.warning("event=capacity_shrink attempt=%d nodes=%s reason=%s", self.attempt, list(verdict.nodes),
+                    verdict.reason)
+        self.event("capacity_shrink", attempt=self.attempt, nodes=list(verdict.nodes), detail=verdict.reason)
+        self.event("action", attempt=self.attempt, action="tear_down", reason="capacity_shrink")
+        await self.platform.teardown(self.cfg.restart.teardown_grace_s)
+        await self._scan_checkpoints()
+        pick = self._pick_checkpoint()
+        if isinstance(pick, Stop):
+            self._finish(pick.phase, pick.reason)
+            return
+        self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
+        timer = self.current_timer if self.current_timer is not None and not self.current_timer.done else None
+        left_out = [s for s in self.nodes if s not in verdict.nodes]
+        await self._launch_retrying(list(verdict.nodes), pick, timer)
+        if self.phase not in TERMINAL:
+            await self.platform.probe_capacity(left_out)  # to grow back when the cluster has room
 
     async def _grow(self) -> bool:
         """A gang shrunk for capacity grows back when the cluster can place what it left out

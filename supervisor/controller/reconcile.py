@@ -9,11 +9,15 @@ verdict out: no I/O, no clock of its own, no platform. The controller observes, 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from supervisor.controller.decide import (
     RUNG_TEARDOWN,
+    CapacityWait,
     Fault,
+    Shrink,
+    Stop,
+    capacity,
     classify,
     completed,
     rank_ended,
@@ -36,6 +40,10 @@ class Memory:
     """The ranks restarted in place report in by then, or the gang is torn down."""
     in_place_failed: bool = False
     """The last restart in place did not come back in time (the next fault is not restarted in place)."""
+    capacity_since: float | None = None
+    """Since when the cluster could not place the gang (None: placed, or not on such a platform)."""
+    capacity_message: str = ""
+    """What the cluster says of the wait (its scheduler's own words)."""
 
 
 @dataclass(frozen=True)
@@ -171,3 +179,67 @@ def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None
         if now - since < max(policy.secondary_grace_s, policy.heartbeat_timeout_s + 1.0):
             return replace(mem, secondary_since=since), None, findings
     return replace(mem, secondary_since=None), found, findings
+
+
+# ---------------------------------------------------------------------------- placement
+@dataclass(frozen=True)
+class CapacityPolicy:
+    wait_limit_s: float
+    """restart.capacity_wait_s (or the restart budget): past it the job stops."""
+    shrink_after_s: float
+    nodes_min: int
+    nodes_max: int
+    nproc_per_node: int
+    world_sizes: Iterable[int] = ()
+    world_size_multiple_of: int = 1
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The gang waited for capacity and no longer does."""
+
+    waited_s: float
+    found: bool
+    """Placed (False: a placed node ended meanwhile, which the fault that follows names)."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The cluster cannot place the gang yet: not a fault; the startup timeout waits too."""
+
+    first: bool
+    """The wait begins now."""
+    nodes: tuple[str, ...]
+    message: str
+
+
+def placement(mem: Memory, nodes: Mapping[str, NodeStatus], now: float,
+              policy: CapacityPolicy) -> tuple[Memory, list[Placed | Waiting | Shrink | Stop]]:
+    """Whether the gang waits for capacity (:func:`~supervisor.controller.decide.capacity`), and
+    what follows, in order: the wait beginning or going on, then, past ``shrink_after_s``, an
+    elastic gang relaunched at the size placed (:class:`Shrink`), or past ``wait_limit_s`` the
+    job stopping (:class:`Stop`); or the gang placed after a wait. Nothing while a node cannot
+    start at all (a startup failure, :func:`fault`'s) or nothing waits."""
+    since = mem.capacity_since
+    verdict = capacity(nodes, waited_s=now - (now if since is None else since), wait_limit_s=policy.wait_limit_s,
+                       shrink_after_s=policy.shrink_after_s, nodes_min=policy.nodes_min, nodes_max=policy.nodes_max,
+                       nproc_per_node=policy.nproc_per_node, world_sizes=policy.world_sizes,
+                       world_size_multiple_of=policy.world_size_multiple_of)
+    if any(st.waiting == WAIT_CANNOT_START for st in nodes.values()):
+        return mem, []
+    # a placed node that ended meanwhile (crashed, rejected by its node) is a fault now, whatever waits
+    broken = any(st.state != NodeState.RUNNING and not (st.state == NodeState.EXITED and st.exit_code == 0)
+                 for st in nodes.values())
+    if verdict is None or broken:
+        if since is None:
+            return mem, []
+        return replace(mem, capacity_since=None, capacity_message=""), [Placed(now - since, verdict is None)]
+    message = verdict.message if isinstance(verdict, CapacityWait) else verdict.reason
+    said: list[Placed | Waiting | Shrink | Stop] = [
+        Waiting(since is None, tuple(verdict.waiting) if isinstance(verdict, CapacityWait) else (), message)]
+    mem = replace(mem, capacity_since=now if since is None else since, capacity_message=message)
+    if isinstance(verdict, Shrink):
+        return replace(mem, capacity_since=None, capacity_message=""), said + [verdict]
+    if isinstance(verdict, Stop):
+        said.append(verdict)
+    return mem, said
