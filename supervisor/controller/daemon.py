@@ -2,12 +2,14 @@
 
 Tasks (each named; one that dies unexpectedly stops the daemon loudly):
 
-* ``intake``: the UDP heartbeat endpoint (:class:`Intake`), authenticated (the heartbeat key
-  derived from the job token) and fenced by launch id and attempt; bad datagrams are counted by
-  reason and change nothing.
+* ``intake``: the UDP heartbeat endpoint (:mod:`~supervisor.controller.intake`), authenticated
+  (the heartbeat key derived from the job token) and fenced by launch id and attempt; bad
+  datagrams are counted by reason and change nothing.
 * ``http``: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` and ``/v1/restore-point``.
-* ``reconcile``: every ``TICK_S``: ask the platform for node states, run the detectors,
-  and on a fault walk the escalation ladder (evidence first), then relaunch or stop.
+* ``reconcile``: every ``TICK_S`` (sooner while a recovery waits): ask the platform for node
+  states, ask the pure layer what follows (:mod:`~supervisor.controller.reconcile`: completed,
+  a fault, a capacity wait; :mod:`~supervisor.controller.recovery`: the recovery's next step),
+  save, and have :mod:`~supervisor.controller.executor` carry it out.
 
 A small state file (``LOG_DIR/supervisor-state.json``, written durably on every change; see
 :mod:`supervisor.controller.state`) lets a restarted controller adopt the running gang
@@ -27,26 +29,24 @@ import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from supervisor.checkpoint.cache import Scan, VerifiedCache
 from supervisor.checkpoint.discovery import parse_name
-from supervisor.controller import preflight
-from supervisor.controller import reconcile
+from supervisor.config import JobConfig
+from supervisor.controller import preflight, reconcile
 from supervisor.controller import recovery as recovery_step
-from supervisor.controller.executor import Executor
-from supervisor.controller.intake import Intake, grow_receive_buffer
-from supervisor.controller.view import JobView, render_status
-from supervisor.metrics import WORST_RANKS
-from supervisor.controller.job_state import InState, JobState, as_path, as_tuple
-from supervisor.controller.recovery import Stage
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
+from supervisor.controller.executor import Executor
+from supervisor.controller.intake import Intake, grow_receive_buffer
+from supervisor.controller.job_state import InState, JobState, as_path, as_tuple
+from supervisor.controller.recovery import Stage
+from supervisor.controller.view import JobView, render_status
 from supervisor.files import rotate, set_aside
-from supervisor.config import JobConfig
+from supervisor.metrics import WORST_RANKS
 from supervisor.controller.decide import (
     EXIT_CODES,
-    RUNG_KILL_NODE,
     TERMINAL,
     Fault,
     History,
@@ -57,7 +57,6 @@ from supervisor.controller.decide import (
     Stop,
     grow,
     gang_size,
-    in_place_ok,
     note_refusals,
     pick_checkpoint,
     plan_next,
@@ -65,14 +64,13 @@ from supervisor.controller.decide import (
     root_verdict,
 )
 from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
-from supervisor.platforms.base import LaunchSpec, NodeStatus, Platform, PlatformError
+from supervisor.platforms.base import NodeStatus, Platform, PlatformError
 from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
     Env,
     PHASE_DONE,
     ControlSequencer,
     Keys,
-    control_message,
     derive_keys,
     new_launch_id,
 )
@@ -80,7 +78,6 @@ from supervisor.protocol import (
 log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
 CHECKPOINT_POLL_S = 2.0
-LAUNCH_TRIES = 3
 CALIBRATE_S = 2.0
 # How long, at least, a fault seen only through ranks that lost a peer waits for the culprit
 # to show up (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen).
@@ -521,9 +518,9 @@ class Controller:
         if saved:
             # a restart a previous controller began (what it left may still hold the slots for a
             # moment): retried like any relaunch
-            await self._launch_retrying(slots[:size], pick, None)
+            await self.executor.launch_retrying(slots[:size], pick, None)
         else:
-            await self._launch_unless_handed_off(slots[:size], pick, None)
+            await self.executor.launch_unless_handed_off(slots[:size], pick, None)
 
     def _adopt(self, saved: dict, *, save: bool = True) -> None:
         self._continue(saved)
@@ -778,7 +775,7 @@ class Controller:
         self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
         timer = self.current_timer if self.current_timer is not None and not self.current_timer.done else None
         left_out = [s for s in self.nodes if s not in verdict.nodes]
-        await self._launch_retrying(list(verdict.nodes), pick, timer)
+        await self.executor.launch_retrying(list(verdict.nodes), pick, timer)
         if self.phase not in TERMINAL:
             await self.platform.probe_capacity(left_out)  # to grow back when the cluster has room
 
@@ -811,7 +808,7 @@ class Controller:
             self._finish(pick.phase, pick.reason)
             return True
         self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
-        await self._launch_retrying(list(nodes), pick, None)
+        await self.executor.launch_retrying(list(nodes), pick, None)
         return True
 
     def _track_progress(self, now: float) -> None:
@@ -1042,77 +1039,6 @@ class Controller:
                         self._save_state(durable=False)
                     raise
 
-    async def _launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
-        """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
-        a stop cuts short), then the job fails."""
-        for attempt_no in range(1, LAUNCH_TRIES + 1):
-            try:
-                await self._launch_unless_handed_off(nodes, restore_from, timer)
-                return
-            except PlatformError as exc:
-                log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
-                self.event("launch_failed", attempt=self.attempt, error=str(exc), try_=attempt_no)
-                await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-                if self._stop.is_set():
-                    return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
-                try:
-                    await asyncio.wait_for(self._stop.wait(), min(30.0, 2.0 ** attempt_no))
-                    return
-                except asyncio.TimeoutError:
-                    pass
-        self._finish(JobPhase.FAILED, f"the platform could not launch attempt {self.attempt} ({LAUNCH_TRIES} tries)")
-
-    async def _restart_in_place(self, fault: Fault, timer: RestartTimer) -> bool:
-        """Rung 0: let the node agents restart the ranks in place, when :func:`in_place_ok` says
-        the same gang may go on. The checkpoint is chosen exactly as for a full restart (on a
-        copy of the history, kept only if this path is taken); the ranks still running are
-        aborted, and their agents restart them with the rest; the new ranks carry the next
-        attempt number and ask for the restore point. Returns False (nothing done) otherwise."""
-        self.node_status = await self.platform.observe()
-        await self._scan_checkpoints()
-        decision, preview = self._plan(fault, self.history)  # kept only if this path is taken
-        why_not = in_place_ok(fault=fault, decision=decision, nodes=self.node_status, previous_nodes=self.nodes,
-                              allowed=self.in_place_allowed, used=self.in_place_used, skip_steps=self.skip_steps,
-                              last_failed=self.in_place_failed, kills_ranks=self.platform.kills_ranks)
-        if not why_not and fault.rung == RUNG_KILL_NODE:
-            # a silent rank cannot obey an abort: its process is killed, and its agent restarts it
-            by_node: dict[str, list[int]] = {}
-            for r in fault.ranks:
-                rec = self.registry.ranks.get(r)
-                if rec is not None and rec.hb.pid:
-                    by_node.setdefault(rec.hb.node, []).append(rec.hb.pid)
-            for node, pids in sorted(by_node.items()):
-                self.event("action", attempt=self.attempt, action="kill_ranks", node=node, pids=pids,
-                           ranks=[r for r in fault.ranks if r in self.registry.ranks
-                                  and self.registry.ranks[r].hb.node == node], reason=fault.kind)
-                if not await self.platform.kill_ranks(node, pids):
-                    why_not = f"the platform could not kill the silent ranks' processes on {node}"
-                    break
-            else:
-                if not by_node:
-                    why_not = "the silent ranks' processes are not known"
-        if why_not:
-            log.info("event=in_place_declined attempt=%d kind=%s reason=%s", self.attempt, fault.kind, why_not)
-            self.event("in_place_declined", attempt=self.attempt, kind=fault.kind, reason=why_not)
-            return False
-        assert isinstance(decision, Relaunch)
-        suspects_before = set(self.history.suspects)
-        self.history = preview
-        self._tell_suspects(suspects_before)
-        self.active_hang = None
-        self.require_checkpoint = decision.require_checkpoint
-        for rank, addr in self.addr_by_rank.items():  # whoever still runs goes, to be restarted with the rest
-            self.intake.send(control_message("abort", attempt=self.attempt, rank=rank, seq=self.control_seq.next(),
-                                             reason=f"restart in place: {fault.kind}"), addr)
-        self.in_place_used += 1
-        self.event("action", attempt=self.attempt, action="restart_in_place", reason=fault.kind,
-                   restore_from=decision.restore_from, left=self.in_place_allowed - self.in_place_used)
-        timer.torn_down_at = self.clock()
-        self.attempt = max(self.attempt + 1, self.ahead_attempt or 0)
-        await self._arm(list(decision.nodes), decision.restore_from, timer, None)
-        self.in_place_deadline = self.clock() + self.cfg.restart.in_place_timeout_s
-        return True
-
     def _tell_suspects(self, before: set[str]) -> None:
         for name in self.history.suspects:
             if name not in before:
@@ -1147,103 +1073,6 @@ class Controller:
             nproc_per_node=self.cfg.nproc_per_node, world_sizes=self.cfg.nodes.world_sizes,
             world_size_multiple_of=self.cfg.nodes.world_size_multiple_of,
             straggler_nodes=straggler_nodes,
-        )
-
-    async def _launch_unless_handed_off(self, nodes: list[str], restore_from: str | None,
-                                        timer: RestartTimer | None) -> None:
-        """Launch; a SIGTERM hand-off meanwhile abandons the launch at once (its pods may wait
-        minutes for a node): the state says the restart is unfinished, and the next controller
-        finishes it. A plain stop lets the launch end first, so that its teardown finds every
-        process the launch made."""
-        launch = asyncio.ensure_future(self._launch(nodes, restore_from, timer))
-        stopped = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({launch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if launch.done() or not self._handoff:
-            await launch
-            return
-        launch.cancel()
-        try:
-            await launch
-        except (asyncio.CancelledError, PlatformError):
-            pass
-        log.warning("event=launch_abandoned attempt=%d (SIGTERM hand-off: the next controller finishes the restart)",
-                    self.attempt)
-        self.event("launch_abandoned", attempt=self.attempt,
-                   detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
-
-    async def _launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
-        await self._arm(nodes, restore_from, timer, self.platform.launch)
-
-    async def _arm(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None,
-                   launch: Callable[[LaunchSpec], Awaitable[None]] | None) -> None:
-        """Make ``self.attempt`` the running attempt on ``nodes``, resuming from ``restore_from``:
-        launched through ``launch`` (the platform's), or restarted in place by the running
-        agents (None: nothing to launch; the ranks already carry this attempt number)."""
-        self._check_lease()
-        self.nodes = nodes
-        self.restore_from = restore_from
-        parsed = parse_name(restore_from) if restore_from else None  # verify() ties a name to its step
-        self.restored_step = parsed[0] if parsed else 0
-        self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
-        world = len(nodes) * self.cfg.nproc_per_node
-        self.registry.reset(self.attempt, world)
-        self.addr_by_rank = {}
-        self._step_marks = []  # the step rate of this attempt only (a resume goes back in steps)
-        self.report, self.restored = None, None
-        self._root_judged = False
-        self.ahead_attempt = None
-        self.capacity_since, self.capacity_message = None, ""
-        if launch is not None:
-            self._new_launch()  # from here the old gang's frames are a stale attempt's
-            await launch(self._launch_spec(nodes))
-            self.launch_attempt = self.attempt
-            self.in_place_allowed = self.cfg.restart.in_place_restarts
-            self.in_place_used, self.in_place_failed, self.in_place_deadline = 0, False, None
-        now = self.clock()
-        self.launched_at = now
-        if timer is not None:
-            timer.scheduled_at = now
-        self.phase = JobPhase.STARTING
-        self.event("launched", attempt=self.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
-                   require_checkpoint=self.require_checkpoint, excluded=self.history.excluded, launch=self.launch_id,
-                   **({} if launch is not None else {"in_place": True}))
-        log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", self.attempt, nodes, world,
-                 restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
-        self.recovery = None  # launched (or restarted in place): the recovery is over, in the same write
-        self._save_state()
-
-    def _launch_spec(self, nodes: list[str]) -> LaunchSpec:
-        rank_log_dir = self.log_dir / "ranks"
-        in_place = self.cfg.restart.in_place_restarts
-        env = dict(self.cfg.env) | {
-            Env.JOB: self.cfg.job,
-            Env.ATTEMPT: str(self.attempt),
-            Env.LAUNCH: self.launch_id,
-            Env.HEARTBEAT_ADDR: f"{self.platform.controller_address(self.cfg.intake.host)}:{self.intake_port}",
-            Env.API: f"http://{self.platform.controller_address(self.cfg.http.host)}:{self.http_port}",
-            **self.platform.token_env(self.log_dir / "token"),
-            Env.LOG_DIR: str(rank_log_dir),
-            Env.CHECKPOINT_DIR: str(self.ckpt_root),
-            Env.HEARTBEAT_INTERVAL: str(self.cfg.heartbeat.interval_s),
-            Env.WATCHDOG: self.timeouts.watchdog_env(),
-        } | ({Env.SKIP_STEPS: ",".join(map(str, self.skip_steps))} if self.skip_steps else {}) \
-          | ({Env.IN_PLACE: str(in_place)} if in_place else {})
-        return LaunchSpec(
-            attempt=self.attempt, nodes=nodes,
-            # the controller chose the world: every agent it launched must join (--nnodes N:N). With a
-            # range, agents that joined first start training smaller after torch's last call (1 s) and
-            # a late one (still importing) then restarts them all as a membership change, on a
-            # SIGTERM the ranks answer with an emergency checkpoint (seen: 30 s lost, then SIGKILL);
-            # restarting in place, a lost agent would leave the others training smaller on their own
-            nnodes_min=len(nodes), nnodes_max=len(nodes),
-            nproc_per_node=self.cfg.nproc_per_node, command=self.cfg.command, env=env,
-            rdzv_endpoint=self.platform.rendezvous_endpoint(self.attempt, self.cfg.platform.host),
-            rdzv_id=f"{self.cfg.job}-{self.attempt}", max_restarts=in_place,
-            fork_ranks=self.cfg.platform.fork_ranks,
-            check_command=not self.platform.checks_command_here,  # then each agent checks it where it runs
         )
 
     def _finish(self, phase: JobPhase, reason: str) -> None:

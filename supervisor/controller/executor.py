@@ -1,4 +1,5 @@
-"""The one place a recovery's actions (:mod:`supervisor.controller.recovery`) are carried out.
+"""The one place the controller acts on the gang: a recovery's actions
+(:mod:`supervisor.controller.recovery`), every launch and the restart in place.
 
 Each action says what it does in its own event; the controller saves the recovery before it
 hands an action here, so a controller killed while one runs is replaced by one that carries
@@ -15,9 +16,19 @@ import signal
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
-from supervisor.controller.decide import Relaunch, Stop, evidence_awaited
+from supervisor.checkpoint.discovery import parse_name
+from supervisor.controller.decide import (
+    RUNG_KILL_NODE,
+    Fault,
+    JobPhase,
+    Relaunch,
+    RestartTimer,
+    Stop,
+    evidence_awaited,
+    in_place_ok,
+)
 from supervisor.controller.recovery import (
     AbortRanks,
     Action,
@@ -32,12 +43,15 @@ from supervisor.controller.recovery import (
     WriteEvidence,
 )
 from supervisor.files import prune_oldest, write_atomic
-from supervisor.protocol import control_message
+from supervisor.platforms.base import LaunchSpec, PlatformError
+from supervisor.protocol import Env, control_message
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
 
 log = logging.getLogger("supervisor.controller")
+LAUNCH_TRIES = 3
+"""A launch the platform refused is torn down and tried again this many times, then the job fails."""
 CONTROLLER_FAULT = "SUPERVISOR_CONTROLLER_FAULT"
 """A drill for the controller itself: ``die_before=ACTION`` (an action's class name, e.g.
 ``TearDown``) makes it SIGKILL itself once, just before it carries out the first such action
@@ -79,7 +93,7 @@ class Executor:
             await self._write_evidence(rec)
         elif isinstance(action, TryInPlace):
             self.in_place = None
-            self.in_place = await c._restart_in_place(fault, c.current_timer)
+            self.in_place = await self.try_in_place(fault, c.current_timer)
         elif isinstance(action, AbortRanks):
             for rank in action.ranks:
                 c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.control_seq.next(),
@@ -88,7 +102,8 @@ class Executor:
                     **_resumed(resumed))
         elif isinstance(action, KillNodes):
             for node in action.nodes:
-                c.event("action", attempt=c.attempt, action="kill_node", node=node, reason=fault.kind, **_resumed(resumed))
+                c.event("action", attempt=c.attempt, action="kill_node", node=node, reason=fault.kind,
+                        **_resumed(resumed))
                 await c.platform.kill_node(node)
         elif isinstance(action, TearDown):
             c.event("action", attempt=c.attempt, action="tear_down", reason=fault.kind, **_resumed(resumed))
@@ -98,7 +113,7 @@ class Executor:
             await self._plan_next(rec)
         elif isinstance(action, Launch):
             c.attempt = action.attempt
-            await c._launch_retrying(list(action.nodes), action.restore_from, c.current_timer)
+            await self.launch_retrying(list(action.nodes), action.restore_from, c.current_timer)
         else:  # pragma: no cover - every action of recovery.Action is handled above
             raise TypeError(f"no executor for {action!r}")
 
@@ -175,6 +190,181 @@ class Executor:
         c.recovery = dataclasses.replace(rec, stage=Stage.LAUNCH, acted=False,
                                          launch=(attempt, tuple(decision.nodes), decision.restore_from))
         c._save_state()
+
+
+    async def launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
+        """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
+        a stop cuts short), then the job fails."""
+        c = self.c
+        for attempt_no in range(1, LAUNCH_TRIES + 1):
+            try:
+                await self.launch_unless_handed_off(nodes, restore_from, timer)
+                return
+            except PlatformError as exc:
+                log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
+                c.event("launch_failed", attempt=c.attempt, error=str(exc), try_=attempt_no)
+                await c.platform.teardown(c.cfg.restart.teardown_grace_s)
+                if c._stop.is_set():
+                    return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
+                try:
+                    await asyncio.wait_for(c._stop.wait(), min(30.0, 2.0 ** attempt_no))
+                    return
+                except asyncio.TimeoutError:
+                    pass
+        c._finish(JobPhase.FAILED, f"the platform could not launch attempt {c.attempt} ({LAUNCH_TRIES} tries)")
+
+    async def try_in_place(self, fault: Fault, timer: RestartTimer) -> bool:
+        """Rung 0: let the node agents restart the ranks in place, when :func:`in_place_ok` says
+        the same gang may go on. The checkpoint is chosen exactly as for a full restart (on a
+        copy of the history, kept only if this path is taken); the ranks still running are
+        aborted, and their agents restart them with the rest; the new ranks carry the next
+        attempt number and ask for the restore point. Returns False (nothing done) otherwise."""
+        c = self.c
+        c.node_status = await c.platform.observe()
+        await c._scan_checkpoints()
+        decision, preview = c._plan(fault, c.history)  # kept only if this path is taken
+        why_not = in_place_ok(fault=fault, decision=decision, nodes=c.node_status, previous_nodes=c.nodes,
+                              allowed=c.in_place_allowed, used=c.in_place_used, skip_steps=c.skip_steps,
+                              last_failed=c.in_place_failed, kills_ranks=c.platform.kills_ranks)
+        if not why_not and fault.rung == RUNG_KILL_NODE:
+            # a silent rank cannot obey an abort: its process is killed, and its agent restarts it
+            by_node: dict[str, list[int]] = {}
+            for r in fault.ranks:
+                rec = c.registry.ranks.get(r)
+                if rec is not None and rec.hb.pid:
+                    by_node.setdefault(rec.hb.node, []).append(rec.hb.pid)
+            for node, pids in sorted(by_node.items()):
+                c.event("action", attempt=c.attempt, action="kill_ranks", node=node, pids=pids,
+                        ranks=[r for r in fault.ranks if r in c.registry.ranks
+                               and c.registry.ranks[r].hb.node == node], reason=fault.kind)
+                if not await c.platform.kill_ranks(node, pids):
+                    why_not = f"the platform could not kill the silent ranks' processes on {node}"
+                    break
+            else:
+                if not by_node:
+                    why_not = "the silent ranks' processes are not known"
+        if why_not:
+            log.info("event=in_place_declined attempt=%d kind=%s reason=%s", c.attempt, fault.kind, why_not)
+            c.event("in_place_declined", attempt=c.attempt, kind=fault.kind, reason=why_not)
+            return False
+        assert isinstance(decision, Relaunch)
+        suspects_before = set(c.history.suspects)
+        c.history = preview
+        c._tell_suspects(suspects_before)
+        c.active_hang = None
+        c.require_checkpoint = decision.require_checkpoint
+        for rank, addr in c.addr_by_rank.items():  # whoever still runs goes, to be restarted with the rest
+            c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.control_seq.next(),
+                                          reason=f"restart in place: {fault.kind}"), addr)
+        c.in_place_used += 1
+        c.event("action", attempt=c.attempt, action="restart_in_place", reason=fault.kind,
+                restore_from=decision.restore_from, left=c.in_place_allowed - c.in_place_used)
+        timer.torn_down_at = c.clock()
+        c.attempt = max(c.attempt + 1, c.ahead_attempt or 0)
+        await self.arm(list(decision.nodes), decision.restore_from, timer, None)
+        c.in_place_deadline = c.clock() + c.cfg.restart.in_place_timeout_s
+        return True
+
+    async def launch_unless_handed_off(self, nodes: list[str], restore_from: str | None,
+                                        timer: RestartTimer | None) -> None:
+        """Launch; a SIGTERM hand-off meanwhile abandons the launch at once (its pods may wait
+        minutes for a node): the state says the restart is unfinished, and the next controller
+        finishes it. A plain stop lets the launch end first, so that its teardown finds every
+        process the launch made."""
+        c = self.c
+        launch = asyncio.ensure_future(self.launch(nodes, restore_from, timer))
+        stopped = asyncio.ensure_future(c._stop.wait())
+        try:
+            await asyncio.wait({launch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if launch.done() or not c._handoff:
+            await launch
+            return
+        launch.cancel()
+        try:
+            await launch
+        except (asyncio.CancelledError, PlatformError):
+            pass
+        log.warning("event=launch_abandoned attempt=%d (SIGTERM hand-off: the next controller finishes the restart)",
+                    c.attempt)
+        c.event("launch_abandoned", attempt=c.attempt,
+                detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
+
+    async def launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
+        c = self.c
+        await self.arm(nodes, restore_from, timer, c.platform.launch)
+
+    async def arm(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None,
+                   launch: Callable[[LaunchSpec], Awaitable[None]] | None) -> None:
+        """Make ``c.attempt`` the running attempt on ``nodes``, resuming from ``restore_from``:
+        launched through ``launch`` (the platform's), or restarted in place by the running
+        agents (None: nothing to launch; the ranks already carry this attempt number)."""
+        c = self.c
+        c._check_lease()
+        c.nodes = nodes
+        c.restore_from = restore_from
+        parsed = parse_name(restore_from) if restore_from else None  # verify() ties a name to its step
+        c.restored_step = parsed[0] if parsed else 0
+        c.ckpt_step_at_attempt_start = c.latest_ckpt["step"] if c.latest_ckpt else -1
+        world = len(nodes) * c.cfg.nproc_per_node
+        c.registry.reset(c.attempt, world)
+        c.addr_by_rank = {}
+        c._step_marks = []  # the step rate of this attempt only (a resume goes back in steps)
+        c.report, c.restored = None, None
+        c._root_judged = False
+        c.ahead_attempt = None
+        c.capacity_since, c.capacity_message = None, ""
+        if launch is not None:
+            c._new_launch()  # from here the old gang's frames are a stale attempt's
+            await launch(self.launch_spec(nodes))
+            c.launch_attempt = c.attempt
+            c.in_place_allowed = c.cfg.restart.in_place_restarts
+            c.in_place_used, c.in_place_failed, c.in_place_deadline = 0, False, None
+        now = c.clock()
+        c.launched_at = now
+        if timer is not None:
+            timer.scheduled_at = now
+        c.phase = JobPhase.STARTING
+        c.event("launched", attempt=c.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
+                require_checkpoint=c.require_checkpoint, excluded=c.history.excluded, launch=c.launch_id,
+                **({} if launch is not None else {"in_place": True}))
+        log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", c.attempt, nodes, world,
+                 restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
+        c.recovery = None  # launched (or restarted in place): the recovery is over, in the same write
+        c._save_state()
+
+    def launch_spec(self, nodes: list[str]) -> LaunchSpec:
+        c = self.c
+        rank_log_dir = c.log_dir / "ranks"
+        in_place = c.cfg.restart.in_place_restarts
+        env = dict(c.cfg.env) | {
+            Env.JOB: c.cfg.job,
+            Env.ATTEMPT: str(c.attempt),
+            Env.LAUNCH: c.launch_id,
+            Env.HEARTBEAT_ADDR: f"{c.platform.controller_address(c.cfg.intake.host)}:{c.intake_port}",
+            Env.API: f"http://{c.platform.controller_address(c.cfg.http.host)}:{c.http_port}",
+            **c.platform.token_env(c.log_dir / "token"),
+            Env.LOG_DIR: str(rank_log_dir),
+            Env.CHECKPOINT_DIR: str(c.ckpt_root),
+            Env.HEARTBEAT_INTERVAL: str(c.cfg.heartbeat.interval_s),
+            Env.WATCHDOG: c.timeouts.watchdog_env(),
+        } | ({Env.SKIP_STEPS: ",".join(map(str, c.skip_steps))} if c.skip_steps else {}) \
+          | ({Env.IN_PLACE: str(in_place)} if in_place else {})
+        return LaunchSpec(
+            attempt=c.attempt, nodes=nodes,
+            # the controller chose the world: every agent it launched must join (--nnodes N:N). With a
+            # range, agents that joined first start training smaller after torch's last call (1 s) and
+            # a late one (still importing) then restarts them all as a membership change, on a
+            # SIGTERM the ranks answer with an emergency checkpoint (seen: 30 s lost, then SIGKILL);
+            # restarting in place, a lost agent would leave the others training smaller on their own
+            nnodes_min=len(nodes), nnodes_max=len(nodes),
+            nproc_per_node=c.cfg.nproc_per_node, command=c.cfg.command, env=env,
+            rdzv_endpoint=c.platform.rendezvous_endpoint(c.attempt, c.cfg.platform.host),
+            rdzv_id=f"{c.cfg.job}-{c.attempt}", max_restarts=in_place,
+            fork_ranks=c.cfg.platform.fork_ranks,
+            check_command=not c.platform.checks_command_here,  # then each agent checks it where it runs
+        )
 
 
 def _resumed(resumed: bool) -> dict:
