@@ -65,9 +65,7 @@ from supervisor.controller.decide import (
 )
 from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
 from supervisor.platforms.base import NodeStatus, Platform, PlatformError
-from supervisor.procfs import pids_with_env
 from supervisor.protocol import (
-    Env,
     PHASE_DONE,
     ControlSequencer,
     Keys,
@@ -186,6 +184,11 @@ class Controller:
         self.http_port = cfg.http.port
         self.intake: Intake | None = None
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+        """Set by what the loop waits for (a signal; while a recovery waits on the ranks, a heartbeat)."""
+        self.wants_heartbeats = False
+        """A recovery waits on the ranks (their stack dumps, an adopted gang's first heartbeats): the
+        intake wakes the loop at each accepted heartbeat."""
         self._last_ckpt_poll = 0.0
         self._ckpt_cache = VerifiedCache()  # fast verifications by checkpoint name (published ones never change)
         self._ckpt_scan: asyncio.Future | None = None  # a look at the checkpoint root under way (a worker thread)
@@ -213,6 +216,10 @@ class Controller:
     def token(self, token: bytes) -> None:
         self._token = token
         self.keys = derive_keys(token) if token else None
+
+    def wake(self) -> None:
+        """Have the loop look again now (not at its next tick)."""
+        self._wake.set()
 
     def _new_launch(self) -> None:
         """A new launch of the gang: a new random id, in its ranks' environment and frames."""
@@ -345,11 +352,13 @@ class Controller:
                         "controller adopts it)")
             self._handoff = True
             self._stop.set()
+            self._wake.set()
             return
         log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
         self.stop_requested = True
         self._stop.set()
+        self._wake.set()
 
     def _open_history(self) -> dict | None:
         """The saved state this controller continues, or None for a new run.
@@ -422,14 +431,7 @@ class Controller:
 
     def _stop_strays(self) -> None:
         """``--fresh``: no process of an earlier gang of this job may outlive its record."""
-        marker = str(self.log_dir / "ranks")
-        pids = pids_with_env(Env.LOG_DIR, marker)
-        for pid in pids:
-            for target in (lambda: os.killpg(os.getpgid(pid), signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
-                    target()
-                except OSError:
-                    pass
+        pids = self.platform.stop_strays(self.log_dir / "ranks")
         if pids:
             log.warning("event=strays_killed pids=%s (processes of an earlier gang of this job)", pids)
             self.event("strays_killed", pids=pids)
@@ -601,14 +603,17 @@ class Controller:
             await self._sleep(recovery_step.poll_s(self.recovery, TICK_S))
 
     async def _sleep(self, seconds: float) -> None:
-        """Until the next look: ``seconds``, or a stop (a signal), whichever comes first."""
+        """Until the next look: ``seconds``, or what wakes the loop first (a signal; a heartbeat
+        while a recovery waits on the ranks)."""
         if seconds <= 0:
             await asyncio.sleep(0)
             return
         try:
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            await asyncio.wait_for(self._wake.wait(), seconds)
         except asyncio.TimeoutError:
             pass
+        if not self._stop.is_set():
+            self._wake.clear()
 
     def _renew_lease(self) -> None:
         """Keep the job's lease (a shared filesystem: another host's controller may take a stale
@@ -1011,6 +1016,7 @@ class Controller:
         """Steps of the recovery (:func:`~supervisor.controller.recovery.step`), each saved before
         its actions are carried out (:class:`~supervisor.controller.executor.Executor`), until one
         has to wait (for the ranks' stacks, a rung's grace) or the recovery is over."""
+        self.wants_heartbeats = False
         while self.recovery is not None and self.phase not in TERMINAL and not self._stop.is_set():
             rec = self.recovery
             waits_on_nodes = rec.stage == Stage.RUNG and rec.acted
@@ -1023,7 +1029,9 @@ class Controller:
                 abort_grace_s=self.cfg.restart.abort_grace_s,
                 evidence_wait_s=min(1.0, self.cfg.heartbeat.interval_s * 1.2)))  # older workers never answer
             if new == rec and not actions:
-                return  # waiting
+                # waiting: on the ranks (their stacks, an adopted gang's first heartbeats), or the clock
+                self.wants_heartbeats = bool(rec.hold_until) or (rec.stage == Stage.EVIDENCE and rec.acted)
+                return
             self.recovery = new
             if actions or new is None:
                 # what is about to be done, before it is done (no fsync: it is a controller's

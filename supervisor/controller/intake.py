@@ -148,6 +148,8 @@ class Intake(asyncio.DatagramProtocol):
         c.received += 1
         if c.registry.observe(hb, c.clock()):
             c.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
+            if c.wants_heartbeats:
+                c.wake()
 
     def send(self, payload: dict, addr) -> None:
         """A control message to a rank of the current launch (stamped with its id), under the

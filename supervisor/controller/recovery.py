@@ -313,14 +313,11 @@ def _one_step(rec: Recovery, obs: Observation, policy: Policy) -> tuple[Recovery
 
 
 def poll_s(rec: Recovery | None, tick_s: float) -> float:
-    """How soon the loop looks again: at once while the evidence waits for answers (they come
-    within milliseconds), often while a rung waits for its nodes to exit, else the tick."""
+    """How soon the loop looks again at the latest: often while a rung waits for its nodes to
+    exit (the platform is asked), and while the evidence or an adopted gang waits on the ranks
+    (their heartbeats also wake the loop at once); else the tick."""
     if rec is None:
         return tick_s
-    if rec.hold_until:
-        return 0.05
-    if rec.stage == Stage.EVIDENCE and rec.acted:
-        return 0.01
-    if rec.stage == Stage.RUNG and rec.acted:
+    if rec.hold_until or (rec.stage in (Stage.EVIDENCE, Stage.RUNG) and rec.acted):
         return 0.05
     return 0.0 if not rec.acted else tick_s

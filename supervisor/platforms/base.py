@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import os
+import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any, Mapping, Protocol, Sequence
 
 # the plain types a platform reports in (the pure decisions read them from supervisor.model)
 from supervisor.model import WAIT_CANNOT_START, WAIT_CAPACITY, NodeState, NodeStatus, RankFailure  # noqa: F401
+from supervisor.procfs import pids_with_env
 from supervisor.protocol import Env
 
 
@@ -222,3 +225,17 @@ class Platform(abc.ABC):
     async def adopt(self, saved: dict, attempt: int) -> bool:
         """Re-attach to a gang described by :meth:`describe`; False if nothing is left to adopt."""
         return False
+
+    def stop_strays(self, rank_log_dir: Path) -> list[int]:
+        """``--fresh`` over a run whose state is unreadable or another job's: SIGKILL every process
+        on this host whose environment names ``rank_log_dir`` (an earlier gang's agents and ranks,
+        with their process groups); returns their pids. What runs elsewhere is stopped through
+        :meth:`adopt` and :meth:`teardown` from the old state where it can be read."""
+        pids = pids_with_env(Env.LOG_DIR, str(rank_log_dir))
+        for pid in pids:
+            for target in (lambda: os.killpg(os.getpgid(pid), signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    target()
+                except OSError:
+                    pass
+        return pids
