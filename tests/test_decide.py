@@ -30,6 +30,7 @@ from supervisor.controller.decide import (
     ladder,
     name_rank_failure,
     parse_skipped,
+    next_attempt,
     plan_next,
     rank_ended,
     restarted_in_place,
@@ -716,3 +717,13 @@ ABORT1 = Rung(ACTION_ABORT, ranks=(1,), nodes=("b",), wait_s=5.0)
 ])
 def test_a_rung_has_worked_when_its_nodes_are_gone_or_the_ranks_it_aborted_ended(rung, nodes, worked):
     assert rung_worked(rung, nodes, PIDS) is worked
+
+
+@pytest.mark.parametrize("attempt,launched_as,in_place,expected", [
+    (0, 0, 0, 1),   # a relaunch takes the next number
+    (0, 0, 2, 3),   # above any number the running agents could still give a rank they restart in place
+    (2, 0, 2, 3),   # restarted in place twice already: the next number is still above them
+    (5, 5, 0, 6),
+])
+def test_the_next_attempt_number_is_above_every_one_the_old_gang_could_use(attempt, launched_as, in_place, expected):
+    assert next_attempt(attempt, launched_as, in_place) == expected

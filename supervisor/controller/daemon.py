@@ -771,16 +771,9 @@ class Controller:
                     verdict.reason)
         self.event("capacity_shrink", attempt=self.attempt, nodes=list(verdict.nodes), detail=verdict.reason)
         self.event("action", attempt=self.attempt, action="tear_down", reason="capacity_shrink")
-        await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-        await self._scan_checkpoints()
-        pick = self._pick_checkpoint()
-        if isinstance(pick, Stop):
-            self._finish(pick.phase, pick.reason)
-            return
-        self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
         timer = self.current_timer if self.current_timer is not None and not self.current_timer.done else None
         left_out = [s for s in self.nodes if s not in verdict.nodes]
-        await self.executor.launch_retrying(list(verdict.nodes), pick, timer)
+        await self.executor.relaunch(list(verdict.nodes), grace_s=self.cfg.restart.teardown_grace_s, timer=timer)
         if self.phase not in TERMINAL:
             await self.platform.probe_capacity(left_out)  # to grow back when the cluster has room
 
@@ -802,18 +795,8 @@ class Controller:
         self.event("capacity_returned", attempt=self.attempt, slots=returned, nodes=list(nodes),
                    detail="the cluster can place what the gang left out: it saves and relaunches larger")
         self.event("action", attempt=self.attempt, action="tear_down", reason="grow")
-        before = self.latest_ckpt["step"] if self.latest_ckpt else -1
-        await self.platform.teardown(self.cfg.restart.kill_grace_s)
-        await self._scan_checkpoints()  # off the loop (a worker thread), as every decision's look
-        if self.latest_ckpt and self.latest_ckpt["step"] > before:
-            self.event("emergency_checkpoint", name=self.latest_ckpt["name"], step=self.latest_ckpt["step"],
-                       detail="written by the ranks on the way out; the larger gang resumes from it")
-        pick = self._pick_checkpoint()
-        if isinstance(pick, Stop):
-            self._finish(pick.phase, pick.reason)
-            return True
-        self.attempt = max(self.attempt + 1, self.launch_attempt + self.in_place_allowed + 1)
-        await self.executor.launch_retrying(list(nodes), pick, None)
+        await self.executor.relaunch(list(nodes), grace_s=self.cfg.restart.kill_grace_s,
+                                     saved="written by the ranks on the way out; the larger gang resumes from it")
         return True
 
     def _track_progress(self, now: float) -> None:

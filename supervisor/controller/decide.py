@@ -770,6 +770,13 @@ def root_verdict(watched: str, report: RestoreReport) -> tuple[str, str]:
     return "conflict", f"the ranks save checkpoints to different roots: {', '.join(report.roots)}"
 
 
+def next_attempt(attempt: int, launch_attempt: int, in_place_allowed: int) -> int:
+    """The attempt number of the next launch: every message and process of the next gang carries
+    it, above this attempt's and above any the running agents (launched as ``launch_attempt``,
+    allowed ``in_place_allowed`` restarts in place) could still give a rank they restart."""
+    return max(attempt + 1, launch_attempt + in_place_allowed + 1)
+
+
 def gang_size(available: int, nodes_min: int, nodes_max: int, nproc_per_node: int,
               world_sizes: Iterable[int] = (), multiple_of: int = 1) -> int | None:
     """The largest node count in [nodes_min, min(nodes_max, available)] whose world size the job

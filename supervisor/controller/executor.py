@@ -28,6 +28,7 @@ from supervisor.controller.decide import (
     Stop,
     evidence_awaited,
     in_place_ok,
+    next_attempt,
 )
 from supervisor.controller.recovery import (
     AbortRanks,
@@ -184,13 +185,30 @@ class Executor:
             c.event("batches_skipped", steps=list(decision.skip_steps),
                     detail="a non-finite loss recurred at these steps: the ranks skip their batches")
         c.skip_steps = list(decision.skip_steps)
-        # every message and process of the next gang carries the new number, above any the old
-        # agents could still give a rank they restart in place
-        attempt = max(c.attempt + 1, c.launch_attempt + c.in_place_allowed + 1)
+        attempt = next_attempt(c.attempt, c.launch_attempt, c.in_place_allowed)
         c.recovery = dataclasses.replace(rec, stage=Stage.LAUNCH, acted=False,
                                          launch=(attempt, tuple(decision.nodes), decision.restore_from))
         c._save_state()
 
+
+    async def relaunch(self, nodes: list[str], *, grace_s: float, timer: RestartTimer | None = None,
+                       saved: str = "") -> None:
+        """A planned relaunch on ``nodes`` (not a fault's): the gang goes (``grace_s``; with the
+        ranks' SIGTERM grace they save on the way out, and ``saved`` says so in an event when they
+        did), the root is looked at, and the next attempt resumes from its newest usable
+        checkpoint; with none left the job stops."""
+        c = self.c
+        before = c.latest_ckpt["step"] if c.latest_ckpt else -1
+        await c.platform.teardown(grace_s)
+        await c._scan_checkpoints()  # off the loop (a worker thread), as every decision's look
+        if saved and c.latest_ckpt and c.latest_ckpt["step"] > before:
+            c.event("emergency_checkpoint", name=c.latest_ckpt["name"], step=c.latest_ckpt["step"], detail=saved)
+        pick = c._pick_checkpoint()
+        if isinstance(pick, Stop):
+            c._finish(pick.phase, pick.reason)
+            return
+        c.attempt = next_attempt(c.attempt, c.launch_attempt, c.in_place_allowed)
+        await self.launch_retrying(list(nodes), pick, timer)
 
     async def launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
         """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
