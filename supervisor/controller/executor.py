@@ -190,7 +190,6 @@ class Executor:
                                          launch=(attempt, tuple(decision.nodes), decision.restore_from))
         c._save_state()
 
-
     async def relaunch(self, nodes: list[str], *, grace_s: float, timer: RestartTimer | None = None,
                        saved: str = "") -> None:
         """A planned relaunch on ``nodes`` (not a fault's): the gang goes (``grace_s``; with the
