@@ -64,7 +64,10 @@ def within(fn, *, seconds: float, mib: float, errors: type | tuple = (), trace: 
     """``fn()`` under a time and a (Python heap) memory bound: its value, or the documented error
     it raised. Any other exception propagates: the contract is broken. Only blocks allocated
     while it runs are traced (what was there before does not count); tracing slows pure-Python
-    parsing several times, so ``trace=False`` (a large input) checks the time alone."""
+    parsing several times, so ``trace=False`` (a large input) checks the time alone. The time
+    bound catches a parser that blows up (quadratic or worse on its input), so it sits far above
+    what the parse takes on a loaded 2-core CI machine: it is not a measure of speed (the
+    benchmarks are)."""
     if trace:
         tracemalloc.start()
     t0 = time.perf_counter()
@@ -519,19 +522,19 @@ ISSUE_RANK_OUTPUT = [
 @example(text=ISSUE_RANK_OUTPUT[3])
 @example(text=ISSUE_RANK_OUTPUT[4])
 def test_rank_output_is_parsed_in_bounded_time_and_never_raises(text):
-    failures = within(lambda: parse_rank_output(text), seconds=1, mib=64)
+    failures = within(lambda: parse_rank_output(text), seconds=10, mib=64)
     assert isinstance(failures, tuple) and all(isinstance(f, RankFailure) for f in failures)
     assert all(abs(f.exit_code) < 10**9 and 0 <= f.rank < 10**9 for f in failures)
-    assert isinstance(within(lambda: last_error(text), seconds=1, mib=64), str)
+    assert isinstance(within(lambda: last_error(text), seconds=10, mib=64), str)
 
 
 def test_rank_output_of_any_size_is_parsed_within_its_byte_cap():
     # what a platform may hand over without a cap of its own: 8 MiB of output, its summary at the end
     summary = "\n train.py FAILED\n  rank : 3 (local_rank: 0)\n  exitcode : 1 (pid: 9)\n  traceback : boom\n"
     huge = "\n" * (8 << 20) + summary
-    failures = within(lambda: parse_rank_output(huge), seconds=1, mib=64)
+    failures = within(lambda: parse_rank_output(huge), seconds=10, mib=64)
     assert [(f.rank, f.exit_code, f.error) for f in failures] == [(3, 1, "boom")]
-    assert within(lambda: last_error(huge + "\n" * (8 << 20)), seconds=1, mib=64) == ""
+    assert within(lambda: last_error(huge + "\n" * (8 << 20)), seconds=10, mib=64) == ""
 
 
 # ------------------------------------------------------------------ wire frames (supervisor.protocol)
