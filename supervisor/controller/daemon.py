@@ -581,16 +581,14 @@ class Controller:
                 return
             if self._stop.is_set():
                 rec = self.recovery
-                if rec is not None and rec.stage in (Stage.EVIDENCE, Stage.RECORD) and rec.acted:
-                    await self.executor.run(recovery_step.WriteEvidence(), rec)  # asked for: kept before the kill
+                if rec is not None and ((rec.stage == Stage.EVIDENCE and rec.acted)
+                                        or (rec.stage == Stage.RECORD and not rec.acted)):
+                    # stacks asked for, evidence not yet written: kept before the kill
+                    await self.executor.run(recovery_step.WriteEvidence(), rec)
                 # stopped on purpose: the ranks get kill_grace_s to write their emergency checkpoint
-                before = self.latest_ckpt["step"] if self.latest_ckpt else -1
                 self._check_lease()
-                await self.platform.teardown(self.cfg.restart.kill_grace_s)
-                await self._scan_checkpoints()
-                if self.latest_ckpt and self.latest_ckpt["step"] > before:
-                    self.event("emergency_checkpoint", name=self.latest_ckpt["name"], step=self.latest_ckpt["step"],
-                               detail="written by the ranks on the way out; the next run resumes from it")
+                await self.executor.tear_down_saving(
+                    self.cfg.restart.kill_grace_s, "written by the ranks on the way out; the next run resumes from it")
                 self._finish(JobPhase.REQUEUED if self.requeue_planned else JobPhase.CANCELLED,
                              self.stop_reason or "stopped")
                 return

@@ -93,7 +93,6 @@ class Executor:
         elif isinstance(action, WriteEvidence):
             await self._write_evidence(rec)
         elif isinstance(action, TryInPlace):
-            self.in_place = None
             self.in_place = await self.try_in_place(fault, c.current_timer)
         elif isinstance(action, AbortRanks):
             for rank in action.ranks:
@@ -190,6 +189,16 @@ class Executor:
                                          launch=(attempt, tuple(decision.nodes), decision.restore_from))
         c._save_state()
 
+    async def tear_down_saving(self, grace_s: float, saved: str = "") -> None:
+        """The gang goes with ``grace_s`` to answer SIGTERM (the ranks may save on the way out),
+        then the root is looked at; a checkpoint newer than before is said, with ``saved``."""
+        c = self.c
+        before = c.latest_ckpt["step"] if c.latest_ckpt else -1
+        await c.platform.teardown(grace_s)
+        await c._scan_checkpoints()  # off the loop (a worker thread), as every decision's look
+        if saved and c.latest_ckpt and c.latest_ckpt["step"] > before:
+            c.event("emergency_checkpoint", name=c.latest_ckpt["name"], step=c.latest_ckpt["step"], detail=saved)
+
     async def relaunch(self, nodes: list[str], *, grace_s: float, timer: RestartTimer | None = None,
                        saved: str = "") -> None:
         """A planned relaunch on ``nodes`` (not a fault's): the gang goes (``grace_s``; with the
@@ -197,11 +206,7 @@ class Executor:
         did), the root is looked at, and the next attempt resumes from its newest usable
         checkpoint; with none left the job stops."""
         c = self.c
-        before = c.latest_ckpt["step"] if c.latest_ckpt else -1
-        await c.platform.teardown(grace_s)
-        await c._scan_checkpoints()  # off the loop (a worker thread), as every decision's look
-        if saved and c.latest_ckpt and c.latest_ckpt["step"] > before:
-            c.event("emergency_checkpoint", name=c.latest_ckpt["name"], step=c.latest_ckpt["step"], detail=saved)
+        await self.tear_down_saving(grace_s, saved)
         pick = c._pick_checkpoint()
         if isinstance(pick, Stop):
             c._finish(pick.phase, pick.reason)
