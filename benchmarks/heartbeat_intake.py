@@ -233,7 +233,7 @@ def make_controller(tmp: str, ranks: int, rate: float, timeout_s: float) -> Cont
     Path(cfg.log_dir).mkdir(parents=True, exist_ok=True)
     Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     c = Controller(cfg, NullPlatform())
-    c.token = TOKEN
+    c.wire.token = TOKEN
     c.launch_id = LAUNCH
     c.attempt = 0
     c.registry.reset(0, ranks)
@@ -287,7 +287,7 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
     win_start, win_end, stop_at, killed = go["win_start"], go["win_end"], go["stop_at"], go["killed"]
 
     def handled() -> int:
-        return proto.n if mode == "bare" else c.received + sum(c.rejected.values())
+        return proto.n if mode == "bare" else c.wire.received + sum(c.wire.rejected.values())
 
     snaps: dict[str, Any] = {}
     prof = cProfile.Profile() if profile else None
@@ -349,7 +349,7 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
     result: dict[str, Any] = {
         "port": port, "handled_total": handled(), "kernel_drops": udp_drops(port),
         "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
-        "rejected": dict(c.rejected), "episodes": episodes,
+        "rejected": dict(c.wire.rejected), "episodes": episodes,
         "tick_s": tick_s, "tick_late": tick_late, "faults_recorded": len(faults),
         "registry_size": len(c.registry.ranks), "gc_pauses": gc_pauses,
     }
@@ -417,8 +417,8 @@ def tick_breakdown(c: Controller, timeouts: Timeouts, tick_s: list[float]) -> li
                  f"in-run median {statistics.median(tick_s) * 1e3:.1f} ms" if tick_s else ""))
 
     def inputs() -> None:
-        {r: rec.received for r, rec in reg.ranks.items()}
-        {r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()}
+        {r: rec.wire.received for r, rec in reg.ranks.items()}
+        {r: rec.wire.received - rec.hb.phase_s for r, rec in reg.ranks.items()}
         {r: rec.hb.node for r, rec in reg.ranks.items()}
         all(r.hb.phase == "done" for r in reg.ranks.values())
         reg.min_step()
@@ -482,12 +482,12 @@ def step_costs(ranks: int, rate: float, timeout_s: float, frames: list[bytes]) -
             intake = Intake(c)
             for f in prime:
                 intake.datagram_received(f, ("127.0.0.1", 9))
-            c.received = 0
+            c.wire.received = 0
             t = time.process_time()
             for f in frames:
                 intake.datagram_received(f, ("127.0.0.1", 9))
             best = min(best, time.process_time() - t)
-            assert c.received == len(frames), (c.received, c.rejected)
+            assert c.wire.received == len(frames), (c.wire.received, c.wire.rejected)
         out.append(("`Intake.datagram_received` (decode, fence, `Registry.observe`)", 1e6 * best / len(frames)))
     return out
 

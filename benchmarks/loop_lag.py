@@ -31,8 +31,8 @@ checkpoint root) shows as one late wake-up.
   for every usable checkpoint (a relaunch's ``pick``). *before*: the daemon's code before this
   change (:func:`legacy_poll`: ``latest_complete`` on the loop every ``CHECKPOINT_POLL_S``, and
   :func:`legacy_usable`: every candidate fast-verified on the loop). *after*: the real
-  ``Controller._poll_checkpoints`` (a scan in a worker thread, with
-  ``supervisor.checkpoint.cache.VerifiedCache``) and ``Controller._scan_checkpoints``.
+  ``CheckpointWatch.poll`` (a scan in a worker thread, with
+  ``supervisor.checkpoint.cache.VerifiedCache``) and ``Controller.look_at_checkpoints``.
   Also: CPU (thread time) of one poll, before and after (warm cache).
 
 Each round runs before and after back to back, in alternating order. The machine may be shared:
@@ -71,7 +71,8 @@ from supervisor.checkpoint import CheckpointError, candidates, latest_complete, 
 from supervisor.checkpoint.cache import VerifiedCache  # noqa: E402
 from supervisor.checkpoint.discovery import checkpoint_name  # noqa: E402
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest  # noqa: E402
-from supervisor.controller.daemon import CHECKPOINT_POLL_S, EXIT_CODES, TICK_S, Controller  # noqa: E402
+from supervisor.controller.daemon import EXIT_CODES, TICK_S, Controller  # noqa: E402
+from supervisor.controller.watch import POLL_S as CHECKPOINT_POLL_S, CheckpointWatch  # noqa: E402
 from supervisor.controller.http import build_app  # noqa: E402
 from supervisor.platforms.base import Platform  # noqa: E402
 from supervisor.protocol import PHASE_DONE, Heartbeat  # noqa: E402
@@ -122,17 +123,17 @@ def legacy_status(self: Controller) -> dict:
                   for n, s in sorted(self.node_status.items())],
         "excluded_nodes": list(self.history.excluded), "suspect_checkpoints": list(self.history.suspects),
         "suspect_why": dict(self.history.suspect_why), "checkpoint_root": str(self.ckpt_root),
-        "restored": self.restored, "restore_refused": dict(self.report.refused) if self.report else {},
+        "restored": self.restored, "restore_refused": dict(self.heard.report.refused) if self.heard.report else {},
         "run": self.run_no, "log_dir": str(self.log_dir),
-        "ranks": ranks, "step_rate": round(self.step_rate(), 3),
+        "ranks": ranks, "step_rate": round(self.heard.step_rate(), 3),
         "last_checkpoint": None if not self.latest_ckpt else self.latest_ckpt | {
             "age_s": round(time.time() - self.latest_ckpt["created_unix"], 1)},
         "restore_from": self.restore_from,
-        "restarts": [t.to_dict(now, budget) for t in self.timers],
+        "restarts": [t.to_dict(now, budget) for t in self.restarts.timers],
         "findings": [f.to_dict() for f in self.findings],
         "timeouts": asdict(self.timeouts), "budget_s": budget, "budget_remaining_s": self.budget_remaining(now),
-        "budget_exceeded": self.budget_exceeded, "rejected_heartbeats": dict(self.rejected),
-        "heartbeats_received": self.received, "stop_reason": self.stop_reason,
+        "budget_exceeded": self.restarts.budget_exceeded, "rejected_heartbeats": dict(self.wire.rejected),
+        "heartbeats_received": self.wire.received, "stop_reason": self.stop_reason,
         "exit_code": EXIT_CODES.get(self.phase),
     }
 
@@ -166,7 +167,7 @@ def make_controller(tmp: Path, ranks: int) -> Controller:
                                "checkpoint_dir": str(tmp / "ckpt"), "heartbeat": {"interval_s": 1.0, "timeout_s": 5.0}})
     (tmp / "logs").mkdir(parents=True, exist_ok=True)
     c = Controller(cfg, NullPlatform())
-    c.token = b"loop-lag-bench-token-0123456789abcdef0123456789"
+    c.wire.token = b"loop-lag-bench-token-0123456789abcdef0123456789"
     c.registry.reset(0, ranks)
     now = c.clock()
     for r in range(ranks):
@@ -324,9 +325,7 @@ async def status_flood(c: Controller, mode: str, clients: int, seconds: float, c
 async def checkpoint_polls(c: Controller, mode: str, seconds: float) -> dict:
     lags: list[float] = []
     stop = asyncio.Event()
-    c._ckpt_cache = VerifiedCache()  # a fresh controller's cache: the first look verifies, the rest do not
-    c._ckpt_scan = None  # a look of an earlier run's loop, done
-    c._last_ckpt_poll = -CHECKPOINT_POLL_S
+    c.watch = CheckpointWatch(c.clock)  # a fresh controller's: the first look verifies, the rest do not
     c.latest_ckpt = None
     decisions_at = (seconds * 0.3, seconds * 0.7)
     b0, t0 = host_busy()
@@ -347,17 +346,15 @@ async def checkpoint_polls(c: Controller, mode: str, seconds: float) -> dict:
                 decided += 1
                 usable = len(legacy_usable(c))
         elif mode == "after":
-            c._poll_checkpoints()
+            c.watch.poll(c.ckpt_root, ())
             if decided < len(decisions_at) and now >= decisions_at[decided]:
                 decided += 1
-                await c._scan_checkpoints()
-                usable = len(c._usable_checkpoints())
+                await c.look_at_checkpoints()
+                usable = len(c.watch.usable)
         await asyncio.sleep(TICK_S)
     stop.set()
     await task
-    if c._ckpt_scan is not None:
-        await asyncio.wait([c._ckpt_scan])
-        c._ckpt_scan = None
+    await c.watch.look(c.ckpt_root, ())  # the look under way, done
     b1, t1 = host_busy()
     return {"mode": mode, "lag_max": max(lags), "lag_p99": pct(lags, 0.99), "probes": len(lags),
             "host_busy_pct": 100 * (b1 - b0) / max(1.0, t1 - t0), "decisions": decided, "usable": usable,

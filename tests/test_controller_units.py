@@ -69,9 +69,9 @@ def controller(tmp_path):
                      "log_dir": str(tmp_path / "logs"), "checkpoint_dir": str(tmp_path / "ckpt")})
     clock = Clock()
     c = Controller(cfg, FakePlatform(), clock=clock)
-    c.token = TOKEN
+    c.wire.token = TOKEN
     c.launch_id = LAUNCH  # the running gang's launch
-    c.launch_ids.append(LAUNCH)
+    c.wire.launch_ids.append(LAUNCH)
     c.attempt = 2
     c.registry.reset(2, 2)
     (tmp_path / "logs").mkdir()
@@ -93,8 +93,8 @@ def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
     intake.datagram_received(encode(hb(1).to_payload(), b"bad"), ("127.0.0.1", 5001))
     intake.datagram_received(b"\x00" * 10, ("127.0.0.1", 5001))
     intake.datagram_received(encode(hb(3, world_size=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5001))
-    assert set(c.registry.ranks) == {0} and c.received == 1 and c.addr_by_rank == {0: ("127.0.0.1", 5000)}
-    assert c.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
+    assert set(c.registry.ranks) == {0} and c.wire.received == 1 and c.heard.addr_by_rank == {0: ("127.0.0.1", 5000)}
+    assert c.wire.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
 
 
 def test_a_replayed_heartbeat_does_not_move_a_ranks_reply_address(tmp_path):
@@ -104,7 +104,7 @@ def test_a_replayed_heartbeat_does_not_move_a_ranks_reply_address(tmp_path):
     intake.datagram_received(captured, ("127.0.0.1", 5000))
     intake.datagram_received(encode(hb(0, seq=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5000))
     intake.datagram_received(captured, ("10.9.9.9", 6666))  # the attacker replays it from elsewhere
-    assert c.addr_by_rank == {0: ("127.0.0.1", 5000)} and c.registry.ranks[0].hb.seq == 4
+    assert c.heard.addr_by_rank == {0: ("127.0.0.1", 5000)} and c.registry.ranks[0].hb.seq == 4
 
 
 def test_a_heartbeat_of_another_launch_is_refused_by_reason_and_changes_nothing(tmp_path):
@@ -112,7 +112,7 @@ def test_a_heartbeat_of_another_launch_is_refused_by_reason_and_changes_nothing(
     intake = Intake(c)
     intake.datagram_received(encode(hb(0, seq=3).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5000))
     earlier, foreign = "e" * 32, "f" * 32
-    c.launch_ids.appendleft(earlier)  # an earlier launch of this run
+    c.wire.launch_ids.appendleft(earlier)  # an earlier launch of this run
     # the same job, attempt, rank and token, a higher seq, another pid, another step: what a heartbeat
     # captured in another run (a token reused) or in an earlier launch looks like, replayed
     for launch in (earlier, foreign):
@@ -121,10 +121,10 @@ def test_a_heartbeat_of_another_launch_is_refused_by_reason_and_changes_nothing(
     # the old wire: MAC'd with the token itself, or with the key of the other direction
     intake.datagram_received(encode(hb(0, seq=11).to_payload(), TOKEN), ("10.9.9.9", 6666))
     intake.datagram_received(encode(hb(0, seq=12).to_payload(), KEYS.control), ("10.9.9.9", 6666))
-    assert c.rejected == {"stale_attempt": 1, "other_launch": 1, "unauthenticated": 2}
+    assert c.wire.rejected == {"stale_attempt": 1, "other_launch": 1, "unauthenticated": 2}
     rec = c.registry.ranks[0].hb
-    assert (rec.seq, rec.step, rec.phase, rec.pid) == (3, 5, "compute", 0) and c.received == 1
-    assert c.addr_by_rank == {0: ("127.0.0.1", 5000)}
+    assert (rec.seq, rec.step, rec.phase, rec.pid) == (3, 5, "compute", 0) and c.wire.received == 1
+    assert c.heard.addr_by_rank == {0: ("127.0.0.1", 5000)}
 
 
 def test_control_frames_go_out_under_the_control_key_stamped_with_the_current_launch(tmp_path):
@@ -240,16 +240,16 @@ def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_
             tx.sendto(b"{" * (MAX_DATAGRAM + 100), ("127.0.0.1", port))                   # read cut, still oversized
             tx.sendto(encode(hb(0, seq=n + 1).to_payload(), KEYS.heartbeat), ("127.0.0.1", port))
             deadline = loop.time() + 10
-            while c.received < n + 1 and loop.time() < deadline:
+            while c.wire.received < n + 1 and loop.time() < deadline:
                 await asyncio.sleep(0.01)
             # after the burst the intake pauses (coalescing) and then watches the socket again
             tx.sendto(encode(hb(1, seq=n + 2).to_payload(), KEYS.heartbeat), ("127.0.0.1", port))
-            while c.received < n + 2 and loop.time() < deadline:
+            while c.wire.received < n + 2 and loop.time() < deadline:
                 await asyncio.sleep(0.01)
         transport.close()
 
     asyncio.run(main())
-    assert c.received == n + 2
-    assert c.rejected == {"malformed": 1, "stale_attempt": 1, "oversized": 1}
+    assert c.wire.received == n + 2
+    assert c.wire.rejected == {"malformed": 1, "stale_attempt": 1, "oversized": 1}
     assert c.registry.ranks[0].hb.seq == n + 1 and c.registry.ranks[1].hb.seq == n + 2
     assert set(c.registry.ranks) == {0, 1}

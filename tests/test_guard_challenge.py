@@ -38,7 +38,7 @@ class ServedController:
         cfg = from_dict({"command": ["true"], "job": "j", "log_dir": str(tmp_path / "logs"),
                          "checkpoint_dir": str(tmp_path / "ckpt")})
         self.c = Controller(cfg, no_platform())
-        self.c.token = token
+        self.c.wire.token = token
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.runner = asyncio.run_coroutine_threadsafe(start_http(self.c, "127.0.0.1", 0), self.loop).result(10)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import time
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -32,7 +33,7 @@ class JobView:
     """What the restore-point endpoint reads of the controller before it answers: the keys
     derived from the job's token, the running launch and the current attempt."""
 
-    keys = KEYS
+    wire = SimpleNamespace(keys=KEYS)
     launch_id = LAUNCH
     attempt = 2
     launch_attempt = 2
@@ -44,7 +45,7 @@ class JobView:
 
 
 class NoToken(JobView):
-    keys = None  # a controller that holds no token (one serving a finished job's verdict, say)
+    wire = SimpleNamespace(keys=None)  # a controller that holds no token (one serving a finished job's verdict, say)
 
 
 def raw_request(port: int, head: bytes) -> bytes:

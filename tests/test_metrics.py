@@ -179,7 +179,7 @@ def test_every_known_label_value_of_the_counters_is_exported_at_zero_from_the_st
         assert v("supervisor_heartbeats_rejected_total", {"job": "j", "reason": reason}) == 0.0, reason
     assert v("supervisor_heartbeats_received_total", {"job": "j"}) == 0.0
     # the first restart moves its own series from 0 to 1; a reason nobody listed still shows
-    c.restarts_by_reason = {"crash": 1, "a_new_kind": 1}
+    c.restarts.by_reason = {"crash": 1, "a_new_kind": 1}
     assert v("supervisor_restarts_total", {"job": "j", "reason": "crash"}) == 1.0
     assert v("supervisor_restarts_total", {"job": "j", "reason": "dead"}) == 0.0
     assert v("supervisor_restarts_total", {"job": "j", "reason": "a_new_kind"}) == 1.0
@@ -189,8 +189,7 @@ def test_every_known_label_value_of_the_counters_is_exported_at_zero_from_the_st
 def test_the_last_fault_keeps_ten_culprits_and_counts_them_all(tmp_path):
     c = make_controller(tmp_path)
     fault = Fault("dead", tuple(range(40)), ("node0", "node1"), "rack lost", 2, True, NOW - 5)
-    c.last_fault, c.last_fault_attempt, c.last_fault_unix = fault, 3, 1.7e9
-    c.last_fault_culprits = [(r, f"node{r // 8}") for r in fault.ranks]
+    c.restarts.begin(fault, 3, None, unix=1.7e9, culprits=[(r, f"node{r // 8}") for r in fault.ranks])
     samples = series(generate_latest(make_registry(c)).decode())
     culprits = [labels for n, labels, _ in samples if n == "supervisor_last_fault_info"]
     assert len(culprits) == WORST_RANKS
@@ -216,9 +215,9 @@ def test_the_checkpoint_interval_is_what_the_supervisor_saw_between_new_checkpoi
 def test_step_rate_stop_request_and_run_start_are_exported(tmp_path):
     c = make_controller(tmp_path)
     v = make_registry(c).get_sample_value
-    c.step_rate = lambda: 2.5
+    c.heard.step_marks = [(10.0, 100), (12.0, 105)]  # 5 steps in 2 s
     assert v("supervisor_step_rate", {"job": "j"}) == 2.5
-    c.step_rate = lambda: -4.0  # a window that spans a resume from an older checkpoint
+    c.heard.step_marks = [(10.0, 100), (12.0, 92)]  # a window that spans a resume from an older checkpoint
     assert v("supervisor_step_rate", {"job": "j"}) == 0.0
     assert v("supervisor_stop_requested", {"job": "j"}) == 0.0
     c.request_stop(signal.SIGTERM)
@@ -279,7 +278,7 @@ def test_the_phase_labels_are_exactly_the_wire_phases_and_the_restart_phases(tmp
     beat(c, 0, 2, phase="compute")
     beat(c, 1, 2, phase="checkpoint")
     marks = [900.0 + i for i in range(len(RESTART_PHASES) + 1)]
-    c.timers = [RestartTimer(0, "crash", *marks)]
+    c.restarts.timers = [RestartTimer(0, "crash", *marks)]
     samples = series(generate_latest(make_registry(c)).decode())
     # every phase a rank can report has a series (0 when no rank is in it), and no other does
     assert {labels["phase"] for n, labels, _ in samples if n == "supervisor_ranks_in_phase"} == set(PHASES)

@@ -28,7 +28,7 @@ def big_controller(tmp_path, world=WORLD) -> Controller:
     cfg = from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "logs"),
                      "checkpoint_dir": str(tmp_path / "ckpt"), "heartbeat": {"timeout_s": 5.0}})
     c = Controller(cfg, no_platform())
-    c.token = b"t" * 48
+    c.wire.token = b"t" * 48
     c.registry.reset(0, world)
     now = c.clock()
     for r in range(world):

@@ -20,7 +20,6 @@ controller leaves training untouched. One controller per job: ``LOG_DIR/supervis
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import json
 import logging
@@ -31,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from supervisor.checkpoint.cache import Scan, VerifiedCache
+from supervisor.checkpoint.cache import Scan
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.config import JobConfig
 from supervisor.controller import preflight, reconcile
@@ -39,10 +38,12 @@ from supervisor.controller import recovery as recovery_step
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
 from supervisor.controller.executor import Executor
-from supervisor.controller.intake import Intake, grow_receive_buffer
-from supervisor.controller.job_state import InState, JobState, as_path, as_tuple
+from supervisor.controller.intake import Intake, Wire, grow_receive_buffer
+from supervisor.controller.job_state import Heard, InState, JobState, as_path, as_tuple
 from supervisor.controller.recovery import Stage
+from supervisor.controller.restarts import Restarts
 from supervisor.controller.view import JobView, render_status
+from supervisor.controller.watch import CheckpointWatch
 from supervisor.files import rotate, set_aside
 from supervisor.metrics import WORST_RANKS
 from supervisor.controller.decide import (
@@ -65,17 +66,10 @@ from supervisor.controller.decide import (
 )
 from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
 from supervisor.platforms.base import NodeStatus, Platform, PlatformError
-from supervisor.protocol import (
-    PHASE_DONE,
-    ControlSequencer,
-    Keys,
-    derive_keys,
-    new_launch_id,
-)
+from supervisor.protocol import PHASE_DONE
 
 log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
-CHECKPOINT_POLL_S = 2.0
 CALIBRATE_S = 2.0
 # How long, at least, a fault seen only through ranks that lost a peer waits for the culprit
 # to show up (and at most the heartbeat timeout + 1 s, so that a silent culprit is seen).
@@ -145,41 +139,23 @@ class Controller:
         self._pending_stop: tuple[JobPhase, str] | None = None
         self._lease_lost_told = False
         self._standby_at: float | None = None  # when to refill the warm agents (STANDBY_AFTER_S)
-        self.checkpoint_times: collections.deque[float] = collections.deque(maxlen=8)  # metrics: the interval
         self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform
-        self.report = None  # the ranks' restore report of this attempt, once they all sent one
+        self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
-        self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
+        self.wire = Wire()  # the job token and its keys, this run's launch ids, what the intake counted
         self.platform = platform
         self.clock = clock
         self.log_dir = Path(cfg.log_dir).resolve()
         self.state_path = self.log_dir / STATE_FILE
         self.registry = Registry()
-        self.ahead_attempt: int | None = None  # ranks of a later attempt heard (restarted in place)
         self.node_status: dict[str, NodeStatus] = {}
         self.launched_at = clock()
-        self.timers: list[RestartTimer] = []
-        self.current_timer: RestartTimer | None = None
-        self.rejected: dict[str, int] = {}
-        self.received = 0
-        self.restarts_by_reason: dict[str, int] = {}
-        self.addr_by_rank: dict[int, Any] = {}
+        self.restarts = Restarts()  # each restart's timer, the last fault (the views show them)
         self.findings: list = []
-        self.active_hang: Fault | None = None
         self.executor = Executor(self)
-        # the most recent fault, kept after it was handled (metrics: supervisor_last_fault_*)
-        self.last_fault: Fault | None = None
-        self.last_fault_culprits: list[tuple[int, str]] = []
-        self.last_fault_attempt = -1
-        self.last_fault_unix = 0.0
         self.stragglers: dict[int, float] = {}
         self.timeouts = Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=cfg.health.startup_timeout_s,
                                  checkpoint_s=cfg.health.checkpoint_timeout_s)
-        self.budget_exceeded = False
-        self.keys: Keys | None = None
-        self.token = b""  # the job token (held, never sent); sets ``keys``, derived from it
-        self.launch_ids: collections.deque[str] = collections.deque(maxlen=64)
-        """This run's launch ids, the current one last: a frame of an earlier one is a stale attempt."""
         self.intake_port = cfg.intake.port
         self.http_port = cfg.http.port
         self.intake: Intake | None = None
@@ -189,16 +165,10 @@ class Controller:
         self.wants_heartbeats = False
         """A recovery waits on the ranks (their stack dumps, an adopted gang's first heartbeats): the
         intake wakes the loop at each accepted heartbeat."""
-        self._last_ckpt_poll = 0.0
-        self._ckpt_cache = VerifiedCache()  # fast verifications by checkpoint name (published ones never change)
-        self._ckpt_scan: asyncio.Future | None = None  # a look at the checkpoint root under way (a worker thread)
-        self._usable: list[str] = []  # the checkpoints that verified at the last full look, newest first
-        self._ckpt_rebase = False  # a root adopted: count this attempt's progress from its newest checkpoint
-        self._step_marks: list[tuple[float, int]] = []
+        self.watch = CheckpointWatch(clock)  # the looks at the checkpoint root, off the loop
         self._last_calibration = -CALIBRATE_S
         self.ready = False
         self._handoff = False
-        self._root_judged = False  # this attempt's checkpoint root was checked before any restore report
         """SIGTERM on a platform that keeps the gang through a controller restart: leave it running."""
 
     @property
@@ -206,25 +176,13 @@ class Controller:
         """This controller left on SIGTERM with the gang running, for the next one to adopt."""
         return self._handoff
 
-    @property
-    def token(self) -> bytes:
-        """The job token. It never leaves this host: frames and HTTP requests are MAC'd with the
-        keys derived from it (``keys``; None without a token: nothing is then authenticated)."""
-        return self._token
-
-    @token.setter
-    def token(self, token: bytes) -> None:
-        self._token = token
-        self.keys = derive_keys(token) if token else None
-
     def wake(self) -> None:
         """Have the loop look again now (not at its next tick)."""
         self._wake.set()
 
-    def _new_launch(self) -> None:
+    def new_launch(self) -> None:
         """A new launch of the gang: a new random id, in its ranks' environment and frames."""
-        self.launch_id = new_launch_id()
-        self.launch_ids.append(self.launch_id)
+        self.launch_id = self.wire.new_launch()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> int:
@@ -488,10 +446,10 @@ class Controller:
         except PlatformError as exc:
             raise state_file.StateError(str(exc)) from None
         if provided is not None:
-            self.token = provided
+            self.wire.token = provided
             return
         try:
-            self.token = job_token.load_or_create(self.log_dir / "token", reuse=bool(saved))
+            self.wire.token = job_token.load_or_create(self.log_dir / "token", reuse=bool(saved))
         except job_token.TokenError as exc:
             raise state_file.StateError(str(exc)) from None
 
@@ -507,14 +465,14 @@ class Controller:
         n = self.cfg.nodes
         size = gang_size(len(slots), n.min, n.max, self.cfg.nproc_per_node, n.world_sizes, n.world_size_multiple_of)
         if size is None:
-            self._finish(JobPhase.STOPPED_NO_CAPACITY,
+            self.finish(JobPhase.STOPPED_NO_CAPACITY,
                          f"{len(slots)} node slots and no node count in [{n.min}, {n.max}] with a world size the job "
                          f"accepts (world_sizes={list(n.world_sizes)}, multiple of {n.world_size_multiple_of})")
             return
-        await self._scan_checkpoints()
-        pick = self._pick_checkpoint()
+        await self.look_at_checkpoints()
+        pick = self.choose_checkpoint()
         if isinstance(pick, Stop):
-            self._finish(pick.phase, pick.reason)
+            self.finish(pick.phase, pick.reason)
             return
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
         if saved:
@@ -531,7 +489,7 @@ class Controller:
         self.event("adopted", attempt=self.attempt, nodes=self.nodes)
         log.info("event=adopted attempt=%d nodes=%s (the running gang was not touched)", self.attempt, self.nodes)
         if save:
-            self._save_state()
+            self.save_state()
 
     def _resume_recovery(self, saved: dict, *, gang_found: bool) -> None:
         """Go on with the recovery the saved state was in (:func:`~.recovery.resume`), with its
@@ -540,19 +498,13 @@ class Controller:
         # are asked for, and an abort sent, once their reply addresses are known
         rec = recovery_step.resume(self.recovery, gang_found=gang_found, now=self.clock(),
                                    hold_s=2 * self.cfg.heartbeat.interval_s + 0.5)
-        if saved.get("restart_timer"):
-            self.current_timer = RestartTimer.from_saved(saved["restart_timer"], self._from_unix)
-            self.timers.append(self.current_timer)
+        t = RestartTimer.from_saved(saved["restart_timer"], self._from_unix) if saved.get("restart_timer") else None
         self.recovery = rec
         self.executor.in_place = None
         self.phase = JobPhase.RECOVERING
         fault = rec.fault
-        self.active_hang = self.last_fault = fault
-        t = self.current_timer
-        self.last_fault_attempt = self.attempt
-        self.last_fault_unix = self._to_unix(t.detected_at) if t is not None else time.time()
-        self.last_fault_culprits = [(r, ",".join(fault.nodes)) for r in fault.ranks or (-1,)]
-        self.restarts_by_reason[fault.kind] = self.restarts_by_reason.get(fault.kind, 0) + 1
+        self.restarts.begin(fault, self.attempt, t, unix=self._to_unix(t.detected_at) if t is not None else time.time(),
+                            culprits=[(r, ",".join(fault.nodes)) for r in fault.ranks or (-1,)])
         if not gang_found:
             self.platform.exclude(list(self.history.excluded))
         log.warning("event=recovery_resumed attempt=%d kind=%s stage=%s rung=%d gang_found=%s", self.attempt,
@@ -560,12 +512,12 @@ class Controller:
         self.event("recovery_resumed", attempt=self.attempt, kind=rec.fault.kind, stage=rec.stage.value, rung=rec.rung,
                    gang_found=gang_found, detail="the previous controller stopped in the middle of this recovery; "
                    "this one finishes it from that stage")
-        self._save_state()
+        self.save_state()
 
     def _continue(self, saved: dict) -> None:
         """The saved run's attempt, launch and history, taken over by this controller."""
         self.state = self.state.continued(saved, self._from_unix)
-        self.launch_ids.append(self.launch_id)  # the running ranks' launch: only its frames are theirs
+        self.wire.launch_ids.append(self.launch_id)  # the running ranks' launch: only its frames are theirs
         self.skip_steps = list(self.history.skip_steps)
         attempt = self.attempt
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
@@ -575,7 +527,7 @@ class Controller:
     async def _reconcile_loop(self) -> None:
         while self.phase not in TERMINAL:
             if self._stop.is_set() and self._handoff:
-                self._save_state()
+                self.save_state()
                 self.event("controller_handoff", attempt=self.attempt, phase=self.phase.value,
                            detail="SIGTERM: this controller stops; the gang keeps running and the next one adopts it")
                 return
@@ -586,10 +538,10 @@ class Controller:
                     # stacks asked for, evidence not yet written: kept before the kill
                     await self.executor.run(recovery_step.WriteEvidence(), rec)
                 # stopped on purpose: the ranks get kill_grace_s to write their emergency checkpoint
-                self._check_lease()
+                self.check_lease()
                 await self.executor.tear_down_saving(
                     self.cfg.restart.kill_grace_s, "written by the ranks on the way out; the next run resumes from it")
-                self._finish(JobPhase.REQUEUED if self.requeue_planned else JobPhase.CANCELLED,
+                self.finish(JobPhase.REQUEUED if self.requeue_planned else JobPhase.CANCELLED,
                              self.stop_reason or "stopped")
                 return
             self._renew_lease()
@@ -618,7 +570,7 @@ class Controller:
         one over). Lost to another controller: stop acting at once, touching neither the gang
         nor the state (they are the new owner's). A filesystem hiccup is retried. The lease's
         own thread may find it lost between renewals: checked on every call."""
-        self._check_lease()
+        self.check_lease()
         now = self.clock()
         if now - self._lease_renewed < LEASE_RENEW_S:
             return
@@ -629,9 +581,9 @@ class Controller:
             if not self._lock.lost:
                 log.warning("event=job_lease_renew_failed error=%s (retrying)", exc)
                 return
-            self._check_lease()
+            self.check_lease()
 
-    def _check_lease(self) -> None:
+    def check_lease(self) -> None:
         if not self._lock.lost:
             return
         if not self._lease_lost_told:
@@ -647,14 +599,16 @@ class Controller:
             return
         now = self.clock()
         self.node_status = await self.platform.observe()
-        self._poll_checkpoints()
+        scan = self.watch.poll(self.ckpt_root, self.history.suspects)
+        if scan is not None:
+            self._take_scan(scan)
         reg = self.registry
         policy = self._look_policy()
         self.memory, done = reconcile.ended(self.memory, self._look(now), policy)
         if done is not None:
             # the last save may have landed after the last look (which runs off the loop, every few
             # seconds): the final state names it
-            await self._scan_checkpoints()
+            await self.look_at_checkpoints()
             missing = list(done.missing)
             if missing:
                 log.warning("event=last_words_missing ranks=%s every agent exited 0; taking their word", missing)
@@ -665,9 +619,9 @@ class Controller:
                             "started the worker SDK, so nothing about its training was watched or verified")
                 self.event("no_heartbeats", attempt=self.attempt,
                            detail="every agent exited 0 but no rank ever sent a heartbeat (no worker SDK?)")
-                self._finish(JobPhase.COMPLETED, "every agent exited 0 (no rank ever sent a heartbeat)")
+                self.finish(JobPhase.COMPLETED, "every agent exited 0 (no rank ever sent a heartbeat)")
             else:
-                self._finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
+                self.finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
             return
         self._track_progress(now)
         if self._standby_at is not None and now >= self._standby_at and self.phase == JobPhase.RUNNING:
@@ -680,7 +634,7 @@ class Controller:
             phase, reason = self._pending_stop
             self.event("action", attempt=self.attempt, action="tear_down", reason=reason[:200])
             await self.platform.teardown(self.cfg.restart.teardown_grace_s)
-            self._finish(phase, reason)
+            self.finish(phase, reason)
             return
         if self.phase in TERMINAL:
             return
@@ -707,7 +661,7 @@ class Controller:
         recorded, read from disk)."""
         return reconcile.Look(
             now=now, nodes=self.node_status, registry=self.registry, attempt=self.attempt,
-            gang=tuple(self.nodes), in_place_allowed=self.in_place_allowed, ahead_attempt=self.ahead_attempt,
+            gang=tuple(self.nodes), in_place_allowed=self.in_place_allowed, ahead_attempt=self.heard.ahead_attempt,
             logged_steps=self._logged_steps() if logged else {}, timeouts=self.timeouts,
             launched_at=self.launched_at)
 
@@ -744,12 +698,12 @@ class Controller:
                 if verdict.found:  # (else a placed pod ended: the fault that follows says so)
                     log.info("event=capacity_found attempt=%d waited_s=%.1f", self.attempt, verdict.waited_s)
                     self.event("capacity_found", attempt=self.attempt, waited_s=round(verdict.waited_s, 3))
-                self._save_state()
+                self.save_state()
                 return False
             self.launched_at = now
             if isinstance(verdict, reconcile.Waiting) and verdict.first:
                 self.phase = JobPhase.WAITING_FOR_CAPACITY
-                self._save_state()
+                self.save_state()
                 log.warning("event=waiting_for_capacity attempt=%d nodes=%s limit_s=%g detail=%s", self.attempt,
                             list(verdict.nodes), r.capacity_wait_s or r.budget_s, verdict.message)
                 self.event("waiting_for_capacity", attempt=self.attempt, nodes=list(verdict.nodes),
@@ -757,7 +711,7 @@ class Controller:
             elif isinstance(verdict, Stop):
                 self.event("action", attempt=self.attempt, action="tear_down", reason="no_capacity")
                 await self.platform.teardown(r.teardown_grace_s)
-                self._finish(verdict.phase, verdict.reason)
+                self.finish(verdict.phase, verdict.reason)
             elif isinstance(verdict, Shrink):
                 await self._shrink(verdict)
         return bool(said)
@@ -769,7 +723,7 @@ class Controller:
                     verdict.reason)
         self.event("capacity_shrink", attempt=self.attempt, nodes=list(verdict.nodes), detail=verdict.reason)
         self.event("action", attempt=self.attempt, action="tear_down", reason="capacity_shrink")
-        timer = self.current_timer if self.current_timer is not None and not self.current_timer.done else None
+        timer = self.restarts.open
         left_out = [s for s in self.nodes if s not in verdict.nodes]
         await self.executor.relaunch(list(verdict.nodes), grace_s=self.cfg.restart.teardown_grace_s, timer=timer)
         if self.phase not in TERMINAL:
@@ -805,54 +759,36 @@ class Controller:
             self.in_place_deadline = None  # a restart in place came back
             self.phase = JobPhase.RUNNING
             self._standby_at = now + STANDBY_AFTER_S
-            self._save_state()  # before the event: whoever reads "running" finds it in the state file too
+            self.save_state()  # before the event: whoever reads "running" finds it in the state file too
             self.event("running", attempt=self.attempt, world_size=world)
-        if self.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):
+        if self.heard.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):
             self._on_restore_reported(restore_report(rec.hb for rec in reg.ranks.values()))
             if self.phase in TERMINAL:
                 return
-        elif (self.report is None and all_heard and not self._root_judged
+        elif (self.heard.report is None and all_heard and not self.heard.root_judged
               and all(rec.hb.ckpt_root for rec in reg.ranks.values())):
             # ranks that save without restoring (no restore report comes) still say where they save
-            self._root_judged = True
+            self.heard.root_judged = True
             self._judge_root(restore_report(rec.hb for rec in reg.ranks.values()))
-        t = self.current_timer
-        if t is not None and not t.done:
-            if t.rendezvous_at is None and all_heard:
-                t.rendezvous_at = now
-            # the ranks say when their first step after the restore completed (sent at once), and
-            # how long it took since the restore ended: both from their own clocks
-            if t.rendezvous_at is not None and all_heard and all(rec.hb.steps_done > 0 for rec in reg.ranks.values()):
-                t.first_step_at = now
-                first = max(rec.hb.first_step_s for rec in reg.ranks.values())
-                restore = max(rec.hb.restore_s for rec in reg.ranks.values())
-                # ranks faster than a tick from their start to their first step (forked, torch
-                # imported) are first heard in this very tick: their own clocks then say when
-                # the restore began, which the gang's rendezvous preceded
-                launched = max(m for m in (t.detected_at, t.torn_down_at, t.scheduled_at) if m is not None)
-                t.rendezvous_at = max(launched, min(t.rendezvous_at, now - first - restore))
-                t.restored_at = max(t.rendezvous_at, now - first)
-                d = t.durations()
-                total = t.total(now)
-                within = total <= self.cfg.restart.budget_s
-                self.budget_exceeded = not within
-                self.event("restart_complete", attempt=self.attempt, reason=t.reason, phases=d, total_s=round(total, 3),
-                           within_budget=within)
-                log.info("event=restart_complete attempt=%d total_s=%.2f %s", self.attempt, total,
-                         " ".join(f"{k}_s={v:.2f}" for k, v in d.items()))
-                self._save_state()
-            elif now - t.fault_at > self.cfg.restart.budget_s and not self.budget_exceeded:
-                self.budget_exceeded = True
-                self.event("budget_exceeded", attempt=self.attempt, budget_s=self.cfg.restart.budget_s)
-                log.error("event=budget_exceeded attempt=%d budget_s=%.0f", self.attempt, self.cfg.restart.budget_s)
+        hbs = [rec.hb for rec in reg.ranks.values()] if self.restarts.open is not None else []
+        for told in self.restarts.progress(now, attempt=self.attempt, all_heard=all_heard,
+                                           steps_done=[hb.steps_done for hb in hbs],
+                                           first_step_s=[hb.first_step_s for hb in hbs],
+                                           restore_s=[hb.restore_s for hb in hbs], budget_s=self.cfg.restart.budget_s):
+            self.event(told.event, **told.fields)
+            if told.event == "restart_complete":
+                log.info("event=restart_complete attempt=%d total_s=%.2f %s", self.attempt, told.fields["total_s"],
+                         " ".join(f"{k}_s={v:.2f}" for k, v in told.fields["phases"].items()))
+                self.save_state()
+            else:
+                log.error("event=%s attempt=%d budget_s=%.0f", told.event, self.attempt, self.cfg.restart.budget_s)
         if all_heard:
-            self._step_marks.append((now, reg.min_step()))
-            self._step_marks = [m for m in self._step_marks if now - m[0] <= 60]
+            self.heard.mark_step(now, reg.min_step())
 
     def _on_restore_reported(self, report) -> None:
         """Every rank said how its restore went: record what was really restored, make the
         checkpoints they refused suspect, and check that they write where we watch."""
-        self.report = report
+        self.heard.report = report
         if not self._judge_root(report):
             return
         self.restored = report.restored
@@ -873,7 +809,7 @@ class Controller:
             self.event("checkpoint_suspect", name=name, detail=why)
         parsed = parse_name(report.restored) if report.restored else None
         self.restored_step = parsed[0] if parsed else 0
-        self._save_state()
+        self.save_state()
 
     def _judge_root(self, report) -> bool:
         """Whether the ranks save where the supervisor watches: adopt their one root, or stop the
@@ -886,7 +822,8 @@ class Controller:
                        detail="the ranks save checkpoints here, not where the supervisor was told to look")
             self.ckpt_root = Path(detail)
             # looked at off the loop at the next tick; progress counts from what it holds then
-            self._ckpt_rebase, self._last_ckpt_poll = True, -CHECKPOINT_POLL_S
+            self.watch.rebase = True
+            self.watch.soon()
         elif verdict == "conflict":
             self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
             # the gang is torn down before the verdict (_tick): nothing may keep training unwatched
@@ -895,57 +832,19 @@ class Controller:
             return False
         return True
 
-    def _poll_checkpoints(self, force: bool = False) -> None:
-        """Every ``CHECKPOINT_POLL_S``: look for the newest published checkpoint in a worker
-        thread (:class:`VerifiedCache`: only what is new or changed is verified), and take in the
-        last look once it is done; the loop never lists or verifies anything. ``force`` looks
-        now, on the calling thread (:meth:`_scan_checkpoints` is the way from a coroutine)."""
-        task = self._ckpt_scan
-        if task is not None and task.done():
-            self._ckpt_scan = None
-            try:
-                self._take_scan(task.result())
-            except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
-                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
-        if force:
-            try:
-                self._take_scan(self._ckpt_cache.scan(self.ckpt_root, exclude=list(self.history.suspects),
-                                                      usable=True))
-            except Exception as exc:  # noqa: BLE001
-                log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
-            return
-        now = self.clock()
-        if self._ckpt_scan is not None or now - self._last_ckpt_poll < CHECKPOINT_POLL_S:
-            return
-        self._last_ckpt_poll = now
-        self._ckpt_scan = asyncio.ensure_future(asyncio.to_thread(
-            self._ckpt_cache.scan, self.ckpt_root, exclude=list(self.history.suspects)))
-
-    async def _scan_checkpoints(self) -> None:
+    async def look_at_checkpoints(self) -> None:
         """Look now (in a worker thread), and wait for it: the newest checkpoint and every usable
         one, for a decision that follows (a launch, a relaunch, the end)."""
-        if self._ckpt_scan is not None:
-            await asyncio.wait([self._ckpt_scan])
-            self._poll_checkpoints()  # takes it in; starts nothing (just polled)
-        self._last_ckpt_poll = self.clock()
-        try:
-            scan = await asyncio.to_thread(self._ckpt_cache.scan, self.ckpt_root,
-                                           exclude=list(self.history.suspects), usable=True)
-        except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
-            log.warning("event=checkpoint_scan_failed root=%s error=%s", self.ckpt_root, exc)
-            self._usable = []
-            return
-        self._take_scan(scan)
+        for scan in await self.watch.look(self.ckpt_root, self.history.suspects):
+            self._take_scan(scan)
 
     def _take_scan(self, scan: Scan) -> None:
         """Take in one look at the checkpoint root (made off the loop, maybe a moment ago)."""
         if scan.root != self.ckpt_root:
             return  # the root was adopted meanwhile: the next look is at the new one
-        if scan.usable is not None:
-            self._usable = scan.usable  # suspects included: the decision skips them itself
         found = scan.discovery.checkpoint
         if found is not None and found.name in self.history.suspects:
-            self._last_ckpt_poll = -CHECKPOINT_POLL_S  # made suspect meanwhile: look again at once
+            self.watch.soon()  # made suspect meanwhile: look again at once
             return
         if found is None:
             self.latest_ckpt = None
@@ -954,36 +853,24 @@ class Controller:
                 self.history = dataclasses.replace(self.history, had_checkpoint=True)
             if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
                 self.event("checkpoint_complete", name=found.name, step=found.step)
-                self.checkpoint_times.append(found.manifest.created_unix)
+                self.watch.times.append(found.manifest.created_unix)
             self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
                                 "writer_world_size": found.manifest.writer_world_size}
-        if self._ckpt_rebase:  # a root adopted: progress in this attempt counts from what it holds
-            self._ckpt_rebase = False
+        if self.watch.rebase:  # a root adopted: progress in this attempt counts from what it holds
+            self.watch.rebase = False
             self.ckpt_step_at_attempt_start = self.latest_ckpt["step"] if self.latest_ckpt else -1
-
-    def _usable_checkpoints(self) -> list[str]:
-        """Every checkpoint that passes fast verification, newest first (suspects included:
-        the decision skips them, and needs to know one exists), as of the last
-        :meth:`_scan_checkpoints`."""
-        return list(self._usable)
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self, fault: Fault) -> None:
         """A fault is detected: its recovery begins (:mod:`~supervisor.controller.recovery`), and
         its first step is taken at once."""
-        self._check_lease()
+        self.check_lease()
         now = self.clock()
         self.phase = JobPhase.RECOVERING
-        self.active_hang = fault
-        self.last_fault, self.last_fault_attempt, self.last_fault_unix = fault, self.attempt, time.time()
-        self.last_fault_culprits = [
-            (r, self.registry.ranks[r].hb.node if r in self.registry.ranks else ",".join(fault.nodes))
-            for r in fault.ranks or (-1,)
-        ]
-        timer = RestartTimer(self.attempt, fault.kind, fault.fault_at, now)
-        self.current_timer = timer
-        self.timers.append(timer)
-        self.restarts_by_reason[fault.kind] = self.restarts_by_reason.get(fault.kind, 0) + 1
+        self.restarts.begin(fault, self.attempt, RestartTimer(self.attempt, fault.kind, fault.fault_at, now),
+                            unix=time.time(), culprits=[
+                                (r, self.registry.ranks[r].hb.node if r in self.registry.ranks else ",".join(fault.nodes))
+                                for r in fault.ranks or (-1,)])
         self.platform.warm_up()  # a launch may follow: what can start ahead starts now
         log.error("event=fault_detected attempt=%d kind=%s ranks=%s nodes=%s detail=%s", self.attempt, fault.kind,
                   list(fault.ranks), list(fault.nodes), fault.detail)
@@ -1005,7 +892,7 @@ class Controller:
                 now=self.clock(), nodes=await self.platform.observe() if waits_on_nodes else self.node_status,
                 rank_pids={r: r_.hb.pid for r, r_ in self.registry.ranks.items() if r_.hb.pid},
                 answered=self.executor.answered(), in_place=self.executor.in_place,
-                heard=0 < self.registry.world_size <= len(self.addr_by_rank))
+                heard=0 < self.registry.world_size <= len(self.heard.addr_by_rank))
             new, actions = recovery_step.step(rec, obs, recovery_step.Policy(
                 abort_grace_s=self.cfg.restart.abort_grace_s,
                 evidence_wait_s=min(1.0, self.cfg.heartbeat.interval_s * 1.2)))  # older workers never answer
@@ -1017,7 +904,7 @@ class Controller:
             if actions or new is None:
                 # what is about to be done, before it is done (no fsync: it is a controller's
                 # death that this outlives; the launch's own save is durable)
-                self._save_state(durable=False)
+                self.save_state(durable=False)
             for i, action in enumerate(actions):
                 try:
                     await self.executor.run(action, rec if new is None else new, resumed=rec.resumed and i == 0)
@@ -1025,24 +912,24 @@ class Controller:
                     # not carried out: the stage's action is tried again at the next tick
                     if self.recovery is not None and self.recovery.acted and self.recovery.stage == new.stage:
                         self.recovery = dataclasses.replace(self.recovery, acted=False)
-                        self._save_state(durable=False)
+                        self.save_state(durable=False)
                     raise
 
-    def _tell_suspects(self, before: set[str]) -> None:
+    def tell_suspects(self, before: set[str]) -> None:
         for name in self.history.suspects:
             if name not in before:
                 self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
 
-    def _pick_checkpoint(self) -> str | None | Stop:
+    def choose_checkpoint(self) -> str | None | Stop:
         """The checkpoint a launch resumes from (:func:`pick_checkpoint`), of the last look at the root."""
-        usable = self._usable_checkpoints()
+        usable = list(self.watch.usable)
         if usable and not self.history.had_checkpoint:
             self.history = dataclasses.replace(self.history, had_checkpoint=True)
         return pick_checkpoint(usable, self.history, self.cfg.restart.allow_fresh_start)
 
-    def _plan(self, fault: Fault, history: History) -> tuple[Relaunch | Stop, History]:
+    def plan(self, fault: Fault, history: History) -> tuple[Relaunch | Stop, History]:
         """What comes after ``fault``, and the history after it (:func:`plan_next`), on the
-        checkpoints of the last :meth:`_scan_checkpoints` (its callers look first)."""
+        checkpoints of the last :meth:`look_at_checkpoints` (its callers look first)."""
         made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
         straggler_nodes = []
         if self.cfg.health.exclude_stragglers:
@@ -1057,36 +944,30 @@ class Controller:
             hosts={n: st.host for n, st in self.node_status.items() if st.host},
             nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
-            checkpoints=self._usable_checkpoints(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
+            checkpoints=list(self.watch.usable), allow_fresh_start=self.cfg.restart.allow_fresh_start,
             nonfinite_window=self.cfg.nonfinite.window_steps, skip_batches=self.cfg.nonfinite.skip_batches,
             nproc_per_node=self.cfg.nproc_per_node, world_sizes=self.cfg.nodes.world_sizes,
             world_size_multiple_of=self.cfg.nodes.world_size_multiple_of,
             straggler_nodes=straggler_nodes,
         )
 
-    def _finish(self, phase: JobPhase, reason: str) -> None:
+    def finish(self, phase: JobPhase, reason: str) -> None:
         self.phase = phase
         self.stop_reason = reason
         self.recovery = None  # a recovery under way ends with the job
         level = logging.INFO if phase == JobPhase.COMPLETED else logging.ERROR
         log.log(level, "event=terminal phase=%s exit_code=%d reason=%s", phase.value, EXIT_CODES[phase], reason)
-        self._save_state()
+        self.save_state()
 
     # ------------------------------------------------------------------ views
-    def step_rate(self) -> float:
-        if len(self._step_marks) < 2:
-            return 0.0
-        (t0, s0), (t1, s1) = self._step_marks[0], self._step_marks[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
-
     def view(self) -> JobView:
         """The job as ``/status``, ``/metrics`` and ``supervisor status`` show it: its state and
         what this controller has seen, taken here, on the event loop, in O(1) but for one list
         copy of the ranks' records; rendered anywhere."""
         now = self.clock()
-        hang = self.active_hang
+        rs = self.restarts
+        hang = rs.active
         ranks = self.registry.ranks
-        t = self.current_timer
         ck = self.latest_ckpt
         since = self.capacity_since
         return JobView(
@@ -1097,14 +978,14 @@ class Controller:
             hang_kind=hang.kind if hang is not None else None,
             hang_culprits=[] if hang is None else [(r, ranks[r].hb.node if r in ranks else ",".join(hang.nodes))
                                                    for r in (hang.ranks or (-1,))[:WORST_RANKS]],
-            last_fault_kind=self.last_fault.kind if self.last_fault is not None else None,
-            last_fault_attempt=self.last_fault_attempt, last_fault_unix=self.last_fault_unix,
-            last_fault_culprits=list(self.last_fault_culprits) if self.last_fault is not None else [],
-            restart_in_progress=t is not None and not t.done and self.phase not in TERMINAL,
-            restarts=dict(self.restarts_by_reason), timers=list(self.timers), budget_s=self.cfg.restart.budget_s,
-            budget_remaining_s=self.budget_remaining(now), budget_exceeded=bool(self.budget_exceeded),
-            checkpoint=dict(ck) if ck else None, checkpoint_times=tuple(self.checkpoint_times),
-            rejected=dict(self.rejected), received=self.received, step_rate=max(0.0, float(self.step_rate())),
+            last_fault_kind=rs.last.kind if rs.last is not None else None,
+            last_fault_attempt=rs.last_attempt, last_fault_unix=rs.last_unix,
+            last_fault_culprits=list(rs.last_culprits) if rs.last is not None else [],
+            restart_in_progress=rs.open is not None and self.phase not in TERMINAL,
+            restarts=dict(rs.by_reason), timers=list(rs.timers), budget_s=self.cfg.restart.budget_s,
+            budget_remaining_s=self.budget_remaining(now), budget_exceeded=bool(rs.budget_exceeded),
+            checkpoint=dict(ck) if ck else None, checkpoint_times=tuple(self.watch.times),
+            rejected=dict(self.wire.rejected), received=self.wire.received, step_rate=max(0.0, float(self.heard.step_rate())),
             stop_requested=self.stop_requested,
             waiting_for_capacity=None if since is None else {"since_s": round(now - since, 1),
                                                               "detail": self.capacity_message},
@@ -1112,7 +993,7 @@ class Controller:
             nodes=dict(self.node_status), excluded_nodes=tuple(self.history.excluded),
             suspect_checkpoints=tuple(self.history.suspects), suspect_why=dict(self.history.suspect_why),
             checkpoint_root=str(self.ckpt_root), restored=self.restored,
-            restore_refused=dict(self.report.refused) if self.report else {}, log_dir=str(self.log_dir),
+            restore_refused=dict(self.heard.report.refused) if self.heard.report else {}, log_dir=str(self.log_dir),
             restore_from=self.restore_from, findings=list(self.findings), timeouts=asdict(self.timeouts),
             stop_reason=self.stop_reason, exit_code=EXIT_CODES.get(self.phase),
         )
@@ -1127,10 +1008,7 @@ class Controller:
                    if now - rec.received <= self.cfg.heartbeat.timeout_s and rec.hb.phase != PHASE_DONE)
 
     def budget_remaining(self, now: float) -> float:
-        t = self.current_timer
-        if t is None or t.done:
-            return self.cfg.restart.budget_s
-        return t.budget_remaining(self.cfg.restart.budget_s, now)
+        return self.restarts.budget_remaining(self.cfg.restart.budget_s, now)
 
     def restore_point(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "checkpoint": self.restore_from, "exclude": list(self.history.suspects),
@@ -1152,15 +1030,15 @@ class Controller:
                 log.warning("event=events_rotate_failed path=%s error=%s", path, exc)
         self.platform.tell(name, rec)
 
-    def _save_state(self, *, durable: bool = True) -> None:
-        self._check_lease()  # the state is the new owner's once the lease is lost
+    def save_state(self, *, durable: bool = True) -> None:
+        self.check_lease()  # the state is the new owner's once the lease is lost
         # the job's state, and beside it what only this controller knows (where it listens, what
         # its platform runs) and the restart under way's timer
-        timer = self.current_timer
+        timer = self.restarts.open
         state_file.save(self.state_path, self.state.to_saved(self._to_unix) | {
             "intake_port": self.intake_port, "http_port": self.http_port, "http_host": self.cfg.http.host,
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
-        } | ({"restart_timer": timer.to_saved(self._to_unix)} if timer is not None and not timer.done else {})
+        } | ({"restart_timer": timer.to_saved(self._to_unix)} if timer is not None else {})
           | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}), durable=durable)
 
     def _to_unix(self, t: float) -> float:

@@ -30,6 +30,7 @@ from supervisor.controller.decide import (
     in_place_ok,
     next_attempt,
 )
+from supervisor.controller.job_state import Heard
 from supervisor.controller.recovery import (
     AbortRanks,
     Action,
@@ -93,11 +94,11 @@ class Executor:
         elif isinstance(action, WriteEvidence):
             await self._write_evidence(rec)
         elif isinstance(action, TryInPlace):
-            self.in_place = await self.try_in_place(fault, c.current_timer)
+            self.in_place = await self.try_in_place(fault, c.restarts.current)
         elif isinstance(action, AbortRanks):
             for rank in action.ranks:
-                c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.control_seq.next(),
-                                              reason=f"{fault.kind}: {fault.detail}"[:400]), c.addr_by_rank.get(rank))
+                c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.wire.control_seq.next(),
+                                              reason=f"{fault.kind}: {fault.detail}"[:400]), c.heard.addr_by_rank.get(rank))
             c.event("action", attempt=c.attempt, action="abort_ranks", ranks=list(action.ranks), reason=fault.kind,
                     **_resumed(resumed))
         elif isinstance(action, KillNodes):
@@ -107,13 +108,13 @@ class Executor:
                 await c.platform.kill_node(node)
         elif isinstance(action, TearDown):
             c.event("action", attempt=c.attempt, action="tear_down", reason=fault.kind, **_resumed(resumed))
-            c._check_lease()
+            c.check_lease()
             await c.platform.teardown(c.cfg.restart.teardown_grace_s)
         elif isinstance(action, PlanNext):
             await self._plan_next(rec)
         elif isinstance(action, Launch):
             c.attempt = action.attempt
-            await self.launch_retrying(list(action.nodes), action.restore_from, c.current_timer)
+            await self.launch_retrying(list(action.nodes), action.restore_from, c.restarts.current)
         else:  # pragma: no cover - every action of recovery.Action is handled above
             raise TypeError(f"no executor for {action!r}")
 
@@ -121,8 +122,8 @@ class Executor:
         """Before anything is killed: every rank heard from dumps its stacks."""
         c = self.c
         self.asked = {}
-        for rank, addr in c.addr_by_rank.items():
-            self.asked[rank] = c.control_seq.next()
+        for rank, addr in c.heard.addr_by_rank.items():
+            self.asked[rank] = c.wire.control_seq.next()
             c.intake.send(control_message("dump", attempt=c.attempt, rank=rank, seq=self.asked[rank],
                                           reason=rec.fault.kind), addr)
         reg = c.registry
@@ -156,7 +157,7 @@ class Executor:
         A relaunch becomes the ``launch`` stage, saved with the history it updated."""
         c = self.c
         fault = rec.fault
-        timer = c.current_timer
+        timer = c.restarts.current
         if timer is not None and timer.torn_down_at is None:
             timer.torn_down_at = c.clock()
         if not fault.node_failure:
@@ -166,14 +167,14 @@ class Executor:
             if stopped:
                 fault = dataclasses.replace(fault, nodes=stopped, node_failure=True)
                 c.event("nodes_unresponsive", attempt=c.attempt, nodes=list(stopped), reason=fault.kind)
-        await c._scan_checkpoints()
+        await c.look_at_checkpoints()
         suspects_before = set(c.history.suspects)
-        decision, c.history = c._plan(fault, c.history)
-        c._tell_suspects(suspects_before)
-        c.active_hang = None
+        decision, c.history = c.plan(fault, c.history)
+        c.tell_suspects(suspects_before)
+        c.restarts.active = None
         if isinstance(decision, Stop):
             c.recovery = None
-            c._finish(decision.phase, decision.reason)
+            c.finish(decision.phase, decision.reason)
             return
         assert isinstance(decision, Relaunch)
         if decision.newly_excluded:
@@ -187,7 +188,7 @@ class Executor:
         attempt = next_attempt(c.attempt, c.launch_attempt, c.in_place_allowed)
         c.recovery = dataclasses.replace(rec, stage=Stage.LAUNCH, acted=False,
                                          launch=(attempt, tuple(decision.nodes), decision.restore_from))
-        c._save_state()
+        c.save_state()
 
     async def tear_down_saving(self, grace_s: float, saved: str = "") -> None:
         """The gang goes with ``grace_s`` to answer SIGTERM (the ranks may save on the way out),
@@ -195,7 +196,7 @@ class Executor:
         c = self.c
         before = c.latest_ckpt["step"] if c.latest_ckpt else -1
         await c.platform.teardown(grace_s)
-        await c._scan_checkpoints()  # off the loop (a worker thread), as every decision's look
+        await c.look_at_checkpoints()  # off the loop (a worker thread), as every decision's look
         if saved and c.latest_ckpt and c.latest_ckpt["step"] > before:
             c.event("emergency_checkpoint", name=c.latest_ckpt["name"], step=c.latest_ckpt["step"], detail=saved)
 
@@ -207,9 +208,9 @@ class Executor:
         checkpoint; with none left the job stops."""
         c = self.c
         await self.tear_down_saving(grace_s, saved)
-        pick = c._pick_checkpoint()
+        pick = c.choose_checkpoint()
         if isinstance(pick, Stop):
-            c._finish(pick.phase, pick.reason)
+            c.finish(pick.phase, pick.reason)
             return
         c.attempt = next_attempt(c.attempt, c.launch_attempt, c.in_place_allowed)
         await self.launch_retrying(list(nodes), pick, timer)
@@ -233,7 +234,7 @@ class Executor:
                     return
                 except asyncio.TimeoutError:
                     pass
-        c._finish(JobPhase.FAILED, f"the platform could not launch attempt {c.attempt} ({LAUNCH_TRIES} tries)")
+        c.finish(JobPhase.FAILED, f"the platform could not launch attempt {c.attempt} ({LAUNCH_TRIES} tries)")
 
     async def try_in_place(self, fault: Fault, timer: RestartTimer) -> bool:
         """Rung 0: let the node agents restart the ranks in place, when :func:`in_place_ok` says
@@ -243,8 +244,8 @@ class Executor:
         attempt number and ask for the restore point. Returns False (nothing done) otherwise."""
         c = self.c
         c.node_status = await c.platform.observe()
-        await c._scan_checkpoints()
-        decision, preview = c._plan(fault, c.history)  # kept only if this path is taken
+        await c.look_at_checkpoints()
+        decision, preview = c.plan(fault, c.history)  # kept only if this path is taken
         why_not = in_place_ok(fault=fault, decision=decision, nodes=c.node_status, previous_nodes=c.nodes,
                               allowed=c.in_place_allowed, used=c.in_place_used, skip_steps=c.skip_steps,
                               last_failed=c.in_place_failed, kills_ranks=c.platform.kills_ranks)
@@ -272,17 +273,17 @@ class Executor:
         assert isinstance(decision, Relaunch)
         suspects_before = set(c.history.suspects)
         c.history = preview
-        c._tell_suspects(suspects_before)
-        c.active_hang = None
+        c.tell_suspects(suspects_before)
+        c.restarts.active = None
         c.require_checkpoint = decision.require_checkpoint
-        for rank, addr in c.addr_by_rank.items():  # whoever still runs goes, to be restarted with the rest
-            c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.control_seq.next(),
+        for rank, addr in c.heard.addr_by_rank.items():  # whoever still runs goes, to be restarted with the rest
+            c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.wire.control_seq.next(),
                                           reason=f"restart in place: {fault.kind}"), addr)
         c.in_place_used += 1
         c.event("action", attempt=c.attempt, action="restart_in_place", reason=fault.kind,
                 restore_from=decision.restore_from, left=c.in_place_allowed - c.in_place_used)
         timer.torn_down_at = c.clock()
-        c.attempt = max(c.attempt + 1, c.ahead_attempt or 0)
+        c.attempt = max(c.attempt + 1, c.heard.ahead_attempt or 0)
         await self.arm(list(decision.nodes), decision.restore_from, timer, None)
         c.in_place_deadline = c.clock() + c.cfg.restart.in_place_timeout_s
         return True
@@ -323,7 +324,7 @@ class Executor:
         launched through ``launch`` (the platform's), or restarted in place by the running
         agents (None: nothing to launch; the ranks already carry this attempt number)."""
         c = self.c
-        c._check_lease()
+        c.check_lease()
         c.nodes = nodes
         c.restore_from = restore_from
         parsed = parse_name(restore_from) if restore_from else None  # verify() ties a name to its step
@@ -331,14 +332,11 @@ class Executor:
         c.ckpt_step_at_attempt_start = c.latest_ckpt["step"] if c.latest_ckpt else -1
         world = len(nodes) * c.cfg.nproc_per_node
         c.registry.reset(c.attempt, world)
-        c.addr_by_rank = {}
-        c._step_marks = []  # the step rate of this attempt only (a resume goes back in steps)
-        c.report, c.restored = None, None
-        c._root_judged = False
-        c.ahead_attempt = None
+        c.heard = Heard()  # this attempt's ranks start from nothing (its step rate too: a resume goes back)
+        c.restored = None
         c.capacity_since, c.capacity_message = None, ""
         if launch is not None:
-            c._new_launch()  # from here the old gang's frames are a stale attempt's
+            c.new_launch()  # from here the old gang's frames are a stale attempt's
             await launch(self.launch_spec(nodes))
             c.launch_attempt = c.attempt
             c.in_place_allowed = c.cfg.restart.in_place_restarts
@@ -354,7 +352,7 @@ class Executor:
         log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", c.attempt, nodes, world,
                  restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
         c.recovery = None  # launched (or restarted in place): the recovery is over, in the same write
-        c._save_state()
+        c.save_state()
 
     def launch_spec(self, nodes: list[str]) -> LaunchSpec:
         c = self.c

@@ -132,9 +132,9 @@ def build_app(controller: "Controller") -> web.Application:
         nonce = request.query.get("nonce", "")
         if not valid_nonce(nonce):
             return web.json_response({"error": "nonce must be 16 to 128 lowercase hex digits"}, status=400)
-        if not controller.token:
+        if not controller.wire.token:
             return web.json_response({"error": "this controller holds no job token"}, status=503)
-        return web.json_response({"mac": guard_mac(controller.token, nonce)})
+        return web.json_response({"mac": guard_mac(controller.wire.token, nonce)})
 
     async def readyz(_request: web.Request) -> web.Response:
         ready = controller.ready
@@ -156,7 +156,7 @@ def build_app(controller: "Controller") -> web.Application:
     nonces = NonceCache()  # the nonces of the restore-point requests taken in the freshness window
 
     async def restore_point(request: web.Request) -> web.Response:
-        keys = controller.keys
+        keys = controller.wire.keys
         if keys is None:  # no job token: nothing can be authenticated, nothing is answered
             return web.json_response({"error": "unauthenticated", "detail": "this controller holds no job token"},
                                      status=401)

@@ -4,6 +4,7 @@ and attempt); bad datagrams are counted by reason and change nothing."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import socket
 import sys
@@ -14,9 +15,13 @@ from supervisor.protocol import (
     REJECT_OTHER_LAUNCH,
     REJECT_STALE_ATTEMPT,
     REJECT_UNAUTHENTICATED,
+    ControlSequencer,
+    Keys,
     ProtocolError,
     decode_heartbeat,
+    derive_keys,
     encode,
+    new_launch_id,
 )
 
 if TYPE_CHECKING:
@@ -35,6 +40,41 @@ _READ_SIZE = MAX_DATAGRAM + 1
 """What one read asks for: asyncio's datagram transport reads with a 256 KiB buffer (its
 ``max_size``); a frame longer than :data:`MAX_DATAGRAM` arrives cut to this size and is still
 refused as oversized."""
+
+
+class Wire:
+    """The controller's side of the wire: the job token and the keys derived from it, this run's
+    launch ids, the numbering of control frames, and what the intake counted."""
+
+    def __init__(self) -> None:
+        self._token = b""
+        self.keys: Keys | None = None
+        """Frames and HTTP requests are MAC'd with these (None without a token: nothing is then
+        authenticated)."""
+        self.launch_ids: collections.deque[str] = collections.deque(maxlen=64)
+        """This run's launch ids, the current one last: a frame of an earlier one is a stale attempt's."""
+        self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
+        self.received = 0
+        self.rejected: dict[str, int] = {}
+
+    @property
+    def token(self) -> bytes:
+        """The job token. It never leaves this host: only the keys derived from it are used."""
+        return self._token
+
+    @token.setter
+    def token(self, token: bytes) -> None:
+        self._token = token
+        self.keys = derive_keys(token) if token else None
+
+    def new_launch(self) -> str:
+        """A new launch of the gang: a new random id, for its ranks' environment and frames."""
+        launch = new_launch_id()
+        self.launch_ids.append(launch)
+        return launch
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
 
 
 class Intake(asyncio.DatagramProtocol):
@@ -120,34 +160,34 @@ class Intake(asyncio.DatagramProtocol):
 
     def _take(self, data: bytes, addr) -> None:
         c = self.c
-        keys = c.keys
+        wire = c.wire
+        keys = wire.keys
         try:
             if keys is None:
                 raise ProtocolError(REJECT_UNAUTHENTICATED, "no job token yet")
             hb = decode_heartbeat(data, keys.heartbeat)
         except ProtocolError as exc:
-            c.rejected[exc.reason] = c.rejected.get(exc.reason, 0) + 1
+            wire.reject(exc.reason)
             return
         if hb.launch != c.launch_id:
             # not this launch's: an earlier launch of this run (its ranks on their way out), or a
             # launch this controller never made (another run's frame with the same token: replayed)
-            reason = REJECT_STALE_ATTEMPT if hb.launch in c.launch_ids else REJECT_OTHER_LAUNCH
-            c.rejected[reason] = c.rejected.get(reason, 0) + 1
+            wire.reject(REJECT_STALE_ATTEMPT if hb.launch in wire.launch_ids else REJECT_OTHER_LAUNCH)
             return
         if hb.attempt != c.attempt or hb.job != c.cfg.job:
             if hb.job == c.cfg.job and c.attempt < hb.attempt <= c.launch_attempt + c.in_place_allowed:
                 # ranks restarted in place by their agents, ahead of the controller: the
                 # controller catches up (restarted_in_place), then takes their heartbeats
-                c.ahead_attempt = max(c.ahead_attempt or 0, hb.attempt)
+                c.heard.ahead_attempt = max(c.heard.ahead_attempt or 0, hb.attempt)
                 return
-            c.rejected[REJECT_STALE_ATTEMPT] = c.rejected.get(REJECT_STALE_ATTEMPT, 0) + 1
+            wire.reject(REJECT_STALE_ATTEMPT)
             return
         if hb.world_size != c.registry.world_size and c.registry.world_size:
-            c.rejected["schema"] = c.rejected.get("schema", 0) + 1
+            wire.reject("schema")
             return
-        c.received += 1
+        wire.received += 1
         if c.registry.observe(hb, c.clock()):
-            c.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
+            c.heard.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
             if c.wants_heartbeats:
                 c.wake()
 
@@ -155,8 +195,9 @@ class Intake(asyncio.DatagramProtocol):
         """A control message to a rank of the current launch (stamped with its id), under the
         control key."""
         c = self.c
-        if self.transport is not None and addr is not None and c.keys is not None:
-            self.transport.sendto(encode(payload | {"launch": c.launch_id}, c.keys.control), addr)
+        keys = c.wire.keys
+        if self.transport is not None and addr is not None and keys is not None:
+            self.transport.sendto(encode(payload | {"launch": c.launch_id}, keys.control), addr)
 
 
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33 if sys.platform.startswith("linux") else None)

@@ -72,6 +72,35 @@ class JobState:
             recovery=None if raw is None else Recovery.from_saved(raw, from_unix))
 
 
+@dataclass
+class Heard:
+    """What this controller has heard of the running attempt, from its ranks: replaced whole at
+    each launch (an attempt's ranks start from nothing)."""
+
+    addr_by_rank: dict[int, Any] = field(default_factory=dict)
+    """Each rank's reply address (where its control frames go): moved only by an accepted heartbeat."""
+    ahead_attempt: int | None = None
+    """Ranks of a later attempt were heard (their agents restarted them in place)."""
+    report: Any = None
+    """The ranks' restore report (:class:`~supervisor.controller.decide.RestoreReport`), once all sent one."""
+    root_judged: bool = False
+    """Where the ranks save was checked before any restore report (ranks that save without restoring)."""
+    step_marks: list[tuple[float, int]] = field(default_factory=list)
+    """(when, the slowest rank's step) over the last minute: the step rate."""
+
+    def mark_step(self, now: float, step: int, window_s: float = 60.0) -> None:
+        self.step_marks.append((now, step))
+        self.step_marks = [m for m in self.step_marks if now - m[0] <= window_s]
+
+    def step_rate(self) -> float:
+        """Steps per second over the window (0 before two marks; negative across a resume from an
+        older checkpoint: the views show 0 then)."""
+        if len(self.step_marks) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self.step_marks[0], self.step_marks[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
 class InState:
     """A controller attribute that is a field of a frozen value it holds (its :class:`JobState`,
     ``owner.state``, unless told): read from the value, written by replacing the value."""
