@@ -331,7 +331,7 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
                 tick_late.append(now - planned)
             if tick_mode == "full":
                 await c._tick()
-                findings = c.findings
+                findings = c.detection.findings
             else:
                 findings = detect(c.registry, now, timeouts, launched_at=c.launched_at)
             done = c.clock()
@@ -401,7 +401,7 @@ def tick_breakdown(c: Controller, timeouts: Timeouts, tick_s: list[float]) -> li
     now = c.clock()
     h = c.cfg.health
     every_calib = CALIBRATE_S  # the daemon's cadence for step statistics
-    early_return = "if not self.findings" in inspect.getsource(Controller._tick)
+    early_return = "if not self.detection.findings" in inspect.getsource(Controller._tick)
     rows: list[tuple[str, float, float, str]] = []
 
     def calib() -> None:
@@ -417,8 +417,8 @@ def tick_breakdown(c: Controller, timeouts: Timeouts, tick_s: list[float]) -> li
                  f"in-run median {statistics.median(tick_s) * 1e3:.1f} ms" if tick_s else ""))
 
     def inputs() -> None:
-        {r: rec.wire.received for r, rec in reg.ranks.items()}
-        {r: rec.wire.received - rec.hb.phase_s for r, rec in reg.ranks.items()}
+        {r: rec.received for r, rec in reg.ranks.items()}
+        {r: rec.received - rec.hb.phase_s for r, rec in reg.ranks.items()}
         {r: rec.hb.node for r, rec in reg.ranks.items()}
         all(r.hb.phase == "done" for r in reg.ranks.values())
         reg.min_step()

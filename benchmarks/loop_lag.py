@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import http.client
 import multiprocessing as mp
@@ -111,7 +112,7 @@ def legacy_status(self: Controller) -> dict:
             "rank": r, "node": hb.node, "step": hb.step, "phase": hb.phase,
             "phase_s": round(hb.phase_s + max(0.0, now - rec.received), 2),
             "heartbeat_age_s": round(now - rec.received, 2), "coll_seq": hb.coll_seq,
-            "coll_inside": hb.coll_inside, "straggler_score": round(self.stragglers.get(r, 1.0), 3),
+            "coll_inside": hb.coll_inside, "straggler_score": round(self.detection.stragglers.get(r, 1.0), 3),
             "watchdog": hb.watchdog, "loss_ok": hb.loss_ok,
         })
     alive = sum(1 for rec in self.registry.ranks.values()
@@ -130,8 +131,8 @@ def legacy_status(self: Controller) -> dict:
             "age_s": round(time.time() - self.latest_ckpt["created_unix"], 1)},
         "restore_from": self.restore_from,
         "restarts": [t.to_dict(now, budget) for t in self.restarts.timers],
-        "findings": [f.to_dict() for f in self.findings],
-        "timeouts": asdict(self.timeouts), "budget_s": budget, "budget_remaining_s": self.budget_remaining(now),
+        "findings": [f.to_dict() for f in self.detection.findings],
+        "timeouts": asdict(self.detection.timeouts), "budget_s": budget, "budget_remaining_s": self.budget_remaining(now),
         "budget_exceeded": self.restarts.budget_exceeded, "rejected_heartbeats": dict(self.wire.rejected),
         "heartbeats_received": self.wire.received, "stop_reason": self.stop_reason,
         "exit_code": EXIT_CODES.get(self.phase),
@@ -177,7 +178,8 @@ def make_controller(tmp: Path, ranks: int) -> Controller:
                        coll_op="all_reduce", coll_inside=phase == "collective", last_step_s=0.29, loss_ok=True,
                        watchdog="compute running 0.2s")
         c.registry.observe(hb, now - (30 + r % 50 if r % 101 == 5 else 0.5))
-    c.stragglers = {r: 1.0 + (2.5 if r % 97 == 11 else 0.0) + (r % 13) / 100 for r in range(ranks)}
+    c.detection = dataclasses.replace(c.detection, stragglers={
+        r: 1.0 + (2.5 if r % 97 == 11 else 0.0) + (r % 13) / 100 for r in range(ranks)})
     return c
 
 

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
@@ -68,7 +69,8 @@ def big(tmp_path_factory):
         stale = r < 40
         beat(c, r, world, age=10.0 + r if stale else 0.5, step=100 + r % 4,
              phase="checkpoint" if r == 5000 else ("data" if r % 2 else "compute"), ckpt_s=0.25 if r == 7 else 0.0)
-    c.stragglers = {r: 1.0 for r in range(world)} | {100 + i: 1.6 + i / 100 for i in range(30)}
+    c.detection = replace(c.detection, stragglers={r: 1.0 for r in range(world)} | {100 + i: 1.6 + i / 100
+                                                                                     for i in range(30)})
     c.phase = JobPhase.RUNNING
     text = generate_latest(make_registry(c)).decode()
     return c, text, series(text)

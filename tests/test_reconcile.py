@@ -7,12 +7,15 @@ import pytest
 
 from supervisor.controller.decide import Shrink, Stop
 from supervisor.controller.reconcile import (
+    Calibration,
     CapacityPolicy,
+    Detection,
     Look,
     Memory,
     Placed,
     Policy,
     Waiting,
+    calibrated,
     ended,
     ended_ranks,
     fault,
@@ -160,3 +163,35 @@ def test_a_node_that_cannot_start_is_not_a_wait_and_a_placed_node_that_ended_end
     mem, _ = placement(Memory(), RUNNING | {"n1": PENDING}, 100.0, CAPACITY)
     _, said = placement(mem, {"n0": exited("n0", -9), "n1": PENDING}, 101.0, CAPACITY)
     assert said == [Placed(1.0, False)]  # the fault that follows names the ended node
+
+
+# ---------------------------------------------------------------------------- calibration
+CAL = Calibration(heartbeat_s=3.0, startup_s=60.0, checkpoint_s=60.0, factor=5.0, floor_s=3.0, ceiling_s=600.0,
+                  every_s=2.0)
+
+
+def stepping(rank_seconds: dict[int, float], steps: int = 4) -> Registry:
+    """Ranks that each took ``steps`` steps of their given duration (half of it computing)."""
+    reg = Registry(0, len(rank_seconds))
+    for step in range(1, steps + 1):
+        for rank, s in rank_seconds.items():
+            reg.observe(hb(rank, seq=step, step=step, last_step_s=s, last_compute_s=s / 2), 100.0 + step)
+    return reg
+
+
+def test_timeouts_follow_the_step_times_seen_at_most_every_few_seconds_and_name_the_straggler():
+    det = Detection(TIMEOUTS)
+    before = calibrated(det, 100.0, Registry(0, 2), CAL)
+    assert before.timeouts.compute_s == 60.0 and before.stragglers == {}  # no step seen: the startup timeout
+    reg = stepping({0: 1.0, 1: 3.0})
+    # within every_s of the last calibration: nothing is recomputed
+    assert calibrated(before, 101.0, reg, CAL) is before
+    after = calibrated(before, 102.0, reg, CAL)
+    assert after.calibrated_at == 102.0 and after.timeouts.compute_s == 5.0 * 2.0  # factor x the median step
+    assert after.stragglers[1] == pytest.approx(3.0) and after.stragglers[0] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("seconds,phase_s", [(0.1, 3.0), (500.0, 600.0)])
+def test_calibrated_timeouts_stay_between_the_floor_and_the_ceiling(seconds, phase_s):
+    got = calibrated(Detection(TIMEOUTS), 100.0, stepping({0: seconds, 1: seconds}), CAL)
+    assert got.timeouts.compute_s == got.timeouts.collective_s == got.timeouts.data_s == phase_s

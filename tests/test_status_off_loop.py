@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -36,7 +37,8 @@ def big_controller(tmp_path, world=WORLD) -> Controller:
         received = now - 60 - r if r % 70 == 7 else now
         c.registry.observe(Heartbeat(job="j", attempt=0, rank=r, world_size=world, seq=1, step=100 + r % 5,
                                      phase="compute", phase_s=0.1, node=f"node{r // 8}"), received)
-    c.stragglers = {r: 1.0 + (3.0 if r % 100 == 3 else 0.0) + r / 1e6 for r in range(world)}
+    c.detection = replace(c.detection, stragglers={r: 1.0 + (3.0 if r % 100 == 3 else 0.0) + r / 1e6
+                                                   for r in range(world)})
     return c
 
 

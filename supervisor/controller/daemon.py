@@ -64,7 +64,7 @@ from supervisor.controller.decide import (
     restore_report,
     root_verdict,
 )
-from supervisor.health import Registry, Timeouts, calibrate, straggler_scores
+from supervisor.health import Registry, Timeouts
 from supervisor.platforms.base import NodeStatus, Platform, PlatformError
 from supervisor.protocol import PHASE_DONE
 
@@ -116,6 +116,8 @@ class Controller:
     ckpt_root = InState(to_state=str, from_state=as_path)
     latest_ckpt = InState("last_checkpoint")
     stop_reason = InState()
+    require_checkpoint = InState()
+    skip_steps = InState(to_state=as_tuple)
     history = InState()
     recovery = InState()
     # what the looks remember (reconcile.Memory), read and written the same way
@@ -123,22 +125,19 @@ class Controller:
     in_place_failed = InState(holder="memory")
     capacity_since = InState(holder="memory")
     capacity_message = InState(holder="memory")
+    launched_at = InState(holder="memory")
 
     def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
         self.cfg = cfg
         self.fresh = fresh
         self.state = JobState(cfg.job, run_started=time.time(), ckpt_root=str(Path(cfg.checkpoint_dir).resolve()))
-        self.memory = reconcile.Memory()  # what the looks at the gang remember between them
-        self.require_checkpoint = False
-        self.skip_steps: list[int] = []
+        self.memory = reconcile.Memory(launched_at=clock())  # what the looks at the gang remember between them
         self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
         self.stop_requested = False  # the job ends on purpose (a signal): metrics say so, alerts stay quiet
         self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
         self._linger_cut = False
         self._lease_renewed = -LEASE_RENEW_S
-        self._pending_stop: tuple[JobPhase, str] | None = None
         self._lease_lost_told = False
-        self._standby_at: float | None = None  # when to refill the warm agents (STANDBY_AFTER_S)
         self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform
         self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
@@ -149,13 +148,15 @@ class Controller:
         self.state_path = self.log_dir / STATE_FILE
         self.registry = Registry()
         self.node_status: dict[str, NodeStatus] = {}
-        self.launched_at = clock()
         self.restarts = Restarts()  # each restart's timer, the last fault (the views show them)
-        self.findings: list = []
         self.executor = Executor(self)
-        self.stragglers: dict[int, float] = {}
-        self.timeouts = Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=cfg.health.startup_timeout_s,
-                                 checkpoint_s=cfg.health.checkpoint_timeout_s)
+        h = cfg.health
+        self.detection = reconcile.Detection(Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s,
+                                                      checkpoint_s=h.checkpoint_timeout_s))
+        """The detectors' timeouts (calibrated), the straggler scores and the last findings."""
+        self.calibration = reconcile.Calibration(
+            heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
+            factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s, every_s=CALIBRATE_S)
         self.intake_port = cfg.intake.port
         self.http_port = cfg.http.port
         self.intake: Intake | None = None
@@ -166,7 +167,6 @@ class Controller:
         """A recovery waits on the ranks (their stack dumps, an adopted gang's first heartbeats): the
         intake wakes the loop at each accepted heartbeat."""
         self.watch = CheckpointWatch(clock)  # the looks at the checkpoint root, off the loop
-        self._last_calibration = -CALIBRATE_S
         self.ready = False
         self._handoff = False
         """SIGTERM on a platform that keeps the gang through a controller restart: leave it running."""
@@ -458,7 +458,7 @@ class Controller:
             # a previous controller's gang is gone: continue its history with a new attempt
             self.attempt = int(saved.get("attempt", 0)) + 1
             self.history = saved["history"]
-            self.skip_steps = list(self.history.skip_steps)
+            self.skip_steps = self.history.skip_steps
             self.event("adopt_failed", detail="no live node of the saved gang; relaunching with the run's history")
         self.platform.exclude(list(self.history.excluded))
         slots = [s for s in self.platform.slots() if s not in self.history.excluded]
@@ -518,7 +518,7 @@ class Controller:
         """The saved run's attempt, launch and history, taken over by this controller."""
         self.state = self.state.continued(saved, self._from_unix)
         self.wire.launch_ids.append(self.launch_id)  # the running ranks' launch: only its frames are theirs
-        self.skip_steps = list(self.history.skip_steps)
+        self.skip_steps = self.history.skip_steps
         attempt = self.attempt
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
         self.registry.reset(attempt, len(self.nodes) * self.cfg.nproc_per_node)
@@ -624,14 +624,15 @@ class Controller:
                 self.finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
             return
         self._track_progress(now)
-        if self._standby_at is not None and now >= self._standby_at and self.phase == JobPhase.RUNNING:
-            self._standby_at = None
+        standby = self.memory.standby_at
+        if standby is not None and now >= standby and self.phase == JobPhase.RUNNING:
+            self.memory = dataclasses.replace(self.memory, standby_at=None)
             standing = self.platform.warm_up()  # the next relaunch finds its agents ready
             if standing:
                 log.info("event=agents_standing_by pids=%s (they import torch now; a relaunch takes them)", standing)
                 self.event("agents_standing_by", attempt=self.attempt, pids=standing)
-        if self._pending_stop is not None:
-            phase, reason = self._pending_stop
+        if self.memory.pending_stop is not None:
+            phase, reason = self.memory.pending_stop
             self.event("action", attempt=self.attempt, action="tear_down", reason=reason[:200])
             await self.platform.teardown(self.cfg.restart.teardown_grace_s)
             self.finish(phase, reason)
@@ -640,19 +641,10 @@ class Controller:
             return
         if await self._capacity(now) or await self._grow():
             return
-        if now - self._last_calibration >= CALIBRATE_S:
-            # step-time statistics move slowly: every few seconds is enough, and at 16k ranks
-            # recomputing them on every tick would cost more than the detectors themselves
-            self._last_calibration = now
-            step_times = [t for rec in reg.ranks.values() for t in rec.step_times]
-            h = self.cfg.health
-            self.timeouts = calibrate(step_times, heartbeat_s=self.cfg.heartbeat.timeout_s,
-                                      startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
-                                      factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s)
-            self.stragglers = straggler_scores(reg)
+        self.detection = reconcile.calibrated(self.detection, now, reg, self.calibration)
         self.memory, fault, findings = reconcile.fault(self.memory, self._look(now, logged=True), policy)
         if findings is not None:
-            self.findings = findings
+            self.detection = dataclasses.replace(self.detection, findings=tuple(findings))
         if fault is not None:
             await self._recover(fault)
 
@@ -662,7 +654,7 @@ class Controller:
         return reconcile.Look(
             now=now, nodes=self.node_status, registry=self.registry, attempt=self.attempt,
             gang=tuple(self.nodes), in_place_allowed=self.in_place_allowed, ahead_attempt=self.heard.ahead_attempt,
-            logged_steps=self._logged_steps() if logged else {}, timeouts=self.timeouts,
+            logged_steps=self._logged_steps() if logged else {}, timeouts=self.detection.timeouts,
             launched_at=self.launched_at)
 
     def _look_policy(self) -> reconcile.Policy:
@@ -758,7 +750,7 @@ class Controller:
         if all_heard and self.phase == JobPhase.STARTING:
             self.in_place_deadline = None  # a restart in place came back
             self.phase = JobPhase.RUNNING
-            self._standby_at = now + STANDBY_AFTER_S
+            self.memory = dataclasses.replace(self.memory, standby_at=now + STANDBY_AFTER_S)
             self.save_state()  # before the event: whoever reads "running" finds it in the state file too
             self.event("running", attempt=self.attempt, world_size=world)
         if self.heard.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):
@@ -827,8 +819,9 @@ class Controller:
         elif verdict == "conflict":
             self.event("checkpoint_root_conflict", roots=list(report.roots), detail=detail)
             # the gang is torn down before the verdict (_tick): nothing may keep training unwatched
-            self._pending_stop = (JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the "
-                                  "same --checkpoint-dir to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)")
+            self.memory = dataclasses.replace(self.memory, pending_stop=(
+                JobPhase.FAILED, f"{detail}: every rank must save to one shared root (give the same --checkpoint-dir "
+                "to every rank, or none: ranks read SUPERVISOR_CHECKPOINT_DIR)"))
             return False
         return True
 
@@ -933,7 +926,7 @@ class Controller:
         made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
         straggler_nodes = []
         if self.cfg.health.exclude_stragglers:
-            straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.stragglers.items()
+            straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.detection.stragglers.items()
                                       if s > self.cfg.health.straggler_threshold and r in self.registry.ranks})
         # what the ranks said about their restore, up to their last word (a rank that died
         # before all had reported still counts: its heartbeat is in the registry)
@@ -974,7 +967,7 @@ class Controller:
             job=self.cfg.job, now=now, unix=time.time(), phase=self.phase.value, attempt=self.attempt,
             run=self.run_no, run_started_unix=self.run_started, world_size=self.registry.world_size,
             timeout_s=self.cfg.heartbeat.timeout_s, straggler_threshold=self.cfg.health.straggler_threshold,
-            per_rank_limit=self.cfg.metrics_per_rank_limit, ranks=list(ranks.values()), stragglers=self.stragglers,
+            per_rank_limit=self.cfg.metrics_per_rank_limit, ranks=list(ranks.values()), stragglers=dict(self.detection.stragglers),
             hang_kind=hang.kind if hang is not None else None,
             hang_culprits=[] if hang is None else [(r, ranks[r].hb.node if r in ranks else ",".join(hang.nodes))
                                                    for r in (hang.ranks or (-1,))[:WORST_RANKS]],
@@ -994,7 +987,7 @@ class Controller:
             suspect_checkpoints=tuple(self.history.suspects), suspect_why=dict(self.history.suspect_why),
             checkpoint_root=str(self.ckpt_root), restored=self.restored,
             restore_refused=dict(self.heard.report.refused) if self.heard.report else {}, log_dir=str(self.log_dir),
-            restore_from=self.restore_from, findings=list(self.findings), timeouts=asdict(self.timeouts),
+            restore_from=self.restore_from, findings=list(self.detection.findings), timeouts=asdict(self.detection.timeouts),
             stop_reason=self.stop_reason, exit_code=EXIT_CODES.get(self.phase),
         )
 

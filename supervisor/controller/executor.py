@@ -142,7 +142,7 @@ class Executor:
 
         path = c.log_dir / "evidence" / f"attempt-{c.attempt}-{int(time.time())}-{fault.kind}.json"
         head = {"fault": fault.to_dict(), "attempt": c.attempt, "time": time.time(),
-                "findings": list(c.findings), "nodes": dict(c.node_status)}
+                "findings": list(c.detection.findings), "nodes": dict(c.node_status)}
         # built, encoded and written in a worker thread (16,384 ranks' heartbeats are megabytes)
         pruned = await asyncio.to_thread(_write_evidence, path, head, list(reg.ranks.items()), asked,
                                          self.awaited, answered, c.clock(), c.log_dir / "ranks")
@@ -368,7 +368,7 @@ class Executor:
             Env.LOG_DIR: str(rank_log_dir),
             Env.CHECKPOINT_DIR: str(c.ckpt_root),
             Env.HEARTBEAT_INTERVAL: str(c.cfg.heartbeat.interval_s),
-            Env.WATCHDOG: c.timeouts.watchdog_env(),
+            Env.WATCHDOG: c.detection.timeouts.watchdog_env(),
         } | ({Env.SKIP_STEPS: ",".join(map(str, c.skip_steps))} if c.skip_steps else {}) \
           | ({Env.IN_PLACE: str(in_place)} if in_place else {})
         return LaunchSpec(

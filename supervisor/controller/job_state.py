@@ -39,6 +39,10 @@ class JobState:
     ckpt_root: str = ""
     last_checkpoint: dict[str, Any] | None = None
     stop_reason: str = ""
+    require_checkpoint: bool = False
+    """The running attempt must restore a checkpoint (the job has had one): ranks refuse a fresh start."""
+    skip_steps: tuple[int, ...] = ()
+    """Steps whose batches the running attempt skips (a non-finite loss that came back)."""
     history: History = field(default_factory=History)
     recovery: Recovery | None = None
     """The fault being recovered from, at its stage (:mod:`~supervisor.controller.recovery`)."""

@@ -8,7 +8,7 @@ verdict out: no I/O, no clock of its own, no platform. The controller observes, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from supervisor.controller.decide import (
@@ -23,7 +23,7 @@ from supervisor.controller.decide import (
     rank_ended,
     restarted_in_place,
 )
-from supervisor.health import Registry, Timeouts, detect
+from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.model import WAIT_CANNOT_START, NodeState, NodeStatus
 from supervisor.protocol import OUTCOME_STOPPED, PHASE_DONE, PHASE_FAILED
 
@@ -44,6 +44,12 @@ class Memory:
     """Since when the cluster could not place the gang (None: placed, or not on such a platform)."""
     capacity_message: str = ""
     """What the cluster says of the wait (its scheduler's own words)."""
+    launched_at: float = 0.0
+    """When the running attempt was placed (its startup timeout runs from then)."""
+    standby_at: float | None = None
+    """When the platform's warm agents are refilled (the gang has been running a while)."""
+    pending_stop: tuple[Any, str] | None = None
+    """(phase, reason): the job stops at the next look, its gang torn down first."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,42 @@ class Look:
     """Ranks that ended: the last step their own log recorded in this attempt (see :func:`ended_ranks`)."""
     timeouts: Timeouts | None = None
     launched_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What the detectors run with and last found: the phase timeouts (calibrated from the ranks'
+    step times), each rank's straggler score, and the last look's findings."""
+
+    timeouts: Timeouts
+    stragglers: Mapping[int, float] = field(default_factory=dict)
+    findings: tuple = ()
+    calibrated_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    heartbeat_s: float
+    startup_s: float
+    checkpoint_s: float
+    factor: float
+    floor_s: float
+    ceiling_s: float
+    every_s: float = 2.0
+    """Step-time statistics move slowly: every few seconds is enough (at 16k ranks recomputing
+    them on every look would cost more than the detectors themselves)."""
+
+
+def calibrated(det: Detection, now: float, registry: Registry, cal: Calibration) -> Detection:
+    """The phase timeouts and straggler scores, recomputed from the ranks' step times when
+    ``cal.every_s`` has passed since the last time."""
+    if det.calibrated_at is not None and now - det.calibrated_at < cal.every_s:
+        return det
+    step_times = [t for rec in registry.ranks.values() for t in rec.step_times]
+    timeouts = calibrate(step_times, heartbeat_s=cal.heartbeat_s, startup_s=cal.startup_s,
+                         checkpoint_s=cal.checkpoint_s, factor=cal.factor, floor_s=cal.floor_s,
+                         ceiling_s=cal.ceiling_s)
+    return replace(det, timeouts=timeouts, stragglers=straggler_scores(registry), calibrated_at=now)
 
 
 @dataclass(frozen=True)
