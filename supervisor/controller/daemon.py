@@ -176,6 +176,19 @@ class Controller:
         """This controller left on SIGTERM with the gang running, for the next one to adopt."""
         return self._handoff
 
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for (a signal): the job ends, or is handed off, at the next look."""
+        return self._stop.is_set()
+
+    async def stopped_within(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a stop; whether one came."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
     def wake(self) -> None:
         """Have the loop look again now (not at its next tick)."""
         self._wake.set()
@@ -475,12 +488,10 @@ class Controller:
             self.finish(pick.phase, pick.reason)
             return
         self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        if saved:
-            # a restart a previous controller began (what it left may still hold the slots for a
-            # moment): retried like any relaunch
-            await self.executor.launch_retrying(slots[:size], pick, None)
-        else:
-            await self.executor.launch_unless_handed_off(slots[:size], pick, None)
+        # the loop's task (its pods may wait minutes for a node); a restart a previous controller
+        # began (what it left may still hold the slots for a moment) is retried like any relaunch
+        ex = self.executor
+        ex.start_launch(ex.launch_retrying(slots[:size], pick, None) if saved else ex.launch(slots[:size], pick))
 
     def _adopt(self, saved: dict, *, save: bool = True) -> None:
         self._continue(saved)
@@ -526,6 +537,8 @@ class Controller:
     # ------------------------------------------------------------------ the loop
     async def _reconcile_loop(self) -> None:
         while self.phase not in TERMINAL:
+            if self._stop.is_set():
+                await self.executor.settle_launch(abandon=self._handoff)
             if self._stop.is_set() and self._handoff:
                 self.save_state()
                 self.event("controller_handoff", attempt=self.attempt, phase=self.phase.value,
@@ -545,6 +558,9 @@ class Controller:
                              self.stop_reason or "stopped")
                 return
             self._renew_lease()
+            if not self.executor.launch_settled():  # a launch under way: its outcome is the next look's
+                await self._sleep(TICK_S)
+                continue
             try:
                 await self._tick()
             except PlatformError as exc:
@@ -715,11 +731,10 @@ class Controller:
                     verdict.reason)
         self.event("capacity_shrink", attempt=self.attempt, nodes=list(verdict.nodes), detail=verdict.reason)
         self.event("action", attempt=self.attempt, action="tear_down", reason="capacity_shrink")
-        timer = self.restarts.open
         left_out = [s for s in self.nodes if s not in verdict.nodes]
-        await self.executor.relaunch(list(verdict.nodes), grace_s=self.cfg.restart.teardown_grace_s, timer=timer)
-        if self.phase not in TERMINAL:
-            await self.platform.probe_capacity(left_out)  # to grow back when the cluster has room
+        await self.executor.relaunch(list(verdict.nodes), grace_s=self.cfg.restart.teardown_grace_s,
+                                     timer=self.restarts.open,
+                                     then=lambda: self.platform.probe_capacity(left_out))  # to grow back later
 
     async def _grow(self) -> bool:
         """A gang shrunk for capacity grows back when the cluster can place what it left out

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.controller.decide import (
     RUNG_KILL_NODE,
+    TERMINAL,
     Fault,
     JobPhase,
     Relaunch,
@@ -72,6 +73,9 @@ class Executor:
         self.asked: dict[int, int] = {}  # rank -> the sequence number of the dump order it was sent
         self.awaited: frozenset[int] = frozenset()
         self.in_place: bool | None = None
+        self.launching: asyncio.Task | None = None
+        """A launch under way (it may wait minutes for its pods): the loop goes on meanwhile (the
+        lease, a stop, the HTTP API, the intake) and takes its outcome as its next observation."""
         fault = os.environ.get(CONTROLLER_FAULT, "")
         self._die_before = fault.removeprefix("die_before=") if fault.startswith("die_before=") else ""
 
@@ -79,6 +83,50 @@ class Executor:
         """Every rank the evidence waits for has dumped its stacks (a heartbeat naming the order)."""
         ranks = self.c.registry.ranks
         return all(r in ranks and ranks[r].hb.dump_seq >= self.asked[r] for r in self.awaited)
+
+    # ------------------------------------------------------------------ the launch, a task
+    def start_launch(self, body: Awaitable[None]) -> None:
+        """Run ``body`` (a launch, with what follows it) as the task the loop waits on."""
+        assert self.launching is None or self.launching.done(), "one launch at a time"
+        self.launching = asyncio.ensure_future(body)
+        self.launching.add_done_callback(lambda _task: self.c.wake())  # its outcome is looked at at once
+
+    def launch_settled(self) -> bool:
+        """Whether no launch is under way; a launch that ended is taken in (what it raised is
+        raised here: a first launch's platform error ends the controller, as it always did)."""
+        task = self.launching
+        if task is None:
+            return True
+        if not task.done():
+            return False
+        self.launching = None
+        task.result()
+        return True
+
+    async def settle_launch(self, *, abandon: bool) -> None:
+        """Before the controller stops: a launch under way is let end (a stop: the teardown then
+        finds every process it made) or abandoned at once (a SIGTERM hand-off: its pods may wait
+        minutes for a node; the state says the restart is unfinished and the next controller
+        finishes it)."""
+        task, self.launching = self.launching, None
+        if task is None:
+            return
+        if not abandon or task.done():
+            try:
+                await task
+            except PlatformError as exc:
+                log.error("event=launch_failed error=%s (stopping)", exc)
+            return
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, PlatformError):
+            pass
+        c = self.c
+        log.warning("event=launch_abandoned attempt=%d (SIGTERM hand-off: the next controller finishes the restart)",
+                    c.attempt)
+        c.event("launch_abandoned", attempt=c.attempt,
+                detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
 
     async def run(self, action: Action, rec: Recovery, *, resumed: bool = False) -> None:
         """Carry out ``action`` of ``rec`` (``resumed``: again, by a controller that replaced the
@@ -114,7 +162,7 @@ class Executor:
             await self._plan_next(rec)
         elif isinstance(action, Launch):
             c.attempt = action.attempt
-            await self.launch_retrying(list(action.nodes), action.restore_from, c.restarts.current)
+            self.start_launch(self.launch_retrying(list(action.nodes), action.restore_from, c.restarts.current))
         else:  # pragma: no cover - every action of recovery.Action is handled above
             raise TypeError(f"no executor for {action!r}")
 
@@ -201,11 +249,12 @@ class Executor:
             c.event("emergency_checkpoint", name=c.latest_ckpt["name"], step=c.latest_ckpt["step"], detail=saved)
 
     async def relaunch(self, nodes: list[str], *, grace_s: float, timer: RestartTimer | None = None,
-                       saved: str = "") -> None:
+                       saved: str = "", then: Callable[[], Awaitable[None]] | None = None) -> None:
         """A planned relaunch on ``nodes`` (not a fault's): the gang goes (``grace_s``; with the
         ranks' SIGTERM grace they save on the way out, and ``saved`` says so in an event when they
         did), the root is looked at, and the next attempt resumes from its newest usable
-        checkpoint; with none left the job stops."""
+        checkpoint (launched as the loop's task; ``then`` follows a launch that did not end the
+        job); with none left the job stops."""
         c = self.c
         await self.tear_down_saving(grace_s, saved)
         pick = c.choose_checkpoint()
@@ -213,7 +262,13 @@ class Executor:
             c.finish(pick.phase, pick.reason)
             return
         c.attempt = next_attempt(c.attempt, c.launch_attempt, c.in_place_allowed)
-        await self.launch_retrying(list(nodes), pick, timer)
+
+        async def launch_then() -> None:
+            await self.launch_retrying(list(nodes), pick, timer)
+            if then is not None and c.phase not in TERMINAL and not c.stopping:
+                await then()
+
+        self.start_launch(launch_then())
 
     async def launch_retrying(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None) -> None:
         """A relaunch: a failed launch is torn down and tried again (LAUNCH_TRIES, with a back-off
@@ -221,19 +276,16 @@ class Executor:
         c = self.c
         for attempt_no in range(1, LAUNCH_TRIES + 1):
             try:
-                await self.launch_unless_handed_off(nodes, restore_from, timer)
+                await self.launch(nodes, restore_from, timer)
                 return
             except PlatformError as exc:
                 log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
                 c.event("launch_failed", attempt=c.attempt, error=str(exc), try_=attempt_no)
                 await c.platform.teardown(c.cfg.restart.teardown_grace_s)
-                if c._stop.is_set():
+                if c.stopping:
                     return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
-                try:
-                    await asyncio.wait_for(c._stop.wait(), min(30.0, 2.0 ** attempt_no))
+                if await c.stopped_within(min(30.0, 2.0 ** attempt_no)):
                     return
-                except asyncio.TimeoutError:
-                    pass
         c.finish(JobPhase.FAILED, f"the platform could not launch attempt {c.attempt} ({LAUNCH_TRIES} tries)")
 
     async def try_in_place(self, fault: Fault, timer: RestartTimer) -> bool:
@@ -287,32 +339,6 @@ class Executor:
         await self.arm(list(decision.nodes), decision.restore_from, timer, None)
         c.in_place_deadline = c.clock() + c.cfg.restart.in_place_timeout_s
         return True
-
-    async def launch_unless_handed_off(self, nodes: list[str], restore_from: str | None,
-                                        timer: RestartTimer | None) -> None:
-        """Launch; a SIGTERM hand-off meanwhile abandons the launch at once (its pods may wait
-        minutes for a node): the state says the restart is unfinished, and the next controller
-        finishes it. A plain stop lets the launch end first, so that its teardown finds every
-        process the launch made."""
-        c = self.c
-        launch = asyncio.ensure_future(self.launch(nodes, restore_from, timer))
-        stopped = asyncio.ensure_future(c._stop.wait())
-        try:
-            await asyncio.wait({launch, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if launch.done() or not c._handoff:
-            await launch
-            return
-        launch.cancel()
-        try:
-            await launch
-        except (asyncio.CancelledError, PlatformError):
-            pass
-        log.warning("event=launch_abandoned attempt=%d (SIGTERM hand-off: the next controller finishes the restart)",
-                    c.attempt)
-        c.event("launch_abandoned", attempt=c.attempt,
-                detail="SIGTERM hand-off during the launch: the next controller finishes this restart")
 
     async def launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
         c = self.c
