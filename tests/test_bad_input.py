@@ -186,7 +186,7 @@ def test_status_on_a_bad_state_file_says_why_and_fresh_sets_it_aside(tmp_path, b
     path = log_dir / state_file.STATE_FILE
     with pytest.raises(state_file.StateError):
         state_file.load(path)
-    # what --fresh does with a state it cannot use (controller/daemon.py: _open_history)
+    # what --fresh does with a state it cannot use (controller/startup.py: Startup.open_history)
     where = state_file.archive(path, "unreadable")
     assert not path.exists() and where.parent == log_dir and where.name.startswith("supervisor-state.unreadable-")
 

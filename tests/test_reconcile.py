@@ -14,12 +14,16 @@ from supervisor.controller.reconcile import (
     Memory,
     Placed,
     Policy,
+    Reported,
+    Running,
+    SavesTo,
     Waiting,
     calibrated,
     ended,
     ended_ranks,
     fault,
     placement,
+    started,
 )
 from supervisor.health import Registry, Timeouts
 from supervisor.model import NodeState, NodeStatus
@@ -195,3 +199,30 @@ def test_timeouts_follow_the_step_times_seen_at_most_every_few_seconds_and_name_
 def test_calibrated_timeouts_stay_between_the_floor_and_the_ceiling(seconds, phase_s):
     got = calibrated(Detection(TIMEOUTS), 100.0, stepping({0: seconds, 1: seconds}), CAL)
     assert got.timeouts.compute_s == got.timeouts.collective_s == got.timeouts.data_s == phase_s
+
+
+# ---------------------------------------------------------------------------- the gang's start
+@pytest.mark.parametrize("beats,kw,said", [
+    # one rank of two heard: nothing yet
+    ([hb(0)], {"starting": True}, []),
+    # both heard while starting: it runs (no restore report yet: the ranks are still restoring)
+    ([hb(0), hb(1)], {"starting": True}, [Running]),
+    # both reported their restore: it runs, and the report is taken, once
+    ([hb(0, restore_state="restored", restored="step-10"), hb(1, restore_state="restored", restored="step-10")],
+     {"starting": True}, [Running, Reported]),
+    ([hb(0, restore_state="restored", restored="step-10"), hb(1, restore_state="restored", restored="step-10")],
+     {"starting": False, "reported": True}, []),
+    # ranks that save without restoring say where: checked once
+    ([hb(0, ckpt_root="/ck"), hb(1, ckpt_root="/ck")], {"starting": False}, [SavesTo]),
+    ([hb(0, ckpt_root="/ck"), hb(1, ckpt_root="/ck")], {"starting": False, "root_judged": True}, []),
+    # one rank has not said where it saves: not yet
+    ([hb(0, ckpt_root="/ck"), hb(1)], {"starting": False}, []),
+])
+def test_the_start_of_an_attempt_is_said_once_each_running_restore_report_where_ranks_save(beats, kw, said):
+    got = started(registry(*beats), **({"reported": False, "root_judged": False} | kw))
+    assert [type(v) for v in got] == said
+    for v in got:
+        if isinstance(v, Reported):
+            assert (v.report.state, v.report.restored, v.report.ranks_reported) == ("restored", "step-10", 2)
+        elif isinstance(v, SavesTo):
+            assert v.report.roots == ("/ck",) and v.report.state == ""

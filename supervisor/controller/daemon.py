@@ -9,7 +9,11 @@ Tasks (each named; one that dies unexpectedly stops the daemon loudly):
 * ``reconcile``: every ``TICK_S`` (sooner while a recovery waits): ask the platform for node
   states, ask the pure layer what follows (:mod:`~supervisor.controller.reconcile`: completed,
   a fault, a capacity wait; :mod:`~supervisor.controller.recovery`: the recovery's next step),
-  save, and have :mod:`~supervisor.controller.executor` carry it out.
+  save, and have :mod:`~supervisor.controller.executor` carry it out; a launch is the
+  executor's task, whose outcome the loop takes as its next look.
+
+How a controller takes up its job (the saved state, token, ports, the first launch or an
+adoption) is :mod:`~supervisor.controller.startup`'s.
 
 A small state file (``LOG_DIR/supervisor-state.json``, written durably on every change; see
 :mod:`supervisor.controller.state`) lets a restarted controller adopt the running gang
@@ -33,18 +37,18 @@ from typing import Any
 from supervisor.checkpoint.cache import Scan
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.config import JobConfig
-from supervisor.controller import preflight, reconcile
+from supervisor.controller import reconcile
 from supervisor.controller import recovery as recovery_step
 from supervisor.controller import state as state_file
-from supervisor.controller import token as job_token
 from supervisor.controller.executor import Executor
 from supervisor.controller.intake import Intake, Wire, grow_receive_buffer
 from supervisor.controller.job_state import Heard, InState, JobState, as_path, as_tuple
 from supervisor.controller.recovery import Stage
 from supervisor.controller.restarts import Restarts
+from supervisor.controller.startup import JobAlreadyFinished, Startup, launched_as
 from supervisor.controller.view import JobView, render_status
 from supervisor.controller.watch import CheckpointWatch
-from supervisor.files import rotate, set_aside
+from supervisor.files import rotate
 from supervisor.metrics import WORST_RANKS
 from supervisor.controller.decide import (
     EXIT_CODES,
@@ -57,7 +61,6 @@ from supervisor.controller.decide import (
     Shrink,
     Stop,
     grow,
-    gang_size,
     note_refusals,
     pick_checkpoint,
     plan_next,
@@ -87,12 +90,6 @@ EVENTS_MAX_BYTES = 64 << 20
 EVENTS_KEPT = 8
 """Archived generations of events.jsonl kept beside it (the oldest beyond them is removed): at most
 (1 + EVENTS_KEPT) x EVENTS_MAX_BYTES in all, tens of thousands of faults' worth."""
-
-
-class JobAlreadyFinished(Exception):
-    def __init__(self, saved: dict) -> None:
-        super().__init__(saved.get("phase"))
-        self.saved = saved
 
 
 class Controller:
@@ -138,7 +135,6 @@ class Controller:
         self._linger_cut = False
         self._lease_renewed = -LEASE_RENEW_S
         self._lease_lost_told = False
-        self._old_gang: dict | None = None  # --fresh over a live run: its gang, to stop through the platform
         self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
         self.wire = Wire()  # the job token and its keys, this run's launch ids, what the intake counted
@@ -150,6 +146,7 @@ class Controller:
         self.node_status: dict[str, NodeStatus] = {}
         self.restarts = Restarts()  # each restart's timer, the last fault (the views show them)
         self.executor = Executor(self)
+        self.startup = Startup(self)
         h = cfg.health
         self.detection = reconcile.Detection(Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s,
                                                       checkpoint_s=h.checkpoint_timeout_s))
@@ -214,7 +211,7 @@ class Controller:
             self.event("job_lease_taken_over", previous=self._lock.took_over)
             log.warning("event=job_lease_taken_over previous=%s", self._lock.took_over)
         try:
-            saved = self._open_history()
+            saved = self.startup.open_history()
         except JobAlreadyFinished as done:
             prev = done.saved
             self.phase, self.stop_reason = JobPhase(prev["phase"]), prev.get("stop_reason", "")
@@ -227,25 +224,25 @@ class Controller:
         for name, fields in self.platform.notices():
             self.event(name, **fields)
             log.warning("event=%s %s", name, " ".join(f"{k}={v}" for k, v in fields.items()))
-        if self._old_gang is not None:
-            old = self._old_gang
-            if await self.platform.adopt(old.get("platform", {}), _launched_as(old)):
+        if self.startup.old_gang is not None:
+            old = self.startup.old_gang
+            if await self.platform.adopt(old.get("platform", {}), launched_as(old)):
                 self.event("old_gang_stopped", attempt=old["attempt"], detail="--fresh: what was left of the previous "
                            "run's gang, through the platform")
                 await self.platform.teardown(self.cfg.restart.kill_grace_s)
         adopt_gang = False
         if saved and JobPhase(saved["phase"]) not in TERMINAL:
-            adopt_gang = await self.platform.adopt(saved.get("platform", {}), _launched_as(saved))
+            adopt_gang = await self.platform.adopt(saved.get("platform", {}), launched_as(saved))
         if not adopt_gang:
             self.platform.warm_up()  # the first launch follows: its agents import torch meanwhile
-        self._init_token(saved)
+        self.startup.init_token(saved)
         loop = asyncio.get_running_loop()
-        transport, self.intake = await self._bind_intake(loop, saved, adopt_gang)
+        transport, self.intake = await self.startup.bind_intake(loop, saved, adopt_gang)
         self.intake_port = transport.get_extra_info("sockname")[1]
         grow_receive_buffer(transport.get_extra_info("socket"))
         from supervisor.controller.http import start_http
 
-        runner = await self._bind_http(start_http, saved)
+        runner = await self.startup.bind_http(start_http, saved)
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, self.request_stop, sig)
@@ -259,16 +256,16 @@ class Controller:
             resume = saved is not None and saved.get("recovery") is not None and \
                 JobPhase(saved["phase"]) not in TERMINAL
             if adopt_gang:
-                self._adopt(saved, save=not resume)  # (a resumed recovery saves itself)
+                self.startup.adopt(saved, save=not resume)  # (a resumed recovery saves itself)
             elif resume:
-                await self._preflight()
-                self._continue(saved)
+                await self.startup.run_preflight()
+                self.startup.take_over(saved)
                 self.event("adopt_failed", detail="no live node of the saved gang; finishing the recovery it was in")
             else:
-                await self._preflight()
-                await self._first_launch(saved)
+                await self.startup.run_preflight()
+                await self.startup.first_launch(saved)
             if resume:
-                self._resume_recovery(saved, gang_found=adopt_gang)
+                self.startup.resume_recovery(saved, gang_found=adopt_gang)
             self.ready = True
             await self._reconcile_loop()
             await self._linger()
@@ -302,7 +299,7 @@ class Controller:
         from supervisor.controller.http import start_http
 
         self.ready = True  # ready to be scraped and asked: the Service lists only ready pods
-        runner = await self._bind_http(start_http, {"http_port": self.http_port} if self.http_port else None)
+        runner = await self.startup.bind_http(start_http, {"http_port": self.http_port} if self.http_port else None)
         log.info("event=serving_verdict phase=%s http=%s:%s", self.phase.value, self.cfg.http.host, self.http_port)
         try:
             await until.wait()
@@ -330,209 +327,6 @@ class Controller:
         self.stop_requested = True
         self._stop.set()
         self._wake.set()
-
-    def _open_history(self) -> dict | None:
-        """The saved state this controller continues, or None for a new run.
-
-        A live or interrupted run (not in a terminal phase) is continued: its gang adopted, or
-        its history carried on. A finished run's state is archived and a new run starts with a
-        new history; an event says what it inherits (nothing but the checkpoints on disk).
-        With ``fresh``, any saved state (even an unreadable one) is archived after what is
-        left of its gang has been stopped.
-        """
-        try:
-            saved = state_file.load(self.state_path)
-        except state_file.StateError:
-            if not self.fresh:
-                raise
-            saved = None
-            self._stop_strays()
-            where = state_file.archive(self.state_path, "unreadable")
-            self.event("run_started", run=1, fresh=True, previous_state=str(where),
-                       inherited="nothing: the previous state was unreadable; checkpoints on disk are discovered "
-                                 "again and verified by the ranks")
-            return None
-        if saved is not None and saved["job"] != self.cfg.job:
-            if not self.fresh and JobPhase(saved["phase"]) not in TERMINAL:
-                # its gang may be running: never leave it neither adopted nor stopped
-                raise state_file.StateError(
-                    f"{self.log_dir} holds the state of another job ({saved['job']!r}, phase {saved['phase']}), whose "
-                    f"gang may still be running: give this job ({self.cfg.job!r}) its own --log-dir, or use --fresh "
-                    "to stop what is left of that job and start this one here")
-            if self.fresh and JobPhase(saved["phase"]) not in TERMINAL:
-                self._stop_strays()
-            where = state_file.archive(self.state_path, f"job-{saved['job'][:40]}")
-            log.warning("event=state_file_of_another_job job=%s archived=%s", saved["job"], where)
-            saved = None
-        if saved is None:
-            if not self.fresh:
-                self.event("run_started", run=1, inherited="nothing (no previous run in this log directory)")
-            return None
-        phase = JobPhase(saved["phase"])
-        if phase in TERMINAL and phase != JobPhase.REQUEUED and not self.fresh and not self.platform.reruns_finished:
-            # restarted after the end (a Deployment restarts what exits): the verdict stands
-            raise JobAlreadyFinished(saved)
-        # a planned requeue is the same run going on in a new allocation: its history continues
-        if self.fresh or (phase in TERMINAL and phase != JobPhase.REQUEUED):
-            if self.fresh and phase not in TERMINAL:
-                self._stop_strays()
-                self._old_gang = saved  # stopped through the platform too (Slurm steps on other nodes)
-            where = state_file.archive(self.state_path, f"run{saved.get('run', 1)}")
-            ranks_dir = self.log_dir / "ranks"
-            if ranks_dir.exists():  # the ranks' own logs (steps, stacks) are that run's evidence too
-                set_aside(ranks_dir, f"run{saved.get('run', 1)}")
-            self.run_no = int(saved.get("run", 1)) + 1
-            self.event("run_started", run=self.run_no, fresh=self.fresh,
-                       previous_run={"phase": saved["phase"], "attempt": saved["attempt"],
-                                     "exit_code": saved.get("exit_code"), "reason": saved.get("stop_reason", ""),
-                                     "state": str(where)},
-                       inherited="nothing: attempts, restarts, suspect checkpoints, excluded nodes and the "
-                                 "no-progress count start fresh; checkpoints on disk are discovered again and "
-                                 "fully verified by the ranks")
-            log.info("event=run_started run=%d previous_phase=%s previous_state=%s", self.run_no, saved["phase"], where)
-            return None
-        self.run_no = int(saved.get("run", 1))
-        self.run_started = float(saved.get("run_started", time.time()))
-        if phase == JobPhase.REQUEUED:
-            self.event("requeue_resumed", run=self.run_no, attempt=saved["attempt"],
-                       detail="the requeued job continues its run's history from the newest verified checkpoint")
-        if saved.get("ckpt_root"):
-            self.ckpt_root = Path(saved["ckpt_root"])
-        return saved
-
-    def _stop_strays(self) -> None:
-        """``--fresh``: no process of an earlier gang of this job may outlive its record."""
-        pids = self.platform.stop_strays(self.log_dir / "ranks")
-        if pids:
-            log.warning("event=strays_killed pids=%s (processes of an earlier gang of this job)", pids)
-            self.event("strays_killed", pids=pids)
-
-    async def _bind_intake(self, loop, saved: dict | None, adopt_gang: bool):
-        """The heartbeat port: an adopted gang's ranks send to the saved one, so it must be had;
-        otherwise the configured one (0: any free port)."""
-        port = int(saved.get("intake_port", 0)) if (saved and adopt_gang) else self.intake_port
-        try:
-            return await loop.create_datagram_endpoint(lambda: Intake(self), local_addr=(self.cfg.intake.host, port))
-        except OSError as exc:
-            if adopt_gang:  # the gang was only looked at: it runs on, untouched
-                raise state_file.StateError(
-                    f"the running gang sends its heartbeats to {self.cfg.intake.host}:{port}, which this controller "
-                    f"cannot bind ({exc}); another process holds it (`ss -ulpn 'sport = :{port}'` names it). Stop "
-                    "that process and run the same command again to adopt the gang, or use --fresh to stop the "
-                    "gang and start a new run.") from None
-            raise state_file.StateError(f"cannot bind the heartbeat port {self.cfg.intake.host}:{port}: {exc}") from None
-
-    async def _bind_http(self, start_http, saved: dict | None):
-        """The HTTP port: the one given wins; else the saved one (scrapers know it) when free; else any."""
-        given = self.cfg.http.port
-        candidates = [given] if given else ([int(saved["http_port"])] if saved and saved.get("http_port") else []) + [0]
-        for i, port in enumerate(candidates):
-            try:
-                return await start_http(self, self.cfg.http.host, port)
-            except OSError as exc:
-                if given or i == len(candidates) - 1:
-                    raise state_file.StateError(f"cannot serve HTTP on {self.cfg.http.host}:{port}: {exc}") from None
-                log.warning("event=http_port_taken port=%d error=%s action=use_a_free_port", port, exc)
-                self.event("http_port_changed", old=port, reason=str(exc))
-        raise AssertionError("unreachable")
-
-    async def _preflight(self) -> None:
-        """The commonest mistakes as one clear line before anything is launched (off the loop:
-        the interpreter probe may take seconds). The command is checked here only where this host
-        shares the workers' environment (``Platform.checks_command_here``); elsewhere each node's
-        agent checks it before it starts ranks (``LaunchSpec.check_command``)."""
-        try:
-            warnings = await asyncio.to_thread(preflight.check, self.cfg.command,
-                                               dict(os.environ) | dict(self.cfg.env), self.ckpt_root,
-                                               command_here=self.platform.checks_command_here)
-        except preflight.PreflightError as exc:
-            self.event("preflight_failed", error=str(exc))
-            raise state_file.StateError(str(exc)) from None
-        for w in warnings:
-            log.warning("event=preflight_warning %s", w)
-            self.event("preflight_warning", warning=w)
-
-    def _init_token(self, saved: dict | None) -> None:
-        """A continued run keeps its token (its live ranks hold it); a new run gets a new one."""
-        try:
-            provided = self.platform.job_token()
-        except PlatformError as exc:
-            raise state_file.StateError(str(exc)) from None
-        if provided is not None:
-            self.wire.token = provided
-            return
-        try:
-            self.wire.token = job_token.load_or_create(self.log_dir / "token", reuse=bool(saved))
-        except job_token.TokenError as exc:
-            raise state_file.StateError(str(exc)) from None
-
-    async def _first_launch(self, saved: dict | None) -> None:
-        if saved:
-            # a previous controller's gang is gone: continue its history with a new attempt
-            self.attempt = int(saved.get("attempt", 0)) + 1
-            self.history = saved["history"]
-            self.skip_steps = self.history.skip_steps
-            self.event("adopt_failed", detail="no live node of the saved gang; relaunching with the run's history")
-        self.platform.exclude(list(self.history.excluded))
-        slots = [s for s in self.platform.slots() if s not in self.history.excluded]
-        n = self.cfg.nodes
-        size = gang_size(len(slots), n.min, n.max, self.cfg.nproc_per_node, n.world_sizes, n.world_size_multiple_of)
-        if size is None:
-            self.finish(JobPhase.STOPPED_NO_CAPACITY,
-                         f"{len(slots)} node slots and no node count in [{n.min}, {n.max}] with a world size the job "
-                         f"accepts (world_sizes={list(n.world_sizes)}, multiple of {n.world_size_multiple_of})")
-            return
-        await self.look_at_checkpoints()
-        pick = self.choose_checkpoint()
-        if isinstance(pick, Stop):
-            self.finish(pick.phase, pick.reason)
-            return
-        self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        # the loop's task (its pods may wait minutes for a node); a restart a previous controller
-        # began (what it left may still hold the slots for a moment) is retried like any relaunch
-        ex = self.executor
-        ex.start_launch(ex.launch_retrying(slots[:size], pick, None) if saved else ex.launch(slots[:size], pick))
-
-    def _adopt(self, saved: dict, *, save: bool = True) -> None:
-        self._continue(saved)
-        self.launched_at = self.clock()
-        self.phase = JobPhase.STARTING
-        self.event("adopted", attempt=self.attempt, nodes=self.nodes)
-        log.info("event=adopted attempt=%d nodes=%s (the running gang was not touched)", self.attempt, self.nodes)
-        if save:
-            self.save_state()
-
-    def _resume_recovery(self, saved: dict, *, gang_found: bool) -> None:
-        """Go on with the recovery the saved state was in (:func:`~.recovery.resume`), with its
-        restart's timer: the gang, where it was found, is adopted first."""
-        # an adopted gang's ranks are heard again within a heartbeat interval or two: their stacks
-        # are asked for, and an abort sent, once their reply addresses are known
-        rec = recovery_step.resume(self.recovery, gang_found=gang_found, now=self.clock(),
-                                   hold_s=2 * self.cfg.heartbeat.interval_s + 0.5)
-        t = RestartTimer.from_saved(saved["restart_timer"], self._from_unix) if saved.get("restart_timer") else None
-        self.recovery = rec
-        self.executor.in_place = None
-        self.phase = JobPhase.RECOVERING
-        fault = rec.fault
-        self.restarts.begin(fault, self.attempt, t, unix=self._to_unix(t.detected_at) if t is not None else time.time(),
-                            culprits=[(r, ",".join(fault.nodes)) for r in fault.ranks or (-1,)])
-        if not gang_found:
-            self.platform.exclude(list(self.history.excluded))
-        log.warning("event=recovery_resumed attempt=%d kind=%s stage=%s rung=%d gang_found=%s", self.attempt,
-                    rec.fault.kind, rec.stage.value, rec.rung, gang_found)
-        self.event("recovery_resumed", attempt=self.attempt, kind=rec.fault.kind, stage=rec.stage.value, rung=rec.rung,
-                   gang_found=gang_found, detail="the previous controller stopped in the middle of this recovery; "
-                   "this one finishes it from that stage")
-        self.save_state()
-
-    def _continue(self, saved: dict) -> None:
-        """The saved run's attempt, launch and history, taken over by this controller."""
-        self.state = self.state.continued(saved, self._from_unix)
-        self.wire.launch_ids.append(self.launch_id)  # the running ranks' launch: only its frames are theirs
-        self.skip_steps = self.history.skip_steps
-        attempt = self.attempt
-        self.require_checkpoint = self.history.had_checkpoint and not self.cfg.restart.allow_fresh_start
-        self.registry.reset(attempt, len(self.nodes) * self.cfg.nproc_per_node)
 
     # ------------------------------------------------------------------ the loop
     async def _reconcile_loop(self) -> None:
@@ -760,23 +554,22 @@ class Controller:
 
     def _track_progress(self, now: float) -> None:
         reg = self.registry
-        world = reg.world_size
-        all_heard = world > 0 and len(reg.ranks) == world
-        if all_heard and self.phase == JobPhase.STARTING:
-            self.in_place_deadline = None  # a restart in place came back
-            self.phase = JobPhase.RUNNING
-            self.memory = dataclasses.replace(self.memory, standby_at=now + STANDBY_AFTER_S)
-            self.save_state()  # before the event: whoever reads "running" finds it in the state file too
-            self.event("running", attempt=self.attempt, world_size=world)
-        if self.heard.report is None and all_heard and all(rec.hb.restore_state for rec in reg.ranks.values()):
-            self._on_restore_reported(restore_report(rec.hb for rec in reg.ranks.values()))
-            if self.phase in TERMINAL:
-                return
-        elif (self.heard.report is None and all_heard and not self.heard.root_judged
-              and all(rec.hb.ckpt_root for rec in reg.ranks.values())):
-            # ranks that save without restoring (no restore report comes) still say where they save
-            self.heard.root_judged = True
-            self._judge_root(restore_report(rec.hb for rec in reg.ranks.values()))
+        for said in reconcile.started(reg, starting=self.phase == JobPhase.STARTING,
+                                      reported=self.heard.report is not None, root_judged=self.heard.root_judged):
+            if isinstance(said, reconcile.Running):
+                self.in_place_deadline = None  # a restart in place came back
+                self.phase = JobPhase.RUNNING
+                self.memory = dataclasses.replace(self.memory, standby_at=now + STANDBY_AFTER_S)
+                self.save_state()  # before the event: whoever reads "running" finds it in the state file too
+                self.event("running", attempt=self.attempt, world_size=said.world_size)
+            elif isinstance(said, reconcile.Reported):
+                self._on_restore_reported(said.report)
+                if self.phase in TERMINAL:
+                    return
+            else:
+                self.heard.root_judged = True
+                self._judge_root(said.report)
+        all_heard = 0 < reg.world_size == len(reg.ranks)
         hbs = [rec.hb for rec in reg.ranks.values()] if self.restarts.open is not None else []
         for told in self.restarts.progress(now, attempt=self.attempt, all_heard=all_heard,
                                            steps_done=[hb.steps_done for hb in hbs],
@@ -1043,23 +836,18 @@ class Controller:
         # the job's state, and beside it what only this controller knows (where it listens, what
         # its platform runs) and the restart under way's timer
         timer = self.restarts.open
-        state_file.save(self.state_path, self.state.to_saved(self._to_unix) | {
+        state_file.save(self.state_path, self.state.to_saved(self.to_unix) | {
             "intake_port": self.intake_port, "http_port": self.http_port, "http_host": self.cfg.http.host,
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
-        } | ({"restart_timer": timer.to_saved(self._to_unix)} if timer is not None else {})
+        } | ({"restart_timer": timer.to_saved(self.to_unix)} if timer is not None else {})
           | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}), durable=durable)
 
-    def _to_unix(self, t: float) -> float:
+    def to_unix(self, t: float) -> float:
         """A time of this controller's clock as wall-clock time (what a replacement can read)."""
         return time.time() - (self.clock() - t)
 
-    def _from_unix(self, unix: float) -> float:
+    def from_unix(self, unix: float) -> float:
         return self.clock() - (time.time() - unix)
-
-
-def _launched_as(saved: dict) -> int:
-    """The attempt a saved gang's agents were launched with (later ones were restarts in place)."""
-    return int(saved.get("launch_attempt", saved["attempt"]))
 
 
 def _last_logged_step(path: Path, attempt: int) -> int | None:

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 from supervisor.controller.decide import (
     RUNG_TEARDOWN,
     CapacityWait,
+    RestoreReport,
     Fault,
     Shrink,
     Stop,
@@ -22,6 +23,7 @@ from supervisor.controller.decide import (
     completed,
     rank_ended,
     restarted_in_place,
+    restore_report,
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.model import WAIT_CANNOT_START, NodeState, NodeStatus
@@ -221,6 +223,47 @@ def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None
         if now - since < max(policy.secondary_grace_s, policy.heartbeat_timeout_s + 1.0):
             return replace(mem, secondary_since=since), None, findings
     return replace(mem, secondary_since=None), found, findings
+
+
+# ---------------------------------------------------------------------------- the gang's start
+@dataclass(frozen=True)
+class Running:
+    """Every rank of the starting gang has been heard: it runs."""
+
+    world_size: int
+
+
+@dataclass(frozen=True)
+class Reported:
+    """Every rank has said how its restore went (the attempt's first report)."""
+
+    report: RestoreReport
+
+
+@dataclass(frozen=True)
+class SavesTo:
+    """Ranks that save without restoring (no restore report comes) have said where they save."""
+
+    report: RestoreReport
+
+
+def started(registry: Registry, *, starting: bool, reported: bool, root_judged: bool) -> list[Running | Reported | SavesTo]:
+    """What the ranks' heartbeats say of the attempt's start, once each: it runs (``starting``:
+    the controller still says it starts), how the restore went (``reported``: already said), or,
+    without a restore, where the ranks save (``root_judged``: already checked)."""
+    ranks = registry.ranks
+    world = registry.world_size
+    if not (world > 0 and len(ranks) == world):
+        return []
+    out: list[Running | Reported | SavesTo] = [Running(world)] if starting else []
+    if reported:
+        return out
+    beats = [rec.hb for rec in ranks.values()]
+    if all(hb.restore_state for hb in beats):
+        out.append(Reported(restore_report(beats)))
+    elif not root_judged and all(hb.ckpt_root for hb in beats):
+        out.append(SavesTo(restore_report(beats)))
+    return out
 
 
 # ---------------------------------------------------------------------------- placement
