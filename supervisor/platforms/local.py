@@ -293,8 +293,7 @@ class LocalPlatform(Platform):
     async def teardown(self, grace_s: float) -> None:
         """SIGTERM every process of the gang; once its ranks have ended (or ``grace_s`` ran out)
         SIGKILL what is left. The grace is the ranks' (an emergency checkpoint, a last heartbeat):
-        an agent whose ranks are gone has nothing left to do, and its orderly exit (closing its
-        rendezvous, ending an interpreter that imported torch) took ~1.2 s of every restart."""
+        an agent whose ranks are gone is not waited for (its orderly exit cost ~1.2 s a restart)."""
         live = [n for n in self.nodes.values() if not n.gone]
         for node in live:
             node.killed_by_us = True

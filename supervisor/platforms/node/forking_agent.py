@@ -59,10 +59,8 @@ controller could not: ``LaunchSpec.check_command``). Its own interpreter's torch
 PRELOAD_ENV = "SUPERVISOR_FORK_PRELOAD"
 PRELOAD = ("torch.distributed.checkpoint", "torch.nn.parallel", "supervisor.worker", "torch._dynamo")
 """What the agent imports for its ranks before it forks them (``SUPERVISOR_FORK_PRELOAD``: a
-comma-separated list instead). A module that fails to import is skipped: the rank that needs
-it imports it itself and reports the error as it would have anyway. ``torch._dynamo`` is the
-agent's own: torch's log formatter imports it (0.6-0.9 s) the first time the agent logs a
-failed forked rank's exception, which is on the path of every restart in place."""
+comma-separated list instead); one that fails to import is left to the rank. ``torch._dynamo``
+is the agent's own: torch's log formatter imports it (0.6-0.9 s) when it logs a failed rank."""
 
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 """Handled by the agent (torch's agent turns TERM, HUP and QUIT into an exception); a fresh
@@ -347,11 +345,9 @@ def _watch_exits(pids: Sequence[int], directory: str) -> None:
 
 
 def _report_rank_exits(directory: str) -> None:
-    """Have every start of ranks (a launch, a restart in place) watched by :func:`_watch_exits`:
-    torch's agent notices a rank's end at its next monitoring round and then shuts itself down
-    before its exit says so (stopping its other ranks, closing its rendezvous: ~1 s); the
-    platform reads the end at once instead. Where pidfds are missing (Linux < 5.4) nothing is
-    watched and the agent's exit tells, as before."""
+    """Have every start of ranks (a launch, a restart in place) watched by :func:`_watch_exits`,
+    so the platform reads a rank's end at once, not ~1 s later from the agent's exit
+    (docs/design.md). Without pidfds (Linux < 5.4) nothing is watched: the agent's exit tells."""
     from torch.distributed.elastic.multiprocessing import api
 
     original = api.PContext.start

@@ -4,9 +4,9 @@ host never leaves a job RUNNING with nothing in it.
 The controller *is* the batch script, on the batch host. When that host dies, Slurm (with
 ``--no-kill``) removes it from the job and keeps the job RUNNING on the other nodes: with the
 controller gone nothing will ever relaunch anything there, and the job holds its nodes to the
-time limit (seen on the test cluster: 4+ minutes RUNNING, no requeue). The guard is what is left
-on those nodes. The slurm platform starts one per node of the allocation as soon as the
-controller answers (before the first launch), as a step of its own::
+time limit (docs/slurm.md, "Traps"). The guard is what is left on those nodes. The slurm
+platform starts one per node of the allocation as soon as the controller answers (before the
+first launch), as a step of its own::
 
     srun --jobid=J --nodelist=NODE --overlap --job-name=sv-JOB-guard-NODE ... \\
          python -m supervisor.platforms.slurm.guard --job-id=J --restart-count=R --api=URL ...

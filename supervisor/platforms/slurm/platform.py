@@ -437,14 +437,11 @@ class SlurmPlatform(Platform):
     async def _kill(self, nodes: list[_Node]) -> None:
         """SIGKILL the steps through slurmctld, end our srun clients, wait for Slurm to confirm.
 
-        ``scancel --ctld --signal=KILL J.S`` asks slurmctld, which records the cancel and has
-        its agent deliver the SIGKILL (the same request as a plain step ``scancel``: no SIGTERM
-        first, no ``KillWait``); it answers at once (~30 ms), on a dead node too. Without
-        ``--ctld``, ``scancel --signal=KILL`` signals the nodes' slurmd itself and waits for each:
-        ~6 s on a dead node (``MessageTimeout`` 5 s on the test cluster), which the node-kill
-        teardown paid before its confirmation could even start. A failed scancel is logged, not
-        raised: the clients are ended anyway and a step that Slurm still lists kill_confirm_s
-        after the cancel marks its node unresponsive."""
+        ``scancel --ctld --signal=KILL J.S`` (no SIGTERM first, no ``KillWait``) is answered by
+        slurmctld at once, on a dead node too; without ``--ctld`` scancel waits on the node's
+        slurmd (``MessageTimeout``, docs/slurm.md). A failed scancel is logged, not raised: the
+        clients are ended anyway and a step that Slurm still lists kill_confirm_s after the
+        cancel marks its node unresponsive."""
         try:
             await self.poll(force=True)
         except PlatformError as exc:
@@ -502,9 +499,8 @@ class SlurmPlatform(Platform):
             n.killed_by_us = True
         healthy = [n for n in live if n.name not in self.unresponsive]
         ids = self._listed_ids(healthy)
-        # With a node of the job unresponsive, `scancel --signal` on the healthy steps waits on
-        # it too (measured: MessageTimeout, 5 s on the test cluster, on a frozen node): signal
-        # through our own srun clients instead, which forward SIGCONT/SIGTERM to their step.
+        # With a node unresponsive, `scancel --signal` of the healthy steps waits on it too
+        # (MessageTimeout, docs/slurm.md): signal through our srun clients, which forward it.
         direct = bool(self.unresponsive) and bool(healthy) and all(n.popen is not None for n in healthy)
         try:
             if direct:
@@ -599,9 +595,8 @@ class SlurmPlatform(Platform):
             return 1
         job.event("slurm_requeued", job_id=self.job_id, detail="the requeued job resumes from the newest verified "
                   "checkpoint")
-        # the controller's own code for a planned requeue (9, `requeued`), as job_finished said: Slurm
-        # has queued the job again already (scontrol requeue answered), so the batch script's exit
-        # code changes nothing about the requeue; it is what this run's record (sacct) shows
+        # the controller's code for a planned requeue (9, `requeued`): Slurm has queued the job
+        # again already, so this exit code changes nothing but this run's record (sacct)
         return code
 
     # ------------------------------------------------------------------ adoption

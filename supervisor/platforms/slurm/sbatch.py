@@ -192,8 +192,8 @@ def render_batch_script(cfg, *, time_limit: str | None, warning_s: int, requeue:
         raise PlatformError("the job config holds the heredoc's end marker")
     signal_name = cfg.platform.slurm.warning_signal.upper().removeprefix("SIG")
     lo, hi = cfg.nodes.min, cfg.nodes.max
-    # no --ntasks-per-node: with a node range Slurm would count MIN tasks and allocate MIN nodes
-    # even with MAX idle (measured on 22.05); the agents are srun steps with their own --ntasks=1
+    # no --ntasks-per-node: with a node range Slurm would allocate MIN nodes even with MAX idle
+    # (docs/slurm.md); the agents are srun steps with their own --ntasks=1
     ours = [f"--job-name={cfg.job}", f"--nodes={lo}-{hi}" if lo < hi else f"--nodes={hi}", "--no-kill", f"--signal=B:{signal_name}@{int(warning_s)}", "--requeue" if requeue else "--no-requeue",
             f"--output={log_dir / 'slurm-%j.out'}", "--open-mode=append"]
     if time_limit:
