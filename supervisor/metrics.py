@@ -61,9 +61,8 @@ DEFAULT_PER_RANK_LIMIT = 256
 CHECKPOINT_INTERVALS_KEPT = 3
 GZIP_LEVEL = 6
 
-# Every fault kind the controller can restart for: the health detectors' kinds and the ones
-# decide.classify() derives from node exits. A kind not listed here is still exported from
-# the moment it is first counted.
+# Every fault kind the controller can restart for (the detectors' and decide.classify()'s from
+# node exits); a kind not listed here is still exported once it is first counted.
 _NODE_FAULT_KINDS = ("crash", "node_lost", "nonfinite", "preempted", "rank_exit")
 
 

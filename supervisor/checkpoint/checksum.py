@@ -1,8 +1,8 @@
 """Checksums named by algorithm, so a manifest says how its digests were made.
 
-xxh3 runs at ~11 GiB/s on one core here (about 8x the disk) and releases the GIL: it is the
-default. sha256 runs at disk speed and doubles the persist time, but a site that must have a
-cryptographic digest can choose it; the manifest records the choice and a reader follows it.
+xxh3 is far faster than the disk (docs/checkpoints.md) and releases the GIL: it is the default.
+sha256 runs at disk speed (it doubles the persist time), for a site that must have a
+cryptographic digest; the manifest records the choice and a reader follows it.
 """
 
 from __future__ import annotations

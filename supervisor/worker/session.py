@@ -53,10 +53,8 @@ from supervisor.protocol import (
     launch_problem,
 )
 
-# Rank watchdog timeouts (seconds). They must stay below the supervisor's hang timeouts so
-# that stacks are dumped before anything is killed: rank watchdog < supervisor < budget.
-# One for each of supervisor.protocol.TIMED_PHASES, in its order (the controller's own
-# SUPERVISOR_WATCHDOG replaces them).
+# Rank watchdog timeouts (s), one per protocol.TIMED_PHASES in order; SUPERVISOR_WATCHDOG overrides them.
+# Below the supervisor's hang timeouts (rank < supervisor < budget): stacks are dumped before any kill.
 DEFAULT_TIMEOUTS: dict[str, float] = {
     PHASE_INIT: 600.0,
     PHASE_RESTORE: 600.0,
