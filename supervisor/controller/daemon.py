@@ -45,6 +45,7 @@ from supervisor.controller.intake import Intake, Wire, grow_receive_buffer
 from supervisor.controller.job_state import Heard, InState, JobState, as_path, as_tuple
 from supervisor.controller.recovery import Stage
 from supervisor.controller.restarts import Restarts
+from supervisor.controller.signals import Signals
 from supervisor.controller.startup import JobAlreadyFinished, Startup, launched_as
 from supervisor.controller.view import JobView, render_status
 from supervisor.controller.watch import CheckpointWatch
@@ -130,11 +131,7 @@ class Controller:
         self.state = JobState(cfg.job, run_started=time.time(), ckpt_root=str(Path(cfg.checkpoint_dir).resolve()))
         self.memory = reconcile.Memory(launched_at=clock())  # what the looks at the gang remember between them
         self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
-        self.stop_requested = False  # the job ends on purpose (a signal): metrics say so, alerts stay quiet
         self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
-        self._linger_cut = False
-        self._lease_renewed = -LEASE_RENEW_S
-        self._lease_lost_told = False
         self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
         self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
         self.wire = Wire()  # the job token and its keys, this run's launch ids, what the intake counted
@@ -157,38 +154,18 @@ class Controller:
         self.intake_port = cfg.intake.port
         self.http_port = cfg.http.port
         self.intake: Intake | None = None
-        self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
-        """Set by what the loop waits for (a signal; while a recovery waits on the ranks, a heartbeat)."""
-        self.wants_heartbeats = False
-        """A recovery waits on the ranks (their stack dumps, an adopted gang's first heartbeats): the
-        intake wakes the loop at each accepted heartbeat."""
+        self.signals = Signals()  # what wakes the loop; a stop or a hand-off asked for
         self.watch = CheckpointWatch(clock)  # the looks at the checkpoint root, off the loop
         self.ready = False
-        self._handoff = False
-        """SIGTERM on a platform that keeps the gang through a controller restart: leave it running."""
 
     @property
     def handed_off(self) -> bool:
         """This controller left on SIGTERM with the gang running, for the next one to adopt."""
-        return self._handoff
-
-    @property
-    def stopping(self) -> bool:
-        """A stop was asked for (a signal): the job ends, or is handed off, at the next look."""
-        return self._stop.is_set()
-
-    async def stopped_within(self, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a stop; whether one came."""
-        try:
-            await asyncio.wait_for(self._stop.wait(), seconds)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return self.signals.handoff
 
     def wake(self) -> None:
         """Have the loop look again now (not at its next tick)."""
-        self._wake.set()
+        self.signals.wake.set()
 
     def new_launch(self) -> None:
         """A new launch of the gang: a new random id, in its ranks' environment and frames."""
@@ -272,7 +249,7 @@ class Controller:
         finally:
             transport.close()
             await runner.cleanup()
-        if self._handoff:
+        if self.signals.handoff:
             return 0
         code = EXIT_CODES.get(self.phase, 1)
         self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason)
@@ -288,7 +265,7 @@ class Controller:
         self.event("metrics_linger", seconds=self.cfg.metrics_linger_s,
                    detail="serving /metrics until the scraper has seen the final phase")
         seen, deadline = self.scrapes, self.clock() + self.cfg.metrics_linger_s
-        while self.scrapes == seen and self.clock() < deadline and not self._linger_cut:
+        while self.scrapes == seen and self.clock() < deadline and not self.signals.linger_cut:
             await asyncio.sleep(0.05)
 
     async def serve_ended(self, until: asyncio.Event) -> None:
@@ -308,37 +285,34 @@ class Controller:
 
     def request_stop(self, sig: int) -> None:
         """Tear the gang down (SIGTERM, restart.kill_grace_s: ranks write an emergency checkpoint) and exit."""
-        if self._stop.is_set() or self.phase in TERMINAL:
+        if self.signals.stopping or self.phase in TERMINAL:
             # a second signal, or one after the job ended: the verdict stands; only the wait
             # for a last scrape is cut short
-            self._linger_cut = True
+            self.signals.linger_cut = True
             return
         if sig == signal.SIGTERM and self.platform.hands_off_on_sigterm:
             # the controller's own pod is being replaced (an upgrade, a drained node): the gang
             # trains on and the next controller adopts it
             log.warning("event=signal_received signal=SIGTERM action=hand_off (the gang keeps running; the next "
                         "controller adopts it)")
-            self._handoff = True
-            self._stop.set()
-            self._wake.set()
+            self.signals.ask_stop(handoff=True)
             return
         log.warning("event=signal_received signal=%s action=tear_down_and_exit", signal.Signals(sig).name)
         self.stop_reason = f"stopped by {signal.Signals(sig).name}"
-        self.stop_requested = True
-        self._stop.set()
-        self._wake.set()
+        self.signals.ask_stop(handoff=False)
 
     # ------------------------------------------------------------------ the loop
     async def _reconcile_loop(self) -> None:
         while self.phase not in TERMINAL:
-            if self._stop.is_set():
-                await self.executor.settle_launch(abandon=self._handoff)
-            if self._stop.is_set() and self._handoff:
+            signals = self.signals
+            if signals.stopping:
+                await self.executor.settle_launch(abandon=signals.handoff)
+            if signals.stopping and signals.handoff:
                 self.save_state()
                 self.event("controller_handoff", attempt=self.attempt, phase=self.phase.value,
                            detail="SIGTERM: this controller stops; the gang keeps running and the next one adopts it")
                 return
-            if self._stop.is_set():
+            if signals.stopping:
                 rec = self.recovery
                 if rec is not None and ((rec.stage == Stage.EVIDENCE and rec.acted)
                                         or (rec.stage == Stage.RECORD and not rec.acted)):
@@ -353,51 +327,30 @@ class Controller:
                 return
             self._renew_lease()
             if not self.executor.launch_settled():  # a launch under way: its outcome is the next look's
-                await self._sleep(TICK_S)
+                await signals.sleep(TICK_S)
                 continue
             try:
                 await self._tick()
             except PlatformError as exc:
                 log.error("event=platform_error error=%s (state kept; retrying)", exc)
                 self.event("platform_error", error=str(exc))
-            await self._sleep(recovery_step.poll_s(self.recovery, TICK_S))
-
-    async def _sleep(self, seconds: float) -> None:
-        """Until the next look: ``seconds``, or what wakes the loop first (a signal; a heartbeat
-        while a recovery waits on the ranks)."""
-        if seconds <= 0:
-            await asyncio.sleep(0)
-            return
-        try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
-        if not self._stop.is_set():
-            self._wake.clear()
+            await signals.sleep(recovery_step.poll_s(self.recovery, TICK_S))
 
     def _renew_lease(self) -> None:
         """Keep the job's lease (a shared filesystem: another host's controller may take a stale
         one over). Lost to another controller: stop acting at once, touching neither the gang
-        nor the state (they are the new owner's). A filesystem hiccup is retried. The lease's
-        own thread may find it lost between renewals: checked on every call."""
+        nor the state (they are the new owner's). The lease's own thread may find it lost between
+        renewals: checked on every call."""
         self.check_lease()
-        now = self.clock()
-        if now - self._lease_renewed < LEASE_RENEW_S:
-            return
-        self._lease_renewed = now
         try:
-            self._lock.renew()
-        except state_file.StateError as exc:
-            if not self._lock.lost:
-                log.warning("event=job_lease_renew_failed error=%s (retrying)", exc)
-                return
+            self._lock.renew_every(self.clock(), LEASE_RENEW_S)
+        except state_file.StateError:
             self.check_lease()
 
     def check_lease(self) -> None:
         if not self._lock.lost:
             return
-        if not self._lease_lost_told:
-            self._lease_lost_told = True
+        if self._lock.loss_news():
             log.error("event=job_lease_lost %s: this controller stops acting on the job", self._lock.lost)
             self.event("job_lease_lost", detail=self._lock.lost)
         raise state_file.StateError(f"another controller took this job over ({self._lock.lost}); this one "
@@ -685,8 +638,8 @@ class Controller:
         """Steps of the recovery (:func:`~supervisor.controller.recovery.step`), each saved before
         its actions are carried out (:class:`~supervisor.controller.executor.Executor`), until one
         has to wait (for the ranks' stacks, a rung's grace) or the recovery is over."""
-        self.wants_heartbeats = False
-        while self.recovery is not None and self.phase not in TERMINAL and not self._stop.is_set():
+        self.signals.wants_heartbeats = False
+        while self.recovery is not None and self.phase not in TERMINAL and not self.signals.stopping:
             rec = self.recovery
             waits_on_nodes = rec.stage == Stage.RUNG and rec.acted
             obs = recovery_step.Observation(
@@ -699,7 +652,7 @@ class Controller:
                 evidence_wait_s=min(1.0, self.cfg.heartbeat.interval_s * 1.2)))  # older workers never answer
             if new == rec and not actions:
                 # waiting: on the ranks (their stacks, an adopted gang's first heartbeats), or the clock
-                self.wants_heartbeats = bool(rec.hold_until) or (rec.stage == Stage.EVIDENCE and rec.acted)
+                self.signals.wants_heartbeats = bool(rec.hold_until) or (rec.stage == Stage.EVIDENCE and rec.acted)
                 return
             self.recovery = new
             if actions or new is None:
@@ -787,7 +740,7 @@ class Controller:
             budget_remaining_s=self.budget_remaining(now), budget_exceeded=bool(rs.budget_exceeded),
             checkpoint=dict(ck) if ck else None, checkpoint_times=tuple(self.watch.times),
             rejected=dict(self.wire.rejected), received=self.wire.received, step_rate=max(0.0, float(self.heard.step_rate())),
-            stop_requested=self.stop_requested,
+            stop_requested=self.signals.requested,
             waiting_for_capacity=None if since is None else {"since_s": round(now - since, 1),
                                                               "detail": self.capacity_message},
             waiting_for_capacity_s=0.0 if since is None else now - since,

@@ -265,7 +265,7 @@ class Executor:
 
         async def launch_then() -> None:
             await self.launch_retrying(list(nodes), pick, timer)
-            if then is not None and c.phase not in TERMINAL and not c.stopping:
+            if then is not None and c.phase not in TERMINAL and not c.signals.stopping:
                 await then()
 
         self.start_launch(launch_then())
@@ -282,9 +282,9 @@ class Executor:
                 log.error("event=launch_failed try=%d/%d error=%s", attempt_no, LAUNCH_TRIES, exc)
                 c.event("launch_failed", attempt=c.attempt, error=str(exc), try_=attempt_no)
                 await c.platform.teardown(c.cfg.restart.teardown_grace_s)
-                if c.stopping:
+                if c.signals.stopping:
                     return  # stopped or handed off: the loop ends the job, or leaves it to the next controller
-                if await c.stopped_within(min(30.0, 2.0 ** attempt_no)):
+                if await c.signals.stopped_within(min(30.0, 2.0 ** attempt_no)):
                     return
         c.finish(JobPhase.FAILED, f"the platform could not launch attempt {c.attempt} ({LAUNCH_TRIES} tries)")
 

@@ -188,7 +188,7 @@ class Intake(asyncio.DatagramProtocol):
         wire.received += 1
         if c.registry.observe(hb, c.clock()):
             c.heard.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
-            if c.wants_heartbeats:
+            if c.signals.wants_heartbeats:
                 c.wake()
 
     def send(self, payload: dict, addr) -> None:

@@ -336,6 +336,8 @@ class JobLock:
         """Who this controller is, in its platform's terms (:meth:`Platform.lock_owner`)."""
         self._fd: int | None = None
         self._me: dict[str, Any] | None = None
+        self._renewed_at: float | None = None  # the caller's clock, at its last :meth:`renew_every`
+        self._loss_told = False
         self._renew_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -393,6 +395,27 @@ class JobLock:
             except OSError as exc:
                 raise StateError(f"cannot renew the lease in {self.owner_path}: {exc}") from None
             self._me = me
+
+    def renew_every(self, now: float, every_s: float) -> None:
+        """:meth:`renew` when ``every_s`` has passed (``now``: the caller's clock) since the last
+        time; a filesystem hiccup is logged and retried next time. Raises :class:`StateError` only
+        when the lease was lost."""
+        if self._renewed_at is not None and now - self._renewed_at < every_s:
+            return
+        self._renewed_at = now
+        try:
+            self.renew()
+        except StateError as exc:
+            if self.lost:
+                raise
+            logging.getLogger("supervisor.controller").warning("event=job_lease_renew_failed error=%s (retrying)", exc)
+
+    def loss_news(self) -> bool:
+        """Whether the lease is lost and this is the first time the caller asks (to say so once)."""
+        if not self.lost or self._loss_told:
+            return False
+        self._loss_told = True
+        return True
 
     def release(self) -> None:
         self._stop.set()
