@@ -126,37 +126,36 @@ class Controller:
     launched_at = InState(holder="memory")
 
     def __init__(self, cfg: JobConfig, platform: Platform, *, clock=time.monotonic, fresh: bool = False) -> None:
-        self.cfg = cfg
-        self.fresh = fresh
-        self.state = JobState(cfg.job, run_started=time.time(), ckpt_root=str(Path(cfg.checkpoint_dir).resolve()))
-        self.memory = reconcile.Memory(launched_at=clock())  # what the looks at the gang remember between them
-        self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
-        self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
-        self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
-        self._lock = state_file.JobLock(Path(cfg.log_dir).resolve(), owner=platform.lock_owner())
-        self.wire = Wire()  # the job token and its keys, this run's launch ids, what the intake counted
-        self.platform = platform
-        self.clock = clock
+        self.cfg, self.platform, self.clock, self.fresh = cfg, platform, clock, fresh
         self.log_dir = Path(cfg.log_dir).resolve()
         self.state_path = self.log_dir / STATE_FILE
-        self.registry = Registry()
-        self.node_status: dict[str, NodeStatus] = {}
+        self._lock = state_file.JobLock(self.log_dir, owner=platform.lock_owner())
+        # the job's state, and what the looks at the gang remember between them (both values)
+        self.state = JobState(cfg.job, run_started=time.time(), ckpt_root=str(Path(cfg.checkpoint_dir).resolve()))
+        self.memory = reconcile.Memory(launched_at=clock())
+        # what this controller has seen
+        self.registry = Registry()  # the ranks' last heartbeats
+        self.node_status: dict[str, NodeStatus] = {}  # the platform's last look at the nodes
+        self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
         self.restarts = Restarts()  # each restart's timer, the last fault (the views show them)
-        self.executor = Executor(self)
-        self.startup = Startup(self)
         h = cfg.health
         self.detection = reconcile.Detection(Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s,
                                                       checkpoint_s=h.checkpoint_timeout_s))
-        """The detectors' timeouts (calibrated), the straggler scores and the last findings."""
         self.calibration = reconcile.Calibration(
             heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
             factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s, every_s=CALIBRATE_S)
-        self.intake_port = cfg.intake.port
-        self.http_port = cfg.http.port
-        self.intake: Intake | None = None
-        self.signals = Signals()  # what wakes the loop; a stop or a hand-off asked for
         self.watch = CheckpointWatch(clock)  # the looks at the checkpoint root, off the loop
-        self.ready = False
+        # where it is reached
+        self.wire = Wire()  # the job token and its keys, this run's launch ids, what the intake counted
+        self.intake: Intake | None = None
+        self.intake_port, self.http_port = cfg.intake.port, cfg.http.port
+        self.ready = False  # /readyz: serving (the Service lists only ready pods)
+        self.scrapes = 0  # /metrics reads: after the end, linger for one more if a scraper has been seen
+        # how it acts
+        self.signals = Signals()  # what wakes the loop; a stop or a hand-off asked for
+        self.requeue_planned = False  # the stop is a planned requeue (Slurm's time-limit warning)
+        self.executor = Executor(self)
+        self.startup = Startup(self)
 
     @property
     def handed_off(self) -> bool:
