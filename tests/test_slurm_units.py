@@ -292,6 +292,12 @@ def test_sbatch_config_is_read_with_the_bounded_loader(tmp_path):
     for text, field in (("platform: gpu\n", "platform"), ("env: [A, B]\n", "env"), ("http: 8080\n", "http")):
         proc = run(text)
         assert proc.returncode == 2 and f"base.yaml: {field}: must be a mapping" in proc.stderr, proc.stderr[-500:]
+    # a path that is not a string: one clear line, no traceback
+    for text, field in (("checkpoint_dir: 5\n", "checkpoint_dir"), ("log_dir: [a]\n", "log_dir"),
+                        ("checkpoint_dir: ''\n", "checkpoint_dir")):
+        proc = run(text)
+        assert proc.returncode == 2 and f"base.yaml: {field}: must be a path" in proc.stderr, proc.stderr[-500:]
+        assert "Traceback" not in proc.stderr
 
 
 def test_the_hand_written_template_matches_the_wrapper_and_runs_the_venv_python(tmp_path):

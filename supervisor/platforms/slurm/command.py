@@ -105,12 +105,18 @@ def main(argv: Sequence[str]) -> int:
         def given(value, key: str, default):
             return value if value is not None else base.get(key, default)
 
+        def path(value, key: str, default) -> str:
+            where = given(value, key, default)
+            if not isinstance(where, str) or not where:
+                raise ConfigError(f"{args.config}: {key}: must be a path (a non-empty string), not {where!r:.60}")
+            return str(Path(where).resolve())
+
         raw = base | {
             "job": given(args.job, "job", "job"), "command": command,
             "nproc_per_node": given(args.nproc_per_node, "nproc_per_node", 1), "nodes": nodes,
             "platform": plat | {"kind": "slurm", "host": args.host, "nodes": 0, "slurm": slurm},
-            "checkpoint_dir": str(Path(given(args.checkpoint_dir, "checkpoint_dir", "checkpoints")).resolve()),
-            "log_dir": str(Path(given(args.log_dir, "log_dir", "supervisor-logs")).resolve()),
+            "checkpoint_dir": path(args.checkpoint_dir, "checkpoint_dir", "checkpoints"),
+            "log_dir": path(args.log_dir, "log_dir", "supervisor-logs"),
             "intake": section(base.get("intake"), "intake") | {"host": args.host},
             "http": section(base.get("http"), "http") | {"host": args.host}, "env": env,
         }
