@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import shutil
 import subprocess
 
+import pytest
 from prometheus_client import generate_latest
 
 from helpers import view_registry
@@ -15,7 +18,7 @@ from supervisor.controller.intake import Intake
 from supervisor.controller.decide import RestartTimer
 from supervisor.controller.view import JobView, render_status
 from supervisor.health import Registry
-from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform
+from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.protocol import Heartbeat, control_message, decode_control, derive_keys, encode
 
 
@@ -253,3 +256,93 @@ def test_a_burst_of_heartbeats_on_the_real_socket_is_taken_whole_and_judged_one_
     assert c.wire.rejected == {"malformed": 1, "stale_attempt": 1, "oversized": 1}
     assert c.registry.ranks[0].hb.seq == n + 1 and c.registry.ranks[1].hb.seq == n + 2
     assert set(c.registry.ranks) == {0, 1}
+
+
+# ------------------------------------------------------------------ a launch is the loop's task
+class SlowPlatform(FakePlatform):
+    """A launch that waits until ``placed`` is set (pods waiting for a node), or fails with ``refuse``."""
+
+    def __init__(self, refuse: str = ""):
+        super().__init__()
+        self.placed = None
+        self.refuse = refuse
+
+    async def launch(self, spec: LaunchSpec) -> None:
+        if self.refuse:
+            raise PlatformError(self.refuse)
+        self.placed = self.placed or asyncio.Event()
+        await self.placed.wait()
+        await super().launch(spec)
+
+
+def slow_controller(tmp_path, platform):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    c, _ = controller(tmp_path)
+    c.platform = platform
+    return c
+
+
+def names(c):
+    path = c.log_dir / "events.jsonl"
+    return [json.loads(line)["event"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_launch_under_way_is_a_task_whose_end_is_the_next_look(tmp_path):
+    platform = SlowPlatform()
+    c = slow_controller(tmp_path, platform)
+
+    async def story():
+        c.executor.start_launch(c.executor.launch(["node0"], None))
+        for _ in range(20):  # the loop's looks meanwhile: the launch is not over
+            await asyncio.sleep(0)
+            assert not c.executor.launch_settled()
+        assert "launched" not in names(c) and not c.signals.wake.is_set()
+        platform.placed.set()
+        await asyncio.wait_for(c.signals.wake.wait(), 5)  # its end wakes the loop
+        assert c.executor.launch_settled() and c.executor.launching is None
+
+    asyncio.run(story())
+    assert names(c)[-1] == "launched" and c.phase.value == "starting"
+    assert platform.calls == [("launch", 2, ("node0",))]
+
+
+def test_a_hand_off_abandons_the_launch_under_way_and_a_stop_lets_it_end(tmp_path):
+    handed = SlowPlatform()
+    c = slow_controller(tmp_path / "a", handed)
+
+    async def hand_off():
+        c.executor.start_launch(c.executor.launch(["node0"], None))
+        await asyncio.sleep(0)
+        await asyncio.wait_for(c.executor.settle_launch(abandon=True), 5)
+
+    asyncio.run(hand_off())
+    assert names(c) == ["launch_abandoned"] and handed.calls == []
+
+    stopped = SlowPlatform()
+    s = slow_controller(tmp_path / "b", stopped)
+
+    async def stop():
+        s.executor.start_launch(s.executor.launch(["node1"], None))
+        await asyncio.sleep(0)
+        settling = asyncio.ensure_future(s.executor.settle_launch(abandon=False))
+        for _ in range(20):  # the launch cannot end before its pods are placed: nor can the stop's wait
+            await asyncio.sleep(0)
+        assert not settling.done()  # the stop waits for the launch: its teardown must find every pod
+        stopped.placed.set()
+        await asyncio.wait_for(settling, 5)
+
+    asyncio.run(stop())
+    assert names(s)[-1] == "launched" and stopped.calls == [("launch", 2, ("node1",))]
+
+
+def test_a_first_launchs_platform_error_is_raised_at_the_look_that_takes_it_in(tmp_path):
+    c = slow_controller(tmp_path, SlowPlatform(refuse="admission webhook denied the pod"))
+
+    async def story():
+        c.executor.start_launch(c.executor.launch(["node0"], None))
+        await asyncio.wait_for(c.signals.wake.wait(), 5)
+        with pytest.raises(PlatformError, match="admission webhook denied"):
+            c.executor.launch_settled()
+        assert c.executor.launch_settled()  # taken in once
+
+    asyncio.run(story())
