@@ -252,6 +252,24 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class InstrumentConfig:
+    enabled: bool = True
+    """Watch a rank whose script does not start the worker SDK through torch's own records: the
+    optimizer step hook, the flight recorder, stacks on request, its uncaught exception
+    (``supervisor.worker.instrument``; a rank that starts the SDK is watched by the SDK instead).
+    ``false`` (``--no-instrument``): such a rank is run as torchrun runs it, unwatched."""
+    fr_buffer: int = 2000
+    """Flight-recorder entries each rank keeps (``TORCH_FR_BUFFER_SIZE``, unless the job's ``env``
+    sets it); 0 turns the recorder off (and with it the collective numbers of an SDK-less rank)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError("instrument.enabled: must be true or false")
+        if not 0 <= self.fr_buffer <= 1_000_000:
+            raise ConfigError("instrument.fr_buffer: must be in [0, 1000000] entries")
+
+
+@dataclass(frozen=True)
 class ListenConfig:
     host: str = "127.0.0.1"
     port: int = 0
@@ -279,6 +297,7 @@ class JobConfig:
     heartbeat: HeartbeatConfig = field(default_factory=HeartbeatConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     nonfinite: NonfiniteConfig = field(default_factory=NonfiniteConfig)
+    instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
     http: ListenConfig = field(default_factory=ListenConfig)
     intake: ListenConfig = field(default_factory=ListenConfig)
     env: dict[str, str] = field(default_factory=dict)

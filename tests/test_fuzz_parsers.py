@@ -567,7 +567,9 @@ _GOOD_REFUSED = [["step-0000000003", "fails its sha256 checksum (corrupt)"], ["s
 
 @fuzz(200)
 @given(body=mutated_json(_GOOD_ANSWER), refused=mutated_json(_GOOD_REFUSED),
-       text=st.one_of(st.text(max_size=2000), st.just("compute=1e999,data=nan"), st.just("init=" + "9" * 5000)))
+       text=st.one_of(st.text(max_size=2000), st.just("compute=1e999,data=nan"), st.just("init=" + "9" * 5000),
+                      st.just("0=5/4 1=-1/-1"), st.just("0=4/5"), st.just("0=" + "9" * 5000 + "/1"),
+                      st.just(" ".join(f"{i}=1/1" for i in range(40)))))
 def test_the_ranks_contracts_parse_or_are_a_protocol_error(body, refused, text):
     from supervisor.checkpoint.discovery import parse_name
     from supervisor.protocol import ranklog
@@ -583,6 +585,10 @@ def test_the_ranks_contracts_parse_or_are_a_protocol_error(body, refused, text):
     pairs = within(lambda: protocol.decode_refused(value), seconds=1, mib=32, errors=protocol.ProtocolError)
     if isinstance(pairs, tuple):
         assert len(pairs) <= protocol.REFUSED_MAX and all(isinstance(n, str) and isinstance(w, str) for n, w in pairs)
+    groups = within(lambda: protocol.decode_groups(text), seconds=1, mib=32, errors=protocol.ProtocolError)
+    if isinstance(groups, dict):
+        assert len(groups) <= protocol.GROUPS_MAX and all(-1 <= c <= e for e, c in groups.values())
+        assert protocol.decode_groups(protocol.encode_groups(groups)) == groups
     got = within(lambda: protocol.decode_watchdog(text), seconds=1, mib=32, errors=protocol.ProtocolError)
     if isinstance(got, dict):
         assert all(0 < v < float("inf") for v in got.values()) and set(got) <= set(protocol.TIMED_PHASES)

@@ -15,6 +15,7 @@ from supervisor.protocol import (
     PHASE_IDLE,
     PHASE_INIT,
     PHASE_RESTORE,
+    PHASE_TRAINING,
     PHASES,
     TIMED_PHASES,
     Heartbeat,
@@ -187,17 +188,19 @@ def test_straggler_scores_match_the_definition_at_scale():
 # (None: not a timed phase, never stuck in it).
 STUCK_IN = {PHASE_INIT: Kind.STARTUP_STALL, PHASE_RESTORE: Kind.STARTUP_STALL, PHASE_DATA: Kind.DATA_STALL,
             PHASE_COMPUTE: Kind.HANG, PHASE_COLLECTIVE: Kind.HANG, PHASE_CHECKPOINT: Kind.CHECKPOINT_STALL,
-            PHASE_IDLE: None, PHASE_DONE: None, PHASE_FAILED: None}
+            PHASE_IDLE: None, PHASE_DONE: None, PHASE_FAILED: None, PHASE_TRAINING: Kind.HANG}
+CONTROLLER_ONLY = (PHASE_TRAINING,)
+"""Timed by the controller only: an instrumented rank has no SDK watchdog (SUPERVISOR_WATCHDOG)."""
 
 
 def test_the_table_covers_every_wire_phase():
     assert tuple(STUCK_IN) == PHASES
-    assert tuple(p for p, k in STUCK_IN.items() if k is not None) == TIMED_PHASES
+    assert tuple(p for p, k in STUCK_IN.items() if k is not None) == TIMED_PHASES + CONTROLLER_ONLY
 
 
 @pytest.mark.parametrize("phase", PHASES)
 def test_a_phase_has_a_timeout_exactly_when_it_is_a_timed_phase(phase):
-    assert (T.for_phase(phase) is not None) == (phase in TIMED_PHASES)
+    assert (T.for_phase(phase) is not None) == (phase in TIMED_PHASES + CONTROLLER_ONLY)
     r = reg(hb(0, phase=phase, phase_s=1e6), hb(1), world=2)
     expected = STUCK_IN[phase]
     assert kinds(detect(r, 100.0, T, launched_at=0)) == ({(expected, (0,))} if expected else set())
@@ -208,3 +211,51 @@ def test_the_rank_watchdog_gets_every_timed_phase_in_order_below_ours():
     items = [item.split("=") for item in t.watchdog_env(0.5).split(",")]
     assert tuple(p for p, _ in items) == TIMED_PHASES
     assert {p: float(v) for p, v in items} == {p: 0.5 * t.for_phase(p) for p in TIMED_PHASES}
+
+
+# ------------------------------------------------------------------------------ ranks watched through torch's records
+def tb(rank, group="0", groups="", **kw):
+    """A heartbeat of an instrumented rank (flight-recorder numbers, phase training)."""
+    return hb(rank, source="torch", phase=kw.pop("phase", "training"), coll_group=group, coll_groups=groups, **kw)
+
+
+def test_flight_recorder_culprit_is_compared_in_the_group_the_others_wait_in():
+    # ranks 0 and 1 wait in group 1's collective #5; rank 2's own report is about group 0 (where it
+    # is further along) but its group 1 number is 4: it never entered #5; rank 3 is not in group 1
+    r = reg(
+        tb(0, group="1", groups="0=9/9 1=5/4", coll_seq=5, coll_inside=True, coll_s=12, coll_op="gloo:all_reduce"),
+        tb(1, group="1", groups="0=9/9 1=5/4", coll_seq=5, coll_inside=True, coll_s=11, coll_op="gloo:all_reduce"),
+        tb(2, group="0", groups="0=9/9 1=4/4", coll_seq=9, phase_s=12),
+        tb(3, group="0", groups="0=9/9", coll_seq=9, phase_s=1),
+    )
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.COLLECTIVE_HANG, (2,))}, f
+    assert "ranks 0,1 wait in gloo:all_reduce #5 of process group 1" in f[0].detail
+    assert "rank 2 never entered it (in phase training" in f[0].detail
+
+
+def test_flight_recorder_skipped_collective_is_a_collective_hang_not_a_hang():
+    # the culprit sits outside any collective past the compute timeout too: without an SDK phase
+    # nobody can tell a skipped collective from compute, and it is named the culprit either way
+    r = reg(tb(0, groups="0=44/43", coll_seq=44, coll_inside=True, coll_s=12, phase_s=12),
+            tb(1, groups="0=43/43", coll_seq=43, phase_s=12), world=2)
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.COLLECTIVE_HANG, (1,))}
+
+
+def test_no_step_and_no_collective_progress_is_a_hang():
+    r = reg(tb(0, groups="0=40/40", coll_seq=40, phase_s=11), tb(1, groups="0=40/40", coll_seq=40, phase_s=2), world=2)
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.HANG, (0,))} and "phase training running 11.0s (> 10.0s)" in f[0].detail
+    assert detect(reg(tb(0, phase_s=9.5), tb(1, phase_s=1), world=2), 100.0, T, launched_at=0) == []
+
+
+@pytest.mark.parametrize("source", ["torch", "sdk"])
+def test_waiting_for_a_rank_that_saves_is_not_a_hang_until_the_checkpoint_timeout(source):
+    def gang(saving_s):
+        return reg(hb(0, source=source, coll_seq=8, coll_inside=True, coll_s=saving_s, phase="collective",
+                      phase_s=saving_s),
+                   hb(1, source=source, coll_seq=7, phase="checkpoint", phase_s=saving_s), world=2)
+
+    assert detect(gang(50.0), 100.0, T, launched_at=0) == []  # past the collective timeout, within the save's
+    f = detect(gang(101.0), 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.COLLECTIVE_HANG, (1,))}, f  # a save past its own timeout: the waiters' culprit

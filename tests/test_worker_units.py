@@ -15,6 +15,7 @@ from supervisor.protocol import (
     EXIT_CRASH,
     MAX_DATAGRAM,
     PHASE_CHECKPOINT,
+    PHASE_TRAINING,
     PHASE_COMPUTE,
     PHASE_DATA,
     PHASE_DONE,
@@ -404,7 +405,7 @@ def test_an_uncaught_exception_sends_a_last_heartbeat_that_names_it(exc, peer):
 
 
 # ----------------------------------------------------------------- the contract with the controller
-def test_every_phase_the_sdk_reports_is_a_wire_phase_and_every_wire_phase_is_reachable():
+def test_every_phase_a_rank_reports_is_a_wire_phase_and_every_wire_phase_is_reachable():
     clock = FakeClock()
     state = RankState(clock=clock)
     seen = [state.snapshot().phase]                      # init
@@ -417,6 +418,8 @@ def test_every_phase_the_sdk_reports_is_a_wire_phase_and_every_wire_phase_is_rea
         seq = state.coll_enter("allreduce")
         seen.append(state.snapshot().phase)              # collective while one is in flight
         state.coll_exit(seq)
+    state.set_step(1, (0.0, 0.0, 0.0, 0.0), PHASE_TRAINING)  # the instrumentation's step hook (no SDK)
+    seen.append(state.snapshot().phase)
     state.set_failed("ValueError: x", peer=False)
     seen.append(state.snapshot().phase)
     state.set_phase(PHASE_DONE)                          # what Worker.close() sets

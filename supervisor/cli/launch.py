@@ -50,6 +50,7 @@ def _launch_config(args: argparse.Namespace):
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
                     "allow_fresh_start": args.allow_fresh_start, "in_place_restarts": args.in_place_restarts},
         "health": {"phase_floor_s": args.hang_timeout_floor},
+        "instrument": {"enabled": not args.no_instrument},
         "http": {"port": args.port},
         "metrics_linger_s": args.metrics_linger,
     }
@@ -121,6 +122,10 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="start every rank as a new Python interpreter, as plain torchrun does (default: a node's "
                    "Python ranks are forked from its agent with torch already imported, so neither a start nor a "
                    "restart in place pays `import torch` per rank)")
+    p.add_argument("--no-instrument", action="store_true",
+                   help="do not watch ranks whose script lacks the worker SDK (default: such a rank gets heartbeats, "
+                   "its step count and its collectives' progress from torch's optimizer hook and flight recorder, "
+                   "stacks on request and its crash reported, so a hang is found and its culprit named)")
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (0: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
                    help="after the job ends keep serving /metrics this long for a last scrape, only if a scraper "

@@ -47,7 +47,7 @@ from supervisor.controller.recovery import Stage
 from supervisor.controller.restarts import Restarts
 from supervisor.controller.signals import Signals
 from supervisor.controller.startup import JobAlreadyFinished, Startup, launched_as
-from supervisor.controller.view import JobView, render_status
+from supervisor.controller.view import JobView, render_status, reported_by
 from supervisor.controller.watch import CheckpointWatch
 from supervisor.files import rotate
 from supervisor.metrics import WORST_RANKS
@@ -377,10 +377,13 @@ class Controller:
                 self.event("last_words_missing", ranks=missing,
                            detail="every agent exited 0 but these ranks' last heartbeat never arrived")
             if not done.heard:
-                log.warning("event=no_heartbeats the command ended without a heartbeat from any rank: it never "
-                            "started the worker SDK, so nothing about its training was watched or verified")
+                log.warning("event=no_heartbeats the command ended without a heartbeat from any rank: neither the "
+                            "worker SDK nor the supervisor's instrumentation ran in it (not Python, another "
+                            "interpreter without the supervisor package, or instrument.enabled: false), so nothing "
+                            "about its training was watched or verified")
                 self.event("no_heartbeats", attempt=self.attempt,
-                           detail="every agent exited 0 but no rank ever sent a heartbeat (no worker SDK?)")
+                           detail="every agent exited 0 but no rank ever sent a heartbeat (no worker SDK and no "
+                                  "instrumentation)")
                 self.finish(JobPhase.COMPLETED, "every agent exited 0 (no rank ever sent a heartbeat)")
             else:
                 self.finish(JobPhase.COMPLETED, "every rank finished and every agent exited 0")
@@ -513,7 +516,8 @@ class Controller:
                 self.phase = JobPhase.RUNNING
                 self.memory = dataclasses.replace(self.memory, standby_at=now + STANDBY_AFTER_S)
                 self.save_state()  # before the event: whoever reads "running" finds it in the state file too
-                self.event("running", attempt=self.attempt, world_size=said.world_size)
+                self.event("running", attempt=self.attempt, world_size=said.world_size,
+                           **reported_by(reg, range(said.world_size), counts=True))
             elif isinstance(said, reconcile.Reported):
                 self._on_restore_reported(said.report)
                 if self.phase in TERMINAL:
@@ -628,7 +632,7 @@ class Controller:
         log.error("event=fault_detected attempt=%d kind=%s ranks=%s nodes=%s detail=%s", self.attempt, fault.kind,
                   list(fault.ranks), list(fault.nodes), fault.detail)
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
-                   detection_s=round(now - fault.fault_at, 3))
+                   detection_s=round(now - fault.fault_at, 3), **reported_by(self.registry, fault.ranks))
         self.recovery = recovery_step.begin(fault, in_place=bool(self.in_place_allowed))
         self.executor.in_place = None
         await self._advance_recovery()

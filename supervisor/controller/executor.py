@@ -395,6 +395,8 @@ class Executor:
             Env.CHECKPOINT_DIR: str(c.ckpt_root),
             Env.HEARTBEAT_INTERVAL: str(c.cfg.heartbeat.interval_s),
             Env.WATCHDOG: c.detection.timeouts.watchdog_env(),
+            Env.INSTRUMENT: "on" if c.cfg.instrument.enabled else "off",
+            Env.FR_BUFFER: str(c.cfg.instrument.fr_buffer),
         } | ({Env.SKIP_STEPS: ",".join(map(str, c.skip_steps))} if c.skip_steps else {}) \
           | ({Env.IN_PLACE: str(in_place)} if in_place else {})
         return LaunchSpec(
@@ -427,6 +429,8 @@ def _write_evidence(path: Path, head: dict, records: list, asked: dict[int, int]
         "findings": [f.to_dict() for f in head["findings"]],
         "nodes": {n: asdict(st) for n, st in head["nodes"].items()},
         "ranks": ranks, "stack_files": sorted({v["heartbeat"]["stack_file"] for v in ranks.values()} - {""}),
+        # the flight recorder's traces the ranks wrote with their stacks (ranks watched through torch's records)
+        "trace_files": sorted({v["heartbeat"].get("trace_file", "") for v in ranks.values()} - {""}),
         # asked to dump their stacks; of those, the ones that could answer; the ones that did
         "asked": sorted(asked), "awaited": sorted(awaited),
         "answered": sorted(filter(answered, asked)),

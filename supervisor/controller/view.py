@@ -9,7 +9,7 @@ import heapq
 import json
 from typing import Any
 
-from supervisor.protocol import PHASE_DONE
+from supervisor.protocol import PHASE_DONE, SOURCE_SDK
 
 STATUS_ALL_RANKS = 256
 """``/status`` lists every rank of a job of at most this many ranks (as ``/metrics`` does)."""
@@ -160,3 +160,18 @@ def render_status(v: JobView, *, offset: int | None = None, limit: int | None = 
 def status_json(v: JobView, *, offset: int | None = None, limit: int | None = None) -> bytes:
     """:func:`render_status` encoded (what ``/status`` serves; off the event loop)."""
     return json.dumps(render_status(v, offset=offset, limit=limit)).encode()
+
+
+def reported_by(registry: Any, ranks: Any, *, counts: bool = False) -> dict[str, Any]:
+    """Which source filled the last heartbeats of ``ranks`` (the worker SDK, or the supervisor's
+    instrumentation from torch's own records: :data:`~supervisor.protocol.SOURCE_TORCH`), for an
+    event: ``{"reported_by": {"torch": [1], "sdk": [0]}}``, or counts per source with ``counts``
+    (a gang's start, at any size); ``{}`` when none of them was heard."""
+    by: dict[str, list[int]] = {}
+    for r in ranks:
+        rec = registry.ranks.get(r)
+        if rec is not None:
+            by.setdefault(rec.hb.source or SOURCE_SDK, []).append(r)
+    if not by:
+        return {}
+    return {"reported_by": {k: len(v) for k, v in by.items()} if counts else by}

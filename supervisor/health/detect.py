@@ -33,7 +33,10 @@ from supervisor.protocol import (
     PHASE_DONE,
     PHASE_INIT,
     PHASE_RESTORE,
+    PHASE_TRAINING,
     TIMED_PHASES,
+    ProtocolError,
+    decode_groups,
     encode_watchdog,
 )
 
@@ -59,7 +62,7 @@ class Timeouts:
     collective_s: float = 300.0
 
     def for_phase(self, phase: str) -> float | None:
-        field_name = _PHASE_TIMEOUTS.get(phase)
+        field_name = _PHASE_TIMEOUTS.get(phase) or _DETECTOR_ONLY.get(phase)
         return None if field_name is None else getattr(self, field_name)
 
     def watchdog_env(self, fraction: float = 0.8) -> str:
@@ -72,6 +75,9 @@ _PHASE_TIMEOUTS = {PHASE_INIT: "startup_s", PHASE_RESTORE: "startup_s", PHASE_DA
 """The :class:`Timeouts` field that times each phase of :data:`~supervisor.protocol.TIMED_PHASES`
 (in its order: the order of ``SUPERVISOR_WATCHDOG``)."""
 assert tuple(_PHASE_TIMEOUTS) == TIMED_PHASES
+_DETECTOR_ONLY = {PHASE_TRAINING: "compute_s"}
+"""Phases timed by the controller only (no SDK watchdog in the rank): an instrumented rank's
+``training`` (no step and no collective progress) has the compute timeout."""
 
 
 def calibrate(
@@ -101,7 +107,8 @@ class Finding:
 
 
 _PHASE_KINDS = {PHASE_INIT: Kind.STARTUP_STALL, PHASE_RESTORE: Kind.STARTUP_STALL, PHASE_DATA: Kind.DATA_STALL,
-                PHASE_COMPUTE: Kind.HANG, PHASE_COLLECTIVE: Kind.HANG, PHASE_CHECKPOINT: Kind.CHECKPOINT_STALL}
+                PHASE_COMPUTE: Kind.HANG, PHASE_COLLECTIVE: Kind.HANG, PHASE_CHECKPOINT: Kind.CHECKPOINT_STALL,
+                PHASE_TRAINING: Kind.HANG}
 """The phases with a timeout (``Timeouts.for_phase``) and the finding past it."""
 
 
@@ -159,14 +166,24 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
 
     # 3. collective hang and its culprit
     if waiting:
+        # the ranks the others wait for are compared in the one process group the waiters wait in
+        # (an instrumented rank's flight recorder numbers each group apart; the SDK counts one stream)
+        group = max(waiting.values(), key=lambda rec: _coll_waited(rec, now)).hb.coll_group
+        waiting = {r: rec for r, rec in waiting.items() if rec.hb.coll_group == group}
         n = max(rec.hb.coll_seq for rec in waiting.values())
         in_n = sorted(r for r, rec in waiting.items() if rec.hb.coll_seq == n)
         op = registry.ranks[in_n[0]].hb.coll_op or "collective"
         waited = max(_coll_waited(registry.ranks[r], now) for r in in_n)
-        culprits = [r for r, rec in alive.items() if rec.hb.coll_seq < n]
+        entered = {r: _entered(rec, group) for r, rec in alive.items()}
+        culprits = [r for r, seq in entered.items() if seq is not None and seq < n]
         dead_culprits = [f for f in findings if f.kind in (Kind.DEAD, Kind.NOT_STARTED)]
-        head = f"ranks {_span(in_n)} wait in {op} #{n} for {waited:.1f}s"
-        if culprits:
+        where_n = f"{op} #{n}" + (f" of process group {group}" if group not in ("", "0") else "")
+        head = f"ranks {_span(in_n)} wait in {where_n} for {waited:.1f}s"
+        saving = [r for r in culprits if alive[r].hb.phase == PHASE_CHECKPOINT
+                  and _phase_elapsed(alive[r], now) <= timeouts.checkpoint_s]
+        if culprits and len(saving) == len(culprits):
+            pass  # they wait for ranks that are saving a checkpoint: a checkpoint stall, if anything, later
+        elif culprits:
             parts = []
             for r in sorted(culprits):
                 hb = alive[r].hb
@@ -183,7 +200,7 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
         else:
             add(Kind.COLLECTIVE_HANG, in_n, f"{head}; every rank is inside it: no rank to blame "
                 "(a rank died inside the collective, or the network)", culprit=False)
-        victims = set(in_n)
+        victims = set(in_n) | set(waiting)
     else:
         victims = set()
 
@@ -233,6 +250,22 @@ def _median_without(values: list[float], skip: int) -> float:
         return values[k if k < skip else k + 1]
 
     return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def _entered(rec, group: str) -> int | None:
+    """How far ``rec``'s rank got in ``group``: the last collective it entered there (None: not a
+    member, as far as its heartbeat tells). The SDK's single count stands for every group."""
+    hb = rec.hb
+    if hb.coll_group == group or not hb.coll_groups:
+        return hb.coll_seq
+    try:
+        seqs = decode_groups(hb.coll_groups).get(group)
+    except ProtocolError:  # checked at the intake; never trusted further than that
+        return None
+    if seqs is None:
+        return None
+    enqueued, completed = seqs
+    return enqueued
 
 
 def _coll_waited(rec, now: float) -> float:

@@ -3,6 +3,7 @@
 * :mod:`~supervisor.protocol.frames`: the UDP datagrams (heartbeats up, ``dump``/``abort``
   control frames back), the keys derived from the job token, launch ids, the token's check.
 * :mod:`~supervisor.protocol.restore`: the restore-point exchange over HTTP.
+* :mod:`~supervisor.protocol.groups`: per-process-group collective numbers (a heartbeat field).
 * :mod:`~supervisor.protocol.skipped`: the checkpoints a rank's restore refused (a heartbeat field).
 * :mod:`~supervisor.protocol.watchdog`: the ``SUPERVISOR_WATCHDOG`` value (the ranks' phase timeouts).
 * :mod:`~supervisor.protocol.ranklog`: the rank log record (``LOG_DIR/ranks/rank-R.jsonl``) and its reader.
@@ -29,6 +30,7 @@ from supervisor.protocol.errors import (
     REJECT_STALE_ATTEMPT,
     REJECT_UNAUTHENTICATED,
 )
+from supervisor.protocol.groups import GROUPS_MAX, decode_groups, encode_groups
 from supervisor.protocol.skipped import (
     BUDGET_CHARS,
     LEGACY_CHARS,
@@ -58,6 +60,10 @@ from supervisor.protocol.vocabulary import (
     PHASE_IDLE,
     PHASE_INIT,
     PHASE_RESTORE,
+    PHASE_TRAINING,
+    SOURCES,
+    SOURCE_SDK,
+    SOURCE_TORCH,
     RANK_EXITS,
     RESTART_PHASES,
     RESTORE_FAILED,
@@ -162,6 +168,9 @@ __all__ = [
     "OUTCOMES",
     "OUTCOME_FINISHED",
     "OUTCOME_STOPPED",
+    "GROUPS_MAX",
+    "decode_groups",
+    "encode_groups",
     "PHASES",
     "PHASE_CHECKPOINT",
     "PHASE_COLLECTIVE",
@@ -170,6 +179,10 @@ __all__ = [
     "PHASE_DONE",
     "PHASE_FAILED",
     "PHASE_IDLE",
+    "PHASE_TRAINING",
+    "SOURCES",
+    "SOURCE_SDK",
+    "SOURCE_TORCH",
     "PHASE_INIT",
     "PHASE_RESTORE",
     "ProtocolError",

@@ -59,8 +59,9 @@ from supervisor.protocol.errors import (
     REJECT_UNAUTHENTICATED,
     ProtocolError,
 )
+from supervisor.protocol.groups import decode_groups
 from supervisor.protocol.skipped import LEGACY_CHARS, NAME_CHARS, REFUSED_MAX, WHY_CHARS, decode_refused
-from supervisor.protocol.vocabulary import OUTCOMES, PHASES, RESTORE_STATES
+from supervisor.protocol.vocabulary import OUTCOMES, PHASES, RESTORE_STATES, SOURCES
 
 MAGIC = b"SV2"
 MAC_BYTES = 16
@@ -217,6 +218,17 @@ class Heartbeat:
     dump_seq: int = 0
     """The ``seq`` of the last stack-dump request this rank carried out (its stacks are on disk;
     sent at once): the controller's evidence wait ends when every rank it asked has answered."""
+    source: str = ""
+    """Who filled this heartbeat: :data:`SOURCE_SDK` (or "", an older SDK) or :data:`SOURCE_TORCH`
+    (the supervisor's instrumentation, from torch's optimizer hooks and flight recorder)."""
+    coll_group: str = ""
+    """The process group ``coll_seq`` counts in (the flight recorder's group id), or "" (the SDK's
+    own count of the collectives it wrapped)."""
+    coll_groups: str = ""
+    """Every process group's flight-recorder sequence numbers, ``GROUP=ENQUEUED/COMPLETED`` items
+    joined by spaces (:func:`supervisor.protocol.groups.decode_groups`); "" from the SDK."""
+    trace_file: str = ""
+    """The flight recorder's trace, written with the stacks of the last dump request ("" if none)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
@@ -296,6 +308,10 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "first_step_s": (float, 0, 1e9),
     "outcome": (str, 0, 16),
     "dump_seq": (int, 0, _BIG),
+    "source": (str, 0, 16),
+    "coll_group": (str, 0, 64),
+    "coll_groups": (str, 0, 1024),
+    "trace_file": (str, 0, 1024),
 }
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s", "launch"}
 _LEGACY = {"restore_skipped": (str, 0, LEGACY_CHARS)}
@@ -307,6 +323,7 @@ _CHECKS = tuple((name, {int: _INT, float: _FLOAT, bool: _BOOL, str: _STR, tuple:
 _PHASE_SET = frozenset(PHASES)
 _RESTORE_SET = frozenset(RESTORE_STATES)
 _OUTCOME_SET = frozenset(OUTCOMES)
+_SOURCE_SET = frozenset(SOURCES)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Heartbeat) if f.default is not dataclasses.MISSING}
 _DEFAULTS["restore_skipped"] = ""
 _FACTORIES = tuple((f.name, f.default_factory) for f in dataclasses.fields(Heartbeat)
@@ -322,6 +339,10 @@ def _build(values: dict[str, Any]) -> Heartbeat:
         raise ProtocolError(REJECT_SCHEMA, f"unknown phase {values['phase']!r}"[:120])
     if values["outcome"] not in _OUTCOME_SET:
         raise ProtocolError(REJECT_SCHEMA, f"unknown outcome {values['outcome']!r}"[:120])
+    if values["coll_groups"]:
+        decode_groups(values["coll_groups"])  # ProtocolError (schema) when it is not GROUP=ENQUEUED/COMPLETED items
+    if values["source"] not in _SOURCE_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown source {values['source']!r}"[:120])
     if values["restore_state"] not in _RESTORE_SET:
         raise ProtocolError(REJECT_SCHEMA, f"unknown restore_state {values['restore_state']!r}"[:120])
     legacy = values.pop("restore_skipped")

@@ -15,8 +15,16 @@ PHASE_CHECKPOINT = "checkpoint"
 PHASE_IDLE = "idle"
 PHASE_DONE = "done"
 PHASE_FAILED = "failed"
+PHASE_TRAINING = "training"
+"""A rank watched by the supervisor's own instrumentation (no SDK in the script): it has taken an
+optimizer step and says nothing finer; its ``phase_s`` is the time since its last progress (a
+step, a collective enqueued or completed). Timed by the controller with the compute timeout."""
 PHASES = (PHASE_INIT, PHASE_RESTORE, PHASE_DATA, PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_CHECKPOINT, PHASE_IDLE,
-          PHASE_DONE, PHASE_FAILED)
+          PHASE_DONE, PHASE_FAILED, PHASE_TRAINING)
+# Who filled a heartbeat (Heartbeat.source): the worker SDK the script imports, or the
+# instrumentation the supervisor installs in a rank whose script does not (torch's own records).
+SOURCE_SDK, SOURCE_TORCH = "sdk", "torch"
+SOURCES = ("", SOURCE_SDK, SOURCE_TORCH)
 # The phases with a timeout, in this order: the rank's watchdog (SUPERVISOR_WATCHDOG, worker
 # defaults) and the controller's detector (health.Timeouts) time exactly these. A rank that is
 # idle between phases, done or failing is never stuck in a phase.
@@ -69,6 +77,16 @@ class Env:
     """Set (to the launch's in-place restart allowance) when the node agents restart ranks in
     place: a rank then counts its own restarts under its agent (its attempt is the launch's
     plus that count, the same on every rank, since an agent restarts its whole gang)."""
+    INSTRUMENT = "SUPERVISOR_INSTRUMENT"
+    """``off``: no instrumentation in the ranks (``instrument.enabled: false``); anything else, or
+    unset: a rank whose script does not start the worker SDK is watched through torch's own
+    records (:mod:`supervisor.worker.instrument`)."""
+    FR_BUFFER = "SUPERVISOR_FR_BUFFER"
+    """The flight recorder's ring size, in entries (``TORCH_FR_BUFFER_SIZE`` unless the job sets
+    that itself); ``0`` leaves the recorder off."""
+    AGENT_PID = "SUPERVISOR_AGENT_PID"
+    """Set by the node agent to its own pid: the instrumentation starts in a process whose parent
+    is the agent (a rank), never in a process a rank starts (a data loader worker, a tool)."""
     RANK_EXITS = "SUPERVISOR_RANK_EXITS"
     """A directory (set by a platform that can read it) where a node's agent records each rank
     process that ends, the moment it ends: a file named after its pid holding

@@ -40,13 +40,22 @@ REJECT_LOG_INTERVAL_S = 30.0
 
 class HeartbeatSender:
     def __init__(self, session: Session, state: RankState, on_abort: Callable[[str], None],
-                 on_dump: Callable[[str], None] | None = None) -> None:
+                 on_dump: Callable[[str], None] | None = None, *, before_beat: Callable[[], None] | None = None,
+                 sample: Callable[[], None] | None = None, sample_every_s: float = 0.0, seq: int = 0) -> None:
+        """``before_beat`` refreshes ``state`` before each heartbeat is built, and ``sample`` runs
+        every ``sample_every_s`` between them (both on this thread; the instrumentation's reads of
+        torch's records). ``seq`` is the last number this process already sent (a sender that
+        takes over from another one numbers on from it)."""
         self.session = session
         self.state = state
         self.on_abort = on_abort
         self.on_dump = on_dump
         self._keys = session.keys  # derived once; the token is never a key
-        self.seq = 0
+        self.seq = seq
+        self.before_beat = before_beat
+        self.sample = sample
+        self.sample_every_s = sample_every_s
+        self.refresh_errors = 0
         self.sent = 0
         self.send_errors = 0
         self._stop = threading.Event()
@@ -105,14 +114,31 @@ class HeartbeatSender:
     def _run(self) -> None:
         interval = self.session.heartbeat_interval
         next_beat = time.monotonic()
+        every = self.sample_every_s if self.sample is not None and self.sample_every_s > 0 else interval
+        next_sample = next_beat + every
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_beat:
                 self._send()
                 next_beat = now + interval
-            self._receive(timeout=max(0.0, min(interval, next_beat - time.monotonic())))
+            elif now >= next_sample:
+                self._call(self.sample)
+                next_sample = now + every
+            self._receive(timeout=max(0.0, min(interval, next_beat - time.monotonic(), next_sample - time.monotonic())))
+
+    def _call(self, fn: Callable[[], None] | None) -> None:
+        if fn is None:
+            return
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - a failed read of torch's records must not end the heartbeats
+            self.refresh_errors += 1
+            if self.refresh_errors in (1, 10) or self.refresh_errors % 1000 == 0:
+                log.warning("event=heartbeat_refresh_failed count=%d error=%s: %s", self.refresh_errors,
+                            type(exc).__name__, str(exc)[:200])
 
     def _send(self) -> None:
+        self._call(self.before_beat)
         try:
             hb = self.build()
         except (ValueError, TypeError) as exc:  # never let a bad value kill the thread

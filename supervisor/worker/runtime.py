@@ -73,7 +73,8 @@ from supervisor.protocol import (
 )
 from supervisor.procfs import descendants
 from supervisor.protocol import ranklog
-from supervisor.worker import collectives
+from supervisor.worker import collectives, instrument
+from supervisor.worker.failures import is_peer_failure
 from supervisor.worker.faults import Fault, parse_faults
 from supervisor.worker.heartbeat import HeartbeatSender
 from supervisor.worker.session import Session
@@ -84,20 +85,6 @@ if TYPE_CHECKING:  # the manager imports torch.distributed.checkpoint (~1 s): lo
     from supervisor.checkpoint import CheckpointManager, RestoreResult
 
 log = logging.getLogger("supervisor.worker")
-
-
-# What a rank sees when *another* rank died or hung under it: gloo's "Connection reset by
-# peer ... Check the logs of the remote worker", NCCL's remote errors, a store that vanished.
-_PEER_MARKERS = ("by peer", "remote worker", "remote process", "broken pipe", "ncclremoteerror",
-                 "connection closed", "connection refused", "communicator was aborted")
-
-
-def is_peer_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is a communication failure caused by a peer rather than by this rank."""
-    if isinstance(exc, (dist.DistNetworkError, dist.DistStoreError)):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, (RuntimeError, OSError)) and any(m in text for m in _PEER_MARKERS)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -156,6 +143,9 @@ class Worker:
             self._timing = open(self.session.log_dir / ranklog.log_name(self.session.rank), "a", buffering=1)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
+        # the supervisor's instrumentation (a rank of a script that started without the SDK) stops
+        # here: the SDK's richer heartbeats replace its own, numbered on from its last
+        self.heartbeat.seq = max(self.heartbeat.seq, instrument.hand_over())
         self.heartbeat.start()
         self.watchdog.start()
         self._install_excepthook()

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from supervisor.protocol import PHASE_COLLECTIVE, PHASE_COMPUTE, PHASE_FAILED, PHASE_IDLE, PHASE_INIT, PHASE_RESTORE
+from supervisor.protocol import (PHASE_CHECKPOINT, PHASE_COLLECTIVE, PHASE_COMPUTE, PHASE_FAILED, PHASE_IDLE, PHASE_INIT, PHASE_RESTORE,
+                                 SOURCE_SDK)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Snapshot:
     first_step_s: float
     outcome: str
     dump_seq: int
+    source: str
+    coll_group: str
+    coll_groups: str
+    trace_file: str
 
 
 _COLLECTIVE_PHASES = (PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_IDLE)
@@ -53,7 +58,7 @@ _COLLECTIVE_PHASES = (PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_IDLE)
 
 
 class RankState:
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, source: str = SOURCE_SDK) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self.step = 0
@@ -84,6 +89,10 @@ class RankState:
         self.first_step_s = 0.0
         self.outcome = ""
         self.dump_seq = 0  # the last stack-dump request carried out (supervisor.protocol.Heartbeat)
+        self.source = source
+        self.coll_group = ""
+        self.coll_groups = ""
+        self.trace_file = ""
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -130,6 +139,33 @@ class RankState:
                 phase = self._coll_busy_phase
                 self._coll_busy[phase] = self._coll_busy.get(phase, 0.0) + self._clock() - self._coll_since
 
+    def set_collectives(self, *, group: str, seq: int, op: str, inside_since: float | None, groups: str) -> None:
+        """What the flight recorder says (the instrumentation's poll, not the SDK's own count):
+        ``seq`` entered in ``group``, in it since ``inside_since`` (this clock) or not inside one."""
+        with self._lock:
+            self.coll_group, self.coll_seq, self.coll_op, self.coll_groups = group, seq, op, groups
+            self._coll_in_flight = 0 if inside_since is None else 1
+            if inside_since is not None:
+                self._coll_since = inside_since
+
+    def set_step(self, step: int, timings: tuple[float, float, float, float], progress_phase: str) -> None:
+        """An optimizer step was taken (the instrumentation's hook): the count, the last step's
+        data/compute/collective/step seconds, and progress in ``progress_phase`` from now on."""
+        with self._lock:
+            self.step = step
+            self.steps_done = step
+            self.last = timings
+            if self.phase not in (PHASE_FAILED, PHASE_CHECKPOINT):
+                self.phase = progress_phase
+                self.phase_since = self._clock()
+
+    def progress(self, phase: str) -> None:
+        """Progress seen (a collective enqueued or completed): the phase's clock starts again,
+        unless the rank is saving, failing or done."""
+        with self._lock:
+            if self.phase == phase:
+                self.phase_since = self._clock()
+
     def take_collective_busy(self) -> dict[str, float]:
         """Time with at least one collective in flight since the last call, by the phase in
         which it began (overlapping collectives count once: this is wall time, not a sum)."""
@@ -171,4 +207,8 @@ class RankState:
                 first_step_s=self.first_step_s,
                 outcome=self.outcome,
                 dump_seq=self.dump_seq,
+                source=self.source,
+                coll_group=self.coll_group,
+                coll_groups=self.coll_groups,
+                trace_file=self.trace_file,
             )

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import json
 import os
 import select
@@ -57,7 +58,7 @@ PREFLIGHT_ENV = "SUPERVISOR_AGENT_PREFLIGHT"
 """``1``: the agent checks the job's command where its ranks run before it starts them (the
 controller could not: ``LaunchSpec.check_command``). Its own interpreter's torch is always checked."""
 PRELOAD_ENV = "SUPERVISOR_FORK_PRELOAD"
-PRELOAD = ("torch.distributed.checkpoint", "torch.nn.parallel", "supervisor.worker", "torch._dynamo")
+PRELOAD = ("torch.distributed.checkpoint", "torch.nn.parallel", "supervisor.worker.runtime", "torch._dynamo")
 """What the agent imports for its ranks before it forks them (``SUPERVISOR_FORK_PRELOAD``: a
 comma-separated list instead); one that fails to import is left to the rank. ``torch._dynamo``
 is the agent's own: torch's log formatter imports it (0.6-0.9 s) when it logs a failed rank."""
@@ -225,6 +226,7 @@ def run_rank(mode: str, target: str, unbuffered: bool, *argv: str) -> None:
     _as_fresh_process()
     if unbuffered or os.environ.get("PYTHONUNBUFFERED"):
         _unbuffered_stdio()
+    _instrument()
     if mode == "path":
         sys.argv = [target, *argv]
         sys.path[0] = os.path.dirname(os.path.realpath(target))  # as CPython sets it (symlinks resolved)
@@ -253,6 +255,39 @@ def run_rank(mode: str, target: str, unbuffered: bool, *argv: str) -> None:
     # every rank has, this one waits there, and a stop (SIGTERM) must end it, not the script's handler
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+INSTRUMENT_MODULE = "supervisor.worker.instrument"
+"""What watches a rank whose script does not start the worker SDK (heartbeats from torch's own
+records). A rank-side module, named here, not imported by the agent: platforms do not depend on
+the SDK, and a node image without it runs its ranks as torchrun would."""
+BOOT_PACKAGE = "supervisor.worker.boot"
+"""Its ``sitecustomize``, on the ``PYTHONPATH`` of ranks started as new interpreters."""
+
+
+def _instrument() -> None:
+    """A forked rank: install the instrumentation before the script runs (it decides whether it
+    is wanted: :func:`supervisor.worker.instrument.wanted_here`)."""
+    try:
+        importlib.import_module(INSTRUMENT_MODULE).install()
+    except ImportError:
+        pass
+
+
+def _instrument_new_interpreters(env: dict) -> None:
+    """Ranks started as new interpreters run the boot ``sitecustomize`` first (through
+    ``PYTHONPATH``, which they inherit from this agent), unless the job turned instrumentation off."""
+    if env.get(Env.INSTRUMENT, "").lower() in ("off", "0", "false", "no"):
+        return
+    try:
+        spec = importlib.util.find_spec(BOOT_PACKAGE)
+    except ImportError:
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    boot = list(spec.submodule_search_locations)[0]
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != boot]
+    env["PYTHONPATH"] = os.pathsep.join([boot, *parts])
 
 
 def preload(names: Sequence[str]) -> list[str]:
@@ -410,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     if os.environ.get(Env.RANK_EXITS):
         _report_rank_exits(os.environ[Env.RANK_EXITS])
+    os.environ[Env.AGENT_PID] = str(os.getpid())  # the instrumentation starts in this agent's children only
 
     @record
     def launch() -> None:
@@ -427,6 +463,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       "rank starts as a new interpreter", file=sys.stderr, flush=True)
                 target = None
         if target is None:
+            _instrument_new_interpreters(os.environ)
             torchrun.run(args)
             return
         names = [n for n in os.environ.get(PRELOAD_ENV, ",".join(PRELOAD)).split(",") if n.strip()]

@@ -1,0 +1,1 @@
+"""The directory the node agent puts on a new-interpreter rank's PYTHONPATH (its ``sitecustomize``)."""
