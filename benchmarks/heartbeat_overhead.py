@@ -10,12 +10,22 @@ measured side by side):
 * ``sdk 20 Hz``: the same at 20 heartbeats per second (20x the default), to make any cost
   of the heartbeat thread visible.
 
+Then the same model as a DDP script without the SDK (gloo, two ranks in two processes, one
+thread each), interleaved block by block, each block a fresh pair of processes:
+
+* ``plain DDP``: torch only, the flight recorder off;
+* ``instrumented``: the same script with what the supervisor installs in a rank whose script
+  lacks the SDK (:mod:`supervisor.worker.instrument`: the flight recorder on with its default
+  ring, the optimizer step hook, the heartbeat thread at 1 Hz reading the recorder and sampling
+  it 10 times a second, heartbeats sent to the sink).
+
 Usage: python benchmarks/heartbeat_overhead.py [--rounds 7] [--steps 150] [--out docs/benchmarks/heartbeat_overhead.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import multiprocessing as mp
 import socket
 import statistics
@@ -73,6 +83,63 @@ def run_block(model, opt, worker: Worker | None, steps: int, seed_base: int) -> 
     return times
 
 
+def ddp_rank(rank: int, port: int, sink_port: int, instrumented: bool, steps: int, out) -> None:
+    """One rank of the two-process DDP block (a child process): its step times."""
+    import os
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    if instrumented:
+        from supervisor.protocol import Env, new_launch_id
+        from supervisor.worker import instrument
+
+        os.environ.update({Env.HEARTBEAT_ADDR: f"127.0.0.1:{sink_port}", Env.TOKEN: "ab" * 24,
+                           Env.LAUNCH: new_launch_id(), Env.AGENT_PID: str(os.getppid())})
+        assert instrument.install() is not None
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(DeepMLP(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    times, cpu = [], []
+    for i in range(steps + 30):
+        idx = list(range(i * 16, (i + 1) * 16))
+        t0, c0 = time.perf_counter(), time.thread_time()
+        x, y = make_batch(idx, rank, 64)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+    # the other threads' CPU per second while the training thread sleeps (the heartbeat thread's
+    # reads and samples of the recorder, gloo's own threads): process CPU less this thread's
+    p0, m0 = time.process_time(), time.thread_time()
+    time.sleep(2.0)
+    background = (time.process_time() - p0 - (time.thread_time() - m0)) / 2.0
+    out.put((rank, (times[30:], cpu[30:], background)))  # the first 30 steps: warm-up
+    dist.destroy_process_group()
+
+
+def ddp_block(instrumented: bool, steps: int, sink_port: int) -> tuple[list[float], list[float], float]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=ddp_rank, args=(r, port, sink_port, instrumented, steps, q)) for r in (0, 1)]
+    env_before = {k: os.environ.get(k) for k in ("TORCH_FR_BUFFER_SIZE",)}
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    assert env_before == {k: os.environ.get(k) for k in env_before}
+    return got[0]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -106,6 +173,15 @@ def main() -> int:
                     sent[name] += worker.heartbeat.sent
                     worker.close()
                 results[name].extend(times)
+    ddp: dict[str, list[float]] = {"plain DDP": [], "instrumented": []}
+    ddp_cpu: dict[str, list[float]] = {k: [] for k in ddp}
+    ddp_bg: dict[str, list[float]] = {k: [] for k in ddp}
+    for r in range(args.rounds):
+        for name in (list(ddp) if r % 2 == 0 else list(ddp)[::-1]):
+            wall, cpu, bg = ddp_block(name == "instrumented", args.steps, port)
+            ddp[name].extend(wall)
+            ddp_cpu[name].extend(cpu)
+            ddp_bg[name].append(bg)
     proc.terminate()
     base = statistics.median(results["baseline"])
     lines = [
@@ -116,6 +192,20 @@ def main() -> int:
         med = statistics.median(times)
         p90 = statistics.quantiles(times, n=10)[-1]
         lines.append(f"| {name} | {med * 1e3:.3f} | {p90 * 1e3:.3f} | {med / base:.3f} | {sent[name]} |")
+    ddp_base = statistics.median(ddp["plain DDP"])
+    lines += ["", "| script without the SDK (DDP, 2 ranks) | median step (ms) | p90 step (ms) | ratio vs plain DDP "
+              "| training thread CPU per step (ms) | other threads' CPU (ms/s) |", "|---|---|---|---|---|---|"]
+    for name, times in ddp.items():
+        med = statistics.median(times)
+        lines.append(f"| {name} | {med * 1e3:.3f} | {statistics.quantiles(times, n=10)[-1] * 1e3:.3f} | "
+                     f"{med / ddp_base:.3f} | {statistics.median(ddp_cpu[name]) * 1e3:.3f} | "
+                     f"{statistics.median(ddp_bg[name]) * 1e3:.2f} |")
+    in_step = statistics.median(ddp_cpu["instrumented"]) - statistics.median(ddp_cpu["plain DDP"])
+    thread = statistics.median(ddp_bg["instrumented"]) - statistics.median(ddp_bg["plain DDP"])
+    cost = in_step + thread * ddp_base
+    lines += ["", f"Instrumentation cost per step (training thread's extra CPU + the other threads' extra CPU over "
+              f"one plain step): {in_step * 1e6:.1f} us + {thread * ddp_base * 1e6:.1f} us = {cost * 1e6:.1f} us, "
+              f"**{100 * cost / ddp_base:.2f} %** of the plain DDP step ({ddp_base * 1e3:.3f} ms)."]
     table = "\n".join(lines)
     env = (f"torch {torch.__version__}, 1 intra-op thread, {args.rounds} rounds x {args.steps} steps per "
            f"configuration, interleaved; {time.strftime('%Y-%m-%d %H:%M')}")
@@ -131,7 +221,10 @@ def main() -> int:
         "sink process. Blocks of each configuration are interleaved round by round.\n\n"
         f"{table}\n\n"
         "Reading: the 1 Hz row is the default. A ratio within the run-to-run noise of the baseline means no "
-        "measurable slowdown; the 20 Hz row bounds the heartbeat thread's own cost.\n"
+        "measurable slowdown; the 20 Hz row bounds the heartbeat thread's own cost. The second table runs the "
+        "same model as a two-rank DDP script without the SDK, bare and with the supervisor's instrumentation "
+        "(flight recorder, optimizer step hook, heartbeat thread reading the recorder), in fresh process pairs "
+        "interleaved block by block; it times rank 0's steps.\n"
     )
     return 0
 

@@ -97,7 +97,7 @@ class SupervisorRun:
 
     def __init__(self, tmp: Path, job_args: list[str], *, nnodes: str = "2", slots: int = 0, fault: str | None = None,
                  extra: list[str] | None = None, log_dir: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, script: Path = TRAIN) -> None:
         self.tmp = tmp
         self.log_dir = log_dir or tmp / "sv-logs"
         self.ckpt = tmp / "sv-ckpt"
@@ -105,7 +105,7 @@ class SupervisorRun:
                     "--checkpoint-dir", str(self.ckpt), "--log-dir", str(self.log_dir),
                     "--heartbeat-interval", "0.5", "--heartbeat-timeout", "3", "--hang-timeout-floor", "3",
                     "--metrics-linger", "0",
-                    *(extra or []), "--", PYTHON, str(TRAIN), *job_args]
+                    *(extra or []), "--", PYTHON, str(script), *job_args]
         self.env = job_env(tmp, fault, env)
         self.start()
 

@@ -96,7 +96,7 @@ class KubeRun:
 
     def __init__(self, tmp: Path, cluster: Cluster, *, fault: str | None = None, job: list[str] = JOB,
                  nodes: int = 2, overrides: dict | None = None, name: str = "controller",
-                 kube: dict | None = None, controller: Path | None = None) -> None:
+                 kube: dict | None = None, controller: Path | None = None, script: Path = TRAIN) -> None:
         self.tmp, self.cluster, self.name = tmp, cluster, name
         self.controller = Path(controller or controller_python())
         self.log_dir, self.ckpt = tmp / "logs", tmp / "ckpt"
@@ -105,7 +105,7 @@ class KubeRun:
                 "controller_address": "127.0.0.1",
                 "termination_grace_s": 10, "delete_confirm_s": 5, "lease_duration_s": 4, "renew_deadline_s": 3,
                 "api_retry_s": 20, **(kube or {})}
-        cfg = {"job": JOB_NAME, "command": [PY, str(TRAIN), *job], "nproc_per_node": 1,
+        cfg = {"job": JOB_NAME, "command": [PY, str(script), *job], "nproc_per_node": 1,
                "nodes": {"min": nodes, "max": nodes}, "platform": {"kind": "kubernetes", "kubernetes": kube},
                "checkpoint_dir": str(self.ckpt), "log_dir": str(self.log_dir),
                "heartbeat": {"interval_s": 0.5, "timeout_s": 3}, "health": {"phase_floor_s": 3},

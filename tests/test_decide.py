@@ -727,3 +727,17 @@ def test_a_rung_has_worked_when_its_nodes_are_gone_or_the_ranks_it_aborted_ended
 ])
 def test_the_next_attempt_number_is_above_every_one_the_old_gang_could_use(attempt, launched_as, in_place, expected):
     assert next_attempt(attempt, launched_as, in_place) == expected
+
+
+@pytest.mark.parametrize("latest,at_start,had,steps,progressed", [
+    (20, 10, True, 0, True),       # a newer checkpoint of ours
+    (10, 10, True, 500, False),    # none: steps of an SDK-less rank do not count once the job has checkpoints
+    (None, -1, False, 7, True),    # a script without the SDK and no checkpoint of ours: it took steps
+    (None, -1, False, 0, False),   # ... and none: a crash before its first step
+])
+def test_progress_is_a_newer_checkpoint_or_for_a_script_without_the_sdk_steps_taken(latest, at_start, had, steps,
+                                                                                    progressed):
+    from supervisor.controller.decide import made_progress
+
+    assert made_progress(latest_step=latest, step_at_start=at_start, had_checkpoint=had,
+                         steps_without_sdk=steps) is progressed

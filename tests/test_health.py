@@ -242,6 +242,15 @@ def test_flight_recorder_skipped_collective_is_a_collective_hang_not_a_hang():
     assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.COLLECTIVE_HANG, (1,))}
 
 
+def test_an_idle_instrumented_rank_past_its_timeout_is_the_culprit_of_peers_that_wait_less_long():
+    # rank 1 went idle after #43 completed; rank 0 computed its step first, so it has waited less
+    # than the timeout in #44 when rank 1's own no-progress clock runs out
+    r = reg(tb(0, groups="0=44/43", coll_seq=44, coll_inside=True, coll_s=8, phase_s=8),
+            tb(1, groups="0=43/43", coll_seq=43, phase_s=10.5), world=2)
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.COLLECTIVE_HANG, (1,))} and "rank 1 never entered it" in f[0].detail, f
+
+
 def test_no_step_and_no_collective_progress_is_a_hang():
     r = reg(tb(0, groups="0=40/40", coll_seq=40, phase_s=11), tb(1, groups="0=40/40", coll_seq=40, phase_s=2), world=2)
     f = detect(r, 100.0, T, launched_at=0)

@@ -55,13 +55,13 @@ def test_a_damaged_trace_reads_as_nothing_not_an_error(trace):
 # ------------------------------------------------------------------ the torch variables
 def test_the_flight_recorder_and_nccl_dump_variables_are_set_unless_the_job_set_them():
     env = torch_env({}, "/logs/ranks")
-    assert env["TORCH_FR_BUFFER_SIZE"] == env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env  # deprecated in 2.13
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/logs/ranks/nccl-trace-rank-"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/logs/ranks/nccl-trace-rank-"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
     own = torch_env({"TORCH_FR_BUFFER_SIZE": "50", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", Env.FR_BUFFER: "10"}, None)
     assert "TORCH_FR_BUFFER_SIZE" not in own and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in own  # the job's win
-    assert own["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "10" and "TORCH_FR_DUMP_TEMP_FILE" not in own
+    assert own["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and "TORCH_FR_DUMP_TEMP_FILE" not in own
     off = torch_env({Env.FR_BUFFER: "0"}, "/l")
     assert not any(k in off for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"))
 

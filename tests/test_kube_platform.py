@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 import os
+from pathlib import Path
 import signal
 import time
 
@@ -30,6 +31,7 @@ from kube_harness import (  # noqa: F401  (cluster, control, kube_run: fixtures)
     kube_run,
     served_verdict,
 )
+from conftest import losses_by_step, read_log, run_job
 from supervisor.platforms.kube.client import USER_AGENT
 
 pytestmark = pytest.mark.slow
@@ -113,6 +115,27 @@ def test_a_sigstopped_rank_is_found_silent_its_pod_killed_and_the_gang_resumes(c
     assert relaunch["restore_from"] == "step-0000000010"
     assert finished(run)["phase"] == "completed"
     assert_same_path(run, control)
+
+
+def test_a_script_without_the_sdk_names_the_rank_that_skipped_an_all_reduce(cluster, kube_run, tmp_path):
+    """A torch-only script (tests/workloads/plain_train.py: no supervisor import) in pods: the
+    agents' instrumentation reports for it; rank 1 skips step 12's collectives and idles while
+    rank 0 waits inside the all-reduce: rank 1 is named the culprit, from the flight recorder's
+    numbers, and the job completes as it does uninterrupted."""
+    plain = Path(__file__).parent / "workloads" / "plain_train.py"
+    ctl = tmp_path / "control"
+    run_job(ctl, 2, ["--steps", "30", "--out", str(ctl / "out")], script=plain)
+    out = tmp_path / "out"
+    run = kube_run(script=plain, job=["--steps", "30", "--out", str(out)],
+                   overrides={"env": {"OMP_NUM_THREADS": "1", "PLAIN_FAULT": "skip@12:1",
+                                      "PLAIN_FAULT_ONCE": str(tmp_path / "once")}})
+    assert run.wait_event("running", attempt=0)["reported_by"] == {"torch": 2}
+    fault = run.wait_event("fault_detected")
+    assert (fault["kind"], fault["ranks"], fault["reported_by"]) == ("collective_hang", [1], {"torch": [1]}), fault
+    assert "rank 1 never entered it" in fault["detail"] and "gloo:all_reduce" in fault["detail"]
+    assert finished(run)["phase"] == "completed"
+    got, want = losses_by_step(read_log(out, 0)), losses_by_step(read_log(ctl / "out", 0))
+    assert {s: r["loss_hex"] for s, r in got.items()} == {s: r["loss_hex"] for s, r in want.items()}
 
 
 def test_a_node_gone_not_ready_is_excluded_and_its_slot_goes_to_the_spare(cluster, kube_run, control):

@@ -528,6 +528,28 @@ def test_rank_sigstopped_inside_a_step_is_killed_and_relaunched(slurm, tmp_path,
     assert_same_path(job.losses(), control, exact=False)
 
 
+def test_a_script_without_the_sdk_has_its_stopped_rank_found_and_named(slurm, tmp_path):
+    """A torch-only script (tests/workloads/plain_train.py: no supervisor import) on the real
+    cluster: the instrumentation the agents install reports for it; a SIGSTOPped rank is found
+    within the heartbeat timeout + 1 s, named, and the job completes as it does uninterrupted."""
+    plain = str(Path(__file__).parent / "workloads" / "plain_train.py")
+    ctl = tmp_path / "control"
+    run_job(ctl, 3, ["--steps", str(STEPS), "--out", str(ctl / "out")], script=Path(plain), timeout=300)
+    out = tmp_path / "out"
+    job = Submitted(slurm, tmp_path, [PY, plain, "--steps", str(STEPS), "--out", str(out)])
+    assert job.wait_event("running", timeout=150)["reported_by"] == {"torch": 3}
+    deadline = time.monotonic() + 60
+    while not (out / "rank-1.jsonl").exists() or len(read_log(out, 1)) < 8:
+        assert time.monotonic() < deadline, job.output()
+        time.sleep(0.1)
+    os.kill(read_log(out, 1)[-1]["pid"], signal.SIGSTOP)
+    fault = job.wait_event("fault_detected", timeout=60)
+    assert (fault["kind"], fault["ranks"], fault["reported_by"]) == ("dead", [1], {"torch": [1]}), fault
+    assert fault["detection_s"] <= FAST["heartbeat"]["timeout_s"] + 1.0, fault
+    job.finish()
+    assert_same_path(losses_by_step(read_log(out, 0)), losses_by_step(read_log(ctl / "out", 0)), exact=False)
+
+
 def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path, control):
     job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB, "--checkpoint-every", "50"], extra=["--requeue"])
     job.wait_event("running", timeout=120)

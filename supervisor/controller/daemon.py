@@ -51,6 +51,7 @@ from supervisor.controller.view import JobView, render_status, reported_by
 from supervisor.controller.watch import CheckpointWatch
 from supervisor.files import rotate
 from supervisor.metrics import WORST_RANKS
+from supervisor.controller.decide import made_progress as decide_progress
 from supervisor.controller.decide import (
     EXIT_CODES,
     TERMINAL,
@@ -70,7 +71,7 @@ from supervisor.controller.decide import (
 )
 from supervisor.health import Registry, Timeouts
 from supervisor.platforms.base import NodeStatus, Platform, PlatformError
-from supervisor.protocol import PHASE_DONE
+from supervisor.protocol import PHASE_DONE, SOURCE_TORCH
 
 log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
@@ -687,7 +688,11 @@ class Controller:
     def plan(self, fault: Fault, history: History) -> tuple[Relaunch | Stop, History]:
         """What comes after ``fault``, and the history after it (:func:`plan_next`), on the
         checkpoints of the last :meth:`look_at_checkpoints` (its callers look first)."""
-        made_progress = bool(self.latest_ckpt and self.latest_ckpt["step"] > self.ckpt_step_at_attempt_start)
+        made_progress = decide_progress(
+            latest_step=self.latest_ckpt["step"] if self.latest_ckpt else None,
+            step_at_start=self.ckpt_step_at_attempt_start, had_checkpoint=bool(history.had_checkpoint or self.latest_ckpt),
+            steps_without_sdk=max((rec.hb.steps_done for rec in self.registry.ranks.values()
+                                   if rec.hb.source == SOURCE_TORCH), default=0))
         straggler_nodes = []
         if self.cfg.health.exclude_stragglers:
             straggler_nodes = sorted({self.registry.ranks[r].hb.node for r, s in self.detection.stragglers.items()

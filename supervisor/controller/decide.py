@@ -805,6 +805,17 @@ def pick_checkpoint(checkpoints: list[str], history: History, allow_fresh_start:
     return pick
 
 
+def made_progress(*, latest_step: int | None, step_at_start: int, had_checkpoint: bool,
+                  steps_without_sdk: int) -> bool:
+    """Whether an attempt that just failed made progress (the progress guard's question): a newer
+    complete checkpoint than at its start; or, for a script without the worker SDK whose job never
+    had a checkpoint of ours (it saves and resumes by itself, if at all), steps taken: it is then
+    restarted as torchrun would restart it, up to ``restart.max_restarts``."""
+    if latest_step is not None and latest_step > step_at_start:
+        return True
+    return not had_checkpoint and steps_without_sdk > 0
+
+
 def plan_next(
     *,
     history: History,

@@ -141,6 +141,7 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
     heartbeat_s, collective_s = timeouts.heartbeat_s, timeouts.collective_s
     limits = {p: timeouts.for_phase(p) for p in _PHASE_KINDS}
     alive = {}
+    inside = {}
     waiting = {}
     overdue: list[int] = []
     nan: list[int] = []
@@ -156,8 +157,10 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
         alive[rank] = rec
         if silent < 0.0:
             silent = 0.0
-        if hb.coll_inside and hb.coll_s + silent > collective_s:  # _coll_waited
-            waiting[rank] = rec
+        if hb.coll_inside:
+            inside[rank] = rec
+            if hb.coll_s + silent > collective_s:  # _coll_waited
+                waiting[rank] = rec
         limit = limits.get(hb.phase)
         if limit is not None and hb.phase_s + silent > limit:  # _phase_elapsed
             overdue.append(rank)
@@ -165,6 +168,10 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
             nan.append(rank)
 
     # 3. collective hang and its culprit
+    if not waiting and any(alive[r].hb.phase == PHASE_TRAINING and not alive[r].hb.coll_inside for r in overdue):
+        # an instrumented rank made no progress past its timeout: if peers wait in a collective it
+        # never entered (however briefly yet: it went idle before they arrived), it is their culprit
+        waiting = inside
     if waiting:
         # the ranks the others wait for are compared in the one process group the waiters wait in
         # (an instrumented rank's flight recorder numbers each group apart; the SDK counts one stream)

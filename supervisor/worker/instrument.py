@@ -72,7 +72,7 @@ log = logging.getLogger("supervisor.worker")
 FR_BUFFER_DEFAULT = 2000
 """Flight-recorder entries kept per rank unless the job says otherwise (``instrument.fr_buffer``):
 a few hundred kB, the last steps' collectives of a large model."""
-SAMPLES_PER_BEAT = 20
+SAMPLES_PER_BEAT = 10
 """How often, per heartbeat interval, the heartbeat thread samples whether a collective is pending
 (the share of a step spent waiting: a straggler's peers wait, the straggler does not)."""
 DEFAULT_GROUP = "0"
@@ -87,11 +87,11 @@ def torch_env(env: Mapping[str, str], log_dir: str | None) -> dict[str, str]:
     size = int(raw) if raw.isdigit() else FR_BUFFER_DEFAULT
     wanted: dict[str, str] = {}
     if size > 0:
-        wanted |= {"TORCH_FR_BUFFER_SIZE": str(size), "TORCH_NCCL_TRACE_BUFFER_SIZE": str(size),
-                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+        # torch 2.13's names (the older TORCH_NCCL_TRACE_BUFFER_SIZE and TORCH_NCCL_DEBUG_INFO_TEMP_FILE
+        # still work there, with a deprecation warning in every rank: a job on an older torch sets them)
+        wanted |= {"TORCH_FR_BUFFER_SIZE": str(size), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
         if log_dir:
-            prefix = os.path.join(log_dir, "nccl-trace-rank-")  # torch appends the rank
-            wanted |= {"TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+            wanted["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(log_dir, "nccl-trace-rank-")  # torch appends the rank
     # a watchdog timeout or a communicator error ends the process (torch's default, said here so a
     # job's 0 is not the only value seen), and a stuck watchdog is itself noticed
     wanted |= {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_ENABLE_MONITORING": "1"}

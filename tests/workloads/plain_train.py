@@ -69,6 +69,8 @@ def main() -> None:
 
     start = 0
     ckpt = os.path.join(args.save_dir, f"own-rank-{rank}.pt") if args.save_dir else ""
+    if ckpt:
+        os.makedirs(args.save_dir, exist_ok=True)
     if ckpt and os.path.exists(ckpt):
         saved = torch.load(ckpt, weights_only=False)
         net.load_state_dict(saved["model"])
@@ -80,6 +82,8 @@ def main() -> None:
         assert int(agreed) == start, f"rank {rank} saved step {start}, another rank fewer"
 
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"env-rank-{rank}.json"), "w") as f:  # what torch was told, for the tests
+        json.dump({k: v for k, v in os.environ.items() if k.startswith(("TORCH_FR_", "TORCH_NCCL_"))}, f)
     log = open(os.path.join(args.out, f"rank-{rank}.jsonl"), "a", buffering=1)
     for step in range(start + 1, args.steps + 1):
         g = torch.Generator().manual_seed(step * 1000 + rank)
