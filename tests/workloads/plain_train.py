@@ -65,7 +65,7 @@ def main() -> None:
         net = fully_shard(model)
     else:
         net = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
     start = 0
     ckpt = os.path.join(args.save_dir, f"own-rank-{rank}.pt") if args.save_dir else ""
