@@ -156,3 +156,29 @@ def test_heartbeats_from_torch_records_then_the_last_word_or_the_sdk_taking_over
         # the SDK took over: after its first heartbeat, none from the instrumentation (no double beats)
         first_sdk = next(i for i, b in enumerate(beats) if b.source == "sdk")
         assert all(b.source == "sdk" for b in beats[first_sdk:]) and last.phase == "done"
+
+
+def test_the_instrumentation_and_the_boot_hook_import_no_torch_of_their_own(tmp_path):
+    """The boot sitecustomize runs in every new-interpreter rank (and in whatever Python a rank
+    starts): importing it, and the instrumentation's modules, must not import torch (1-2 s); the
+    rank's own script does that. A process that is not a rank is left alone entirely."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import sitecustomize; "
+            "import supervisor.worker.instrument, supervisor.worker.heartbeat; "
+            "print('torch' in sys.modules, supervisor.worker.instrument._ACTIVE)")
+    boot = REPO / "supervisor" / "worker" / "boot"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUPERVISOR_")} | {"PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code, str(boot)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "None"], out.stderr
+
+
+def test_the_boot_hook_runs_the_sitecustomize_it_shadows(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nopen(os.environ['MARK'], 'w').write('ran')\n")
+    boot = REPO / "supervisor" / "worker" / "boot"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUPERVISOR_")} | {
+        "PYTHONPATH": os.pathsep.join([str(boot), str(own), str(REPO)]), "MARK": str(tmp_path / "mark")}
+    out = subprocess.run([sys.executable, "-c", "import sitecustomize, sys; print(sitecustomize.__file__)"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "mark").read_text() == "ran" and out.stdout.strip() == str(own / "sitecustomize.py")

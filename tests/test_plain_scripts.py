@@ -146,3 +146,13 @@ def test_instrumentation_off_runs_the_script_as_torchrun_would(supervisor_run, t
     assert run.wait_event("no_heartbeats")
     told = json.loads((run.plain_out / "env-rank-0.json").read_text())
     assert set(told) <= {"TORCH_NCCL_ASYNC_ERROR_HANDLING"}, told  # only torchrun's own: nothing of ours
+
+
+def test_ranks_started_as_new_interpreters_are_instrumented_too(supervisor_run, tmp_path, control):
+    # --no-fork-ranks: each rank is a new interpreter; the boot sitecustomize on its PYTHONPATH installs
+    run = start(supervisor_run, tmp_path, env={"PLAIN_FAULT": "skip@12:0", "PLAIN_FAULT_ONCE": str(tmp_path / "once")},
+                launch=["--no-fork-ranks"])
+    assert run.wait_event("running")["reported_by"] == {"torch": 2}
+    fault = run.wait_event("fault_detected")
+    assert (fault["kind"], fault["ranks"]) == ("collective_hang", [0]) and "rank 0 never entered it" in fault["detail"]
+    assert_completed_like(run, control)
