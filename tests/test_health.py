@@ -268,3 +268,14 @@ def test_waiting_for_a_rank_that_saves_is_not_a_hang_until_the_checkpoint_timeou
     assert detect(gang(50.0), 100.0, T, launched_at=0) == []  # past the collective timeout, within the save's
     f = detect(gang(101.0), 100.0, T, launched_at=0)
     assert kinds(f) == {(Kind.COLLECTIVE_HANG, (1,))}, f  # a save past its own timeout: the waiters' culprit
+
+
+def test_a_culprit_computing_all_the_while_its_peers_waited_is_a_hang_even_a_tick_short_of_its_timeout():
+    # its phase clock, extrapolated from its last heartbeat, reads a little short of the wait it caused
+    r = reg(hb(0, coll_seq=25, coll_inside=True, coll_s=10.2, phase="collective", phase_s=10.2, coll_op="allreduce"),
+            hb(1, coll_seq=24, phase="compute", phase_s=9.95), world=2)
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.HANG, (1,))}
+    # a culprit that has computed for a fraction of the wait skipped the collective
+    r = reg(hb(0, coll_seq=25, coll_inside=True, coll_s=10.2, phase="collective", phase_s=10.2, coll_op="allreduce"),
+            hb(1, coll_seq=24, phase="compute", phase_s=2.0), world=2)
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.COLLECTIVE_HANG, (1,))}

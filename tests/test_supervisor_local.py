@@ -54,7 +54,8 @@ def wait_for_checkpoint(run, step: int, timeout: float = 90) -> None:
 def wait_for_steps(run, n: int, timeout: float = 60) -> None:
     """Rank 0 has logged ``n`` steps (whatever the supervisor is doing meanwhile)."""
     deadline = time.monotonic() + timeout
-    while len(run.rank_log(0)) < n:
+    # "running" is the ranks' first heartbeats: the script may not have opened its log yet
+    while len(run.rank_log(0) if (run.log_dir / "ranks" / "rank-0.jsonl").exists() else []) < n:
         assert time.monotonic() < deadline, f"rank 0 logged {len(run.rank_log(0))} steps, not {n}"
         time.sleep(0.05)
 

@@ -198,8 +198,11 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
                 parts.append(f"rank {r} never entered it ({where}, step {hb.step}, {_phase_elapsed(alive[r], now):.1f}s)")
             # A culprit stuck in compute past its own timeout is a hang found by the phase timeout;
             # one idling elsewhere (data) while its peers wait is a skipped collective.
+            # (its clock, extrapolated from its last heartbeat, can read a few ms short of the others' wait
+            # that it caused: computing for 90 % of it is computing all along)
             hung = [r for r in culprits if alive[r].hb.phase == PHASE_COMPUTE and not alive[r].hb.coll_inside
-                    and _phase_elapsed(alive[r], now) > timeouts.compute_s]
+                    and (_phase_elapsed(alive[r], now) > timeouts.compute_s
+                         or _phase_elapsed(alive[r], now) >= 0.9 * waited)]
             kind = Kind.HANG if hung and len(hung) == len(culprits) else Kind.COLLECTIVE_HANG
             add(kind, culprits, f"{head}; " + "; ".join(parts))
         elif dead_culprits:

@@ -56,6 +56,7 @@ class HeartbeatSender:
         self.sample = sample
         self.sample_every_s = sample_every_s
         self.refresh_errors = 0
+        self._send_lock = threading.Lock()
         self.sent = 0
         self.send_errors = 0
         self._stop = threading.Event()
@@ -138,6 +139,12 @@ class HeartbeatSender:
                             type(exc).__name__, str(exc)[:200])
 
     def _send(self) -> None:
+        # one at a time: a heartbeat numbered later is sent later (the thread's periodic one and a
+        # last word sent from the training thread would otherwise race, and the older one land last)
+        with self._send_lock:
+            self._send_locked()
+
+    def _send_locked(self) -> None:
         self._call(self.before_beat)
         try:
             hb = self.build()

@@ -9,8 +9,10 @@ take and the environment they run with (the allocation's stale ``SLURM_*`` input
 
 from __future__ import annotations
 
+
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import IO, Mapping, Sequence
@@ -118,8 +120,23 @@ class SlurmClient:
         return _node_fields((await self._run("scontrol", "show", "node", "-o", ",".join(nodes))).stdout)
 
     async def requeue(self, job_id: str) -> None:
-        """``scontrol requeue J``: Slurm ends the job and queues it again (same job id)."""
-        await self._run("scontrol", "requeue", job_id)
+        """``scontrol requeue J``: Slurm ends the job and queues it again (same job id).
+
+        Asked from inside the job itself, the command can be ended by the very SIGTERM with which
+        Slurm ends the job's processes for the requeue (seen: exit -15 after a requeue that
+        happened): then the job's restart count (against this run's ``SLURM_RESTART_COUNT``), or its
+        state, says whether it was requeued."""
+        before = {"Restarts": os.environ.get("SLURM_RESTART_COUNT") or "0"}
+        res = await self._run("scontrol", "requeue", job_id, check=False)
+        if res.returncode == 0:
+            return
+        if res.returncode == -signal.SIGTERM:
+            after = _kv((await self._run("scontrol", "show", "job", "-o", job_id, check=False)).stdout)
+            if (after.get("Restarts", "") != before.get("Restarts", "")
+                    or after.get("JobState", "").startswith(("REQUEUE", "PENDING"))):
+                return
+        raise PlatformError(f"`scontrol requeue {job_id}` failed (exit {res.returncode}): "
+                            f"{(res.stderr or res.stdout).strip()[-300:] or 'no output'}")
 
     # ------------------------------------------------------------------ squeue, sinfo
     async def job(self, job_id: str) -> tuple[str, list[str]] | None:
