@@ -270,6 +270,46 @@ class InstrumentConfig:
 
 
 @dataclass(frozen=True)
+class BaselineConfig:
+    """``release.baseline``: what runs when a release is rejected and no version of the job is
+    known-good yet: a command (argv, run as given) or, on Kubernetes, a worker image."""
+
+    command: tuple[str, ...] = ()
+    image: str = ""
+
+    def __post_init__(self) -> None:
+        if self.command and (not all(isinstance(a, str) and a and "\0" not in a for a in self.command)):
+            raise ConfigError("release.baseline.command: a list of non-empty strings")
+        if not isinstance(self.image, str) or len(self.image) > 1024:
+            raise ConfigError("release.baseline.image: an image reference")
+
+
+@dataclass(frozen=True)
+class ReleaseConfig:
+    """Safe releases (:mod:`supervisor.controller.releases`): a new version of the job is on
+    probation until it has trained ``probation_steps`` steps; one that cannot train goes back to
+    the last known-good version on its own."""
+
+    rollback: bool = True
+    """false: a version that cannot train ends the job, as before (no probation, no rollback)."""
+    probation_steps: int = 20
+    code_dir: str = ""
+    """The folder of the training code, hashed into the version and snapshotted for a rollback
+    (local and Slurm). "": the entry script's folder."""
+    max_code_mb: float = 256.0
+    """The code folder's size at most (a rollback needs a copy of it): past it the job does not start."""
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rollback, bool):
+            raise ConfigError("release.rollback: must be true or false")
+        if not 1 <= self.probation_steps <= 10_000_000:
+            raise ConfigError("release.probation_steps: must be in [1, 10000000]")
+        if not 0 < self.max_code_mb <= 65536:
+            raise ConfigError("release.max_code_mb: must be in (0, 65536]")
+
+
+@dataclass(frozen=True)
 class ListenConfig:
     host: str = "127.0.0.1"
     port: int = 0
@@ -298,6 +338,7 @@ class JobConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     nonfinite: NonfiniteConfig = field(default_factory=NonfiniteConfig)
     instrument: InstrumentConfig = field(default_factory=InstrumentConfig)
+    release: ReleaseConfig = field(default_factory=ReleaseConfig)
     http: ListenConfig = field(default_factory=ListenConfig)
     intake: ListenConfig = field(default_factory=ListenConfig)
     env: dict[str, str] = field(default_factory=dict)

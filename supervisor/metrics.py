@@ -47,6 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from supervisor.controller import decide
 from supervisor.controller.decide import JobPhase
+from supervisor.controller.releases import ROLLBACK_REASONS
 from supervisor.health import Kind
 from supervisor.protocol import PHASE_DONE, PHASES, REJECT_REASONS, RESTART_PHASES
 
@@ -136,6 +137,8 @@ class Snapshot:
     run_started_unix: float = 0.0
     waiting_for_capacity_s: float = 0.0
     """How long the cluster has not been able to place the gang (0: placed)."""
+    release: dict[str, Any] = field(default_factory=dict)
+    """The running release (:func:`supervisor.controller.releases.summary`)."""
 
 
 def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
@@ -160,7 +163,7 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
         rejected=v.rejected, received=v.received, excluded_nodes=len(v.excluded_nodes),
         step_rate=max(0.0, float(v.step_rate)), stop_requested=v.stop_requested,
         run_started_unix=float(v.run_started_unix or state.started_unix),
-        waiting_for_capacity_s=v.waiting_for_capacity_s,
+        waiting_for_capacity_s=v.waiting_for_capacity_s, release=dict(v.release),
     )
 
 
@@ -335,6 +338,20 @@ def families(s: Snapshot) -> Iterator[Metric]:
     received.add_metric([job], s.received)
     yield received
     yield _gauge("supervisor_excluded_nodes", "Nodes excluded from future attempts", job, s.excluded_nodes)
+    rel = s.release
+    info = GaugeMetricFamily("supervisor_release_info",
+                             "1, labelled with the version the ranks run, its state (probation, known_good, rejected) "
+                             "and the job's newest known-good version", labels=["job", "version", "state", "known_good"])
+    if rel.get("version"):
+        info.add_metric([job, rel["version"], rel.get("state") or "", rel.get("known_good") or ""], 1.0)
+    yield info
+    rollbacks = CounterMetricFamily("supervisor_release_rollbacks",
+                                    "Releases rejected and rolled back to an earlier version, by why",
+                                    labels=["job", "reason"])
+    reasons = rel.get("rollback_reasons", {})
+    for reason in sorted(set(ROLLBACK_REASONS) | set(reasons)):
+        rollbacks.add_metric([job, reason], reasons.get(reason, 0))
+    yield rollbacks
 
 
 def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -46,6 +46,8 @@ class Scan:
     usable: list[str] | None
     verified: int
     """Fast verifications this scan ran (the rest were remembered)."""
+    writers: dict[str, str] = field(default_factory=dict)
+    """The release (its manifest's) that wrote each checkpoint looked at that verifies."""
 
 
 class VerifiedCache:
@@ -79,6 +81,7 @@ class VerifiedCache:
             pick: Verified | None = None
             skipped: list[Skipped] = []
             names: list[str] = []
+            writers: dict[str, str] = {}
             for cand in found:
                 if pick is not None and not usable:
                     break
@@ -89,6 +92,7 @@ class VerifiedCache:
                 manifest, reason = self._verdict(cand)
                 if manifest is not None:
                     names.append(cand.name)
+                    writers[cand.name] = manifest.release
                 if pick is not None:
                     continue
                 if passed_over:
@@ -97,7 +101,8 @@ class VerifiedCache:
                     skipped.append(Skipped(cand.name, reason))
                 else:
                     pick = Verified(cand.path, manifest, "fast")
-            return Scan(root, Discovery(pick, skipped), names if usable else None, self.verifications - before)
+            return Scan(root, Discovery(pick, skipped), names if usable else None, self.verifications - before,
+                        writers)
 
     def _verdict(self, cand: Candidate) -> tuple[Manifest | None, str]:
         key = _identity(cand.path)

@@ -83,6 +83,7 @@ from supervisor.checkpoint.errors import (
 from supervisor.checkpoint.fsutil import HashingFile, dump_json, fsync_dir, remove_tree, write_durable
 from supervisor.checkpoint.dcp_io import HashingWriter, ManifestReader, read_dcp_metadata
 from supervisor.checkpoint.manifest import MANIFEST_NAME, FileEntry, Manifest
+from supervisor.protocol.vocabulary import Env
 from supervisor.checkpoint.state import (
     MAX_RNG_BYTES,
     RNG_DERIVED,
@@ -165,6 +166,7 @@ class CheckpointManager:
         attempt: int = 0,
         process_group: Any = None,
         after_file: Callable[[int, str], None] | None = None,
+        release: str | None = None,
     ) -> None:
         if keep < 2:
             raise ValueError("keep must be at least 2: the newest checkpoint may still be unproven")
@@ -187,6 +189,10 @@ class CheckpointManager:
         self.verify_on_restore = verify_on_restore
         self.io_threads = io_threads
         self.attempt = attempt
+        # the version of the job writing (each manifest names it: a rejected release's checkpoints
+        # are never restored); by default the supervisor's, from the environment it launched us with
+        release = os.environ.get(Env.RELEASE, "") if release is None else release
+        self.release = release if re.fullmatch(r"[0-9A-Za-z_-]{0,64}", release) else ""
         self.after_file = after_file
         self._extras: dict[str, Stateful] = {}
         self._buffers: dict[str, torch.Tensor] = {}
@@ -502,6 +508,7 @@ class CheckpointManager:
             torch_version=torch.__version__,
             supervisor_version=supervisor.__version__,
             attempt=self.attempt,
+            release=self.release,
             states=states,
             trainer_state=trainer_state,
             config=self.config,

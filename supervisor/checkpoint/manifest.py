@@ -40,6 +40,7 @@ MAX_CURSOR_INT = (1 << 128) - 1
 """The data cursor's fields (its seed may be any large integer the job chose)."""
 MAX_CREATED_UNIX = 1e11
 _HEX = re.compile(r"^[0-9a-f]{8,128}$")
+_RELEASE = re.compile(r"^[0-9A-Za-z_-]{0,64}$")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class Manifest:
     torch_version: str = ""
     supervisor_version: str = ""
     attempt: int = 0
+    release: str = ""
+    """The version of the job that wrote it (``SUPERVISOR_RELEASE``; "" when unsupervised)."""
     states: dict[str, Any] = field(default_factory=dict)
     trainer_state: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
@@ -82,6 +85,7 @@ class Manifest:
             "torch_version": self.torch_version,
             "supervisor_version": self.supervisor_version,
             "attempt": self.attempt,
+            **({"release": self.release} if self.release else {}),
             "states": self.states,
             "trainer_state": self.trainer_state,
             "config": self.config,
@@ -154,6 +158,10 @@ class Manifest:
             raise ManifestError(f"created_unix must be a finite number in [0, {MAX_CREATED_UNIX:g}), got "
                                 f"{_short(created_unix)}")
         attempt = raw.get("attempt", 0)
+        release = raw.get("release", "")
+        if not isinstance(release, str) or not _RELEASE.match(release):
+            raise ManifestError(f"release must be a version id (up to 64 letters, digits, '-', '_'), got "
+                                f"{_short(release)}")
         return cls(
             format_version=version,
             status=status,
@@ -166,6 +174,7 @@ class Manifest:
             torch_version=str(raw.get("torch_version", "")),
             supervisor_version=str(raw.get("supervisor_version", "")),
             attempt=attempt if _is_int(attempt) and 0 <= attempt <= MAX_INT else 0,
+            release=release,
             states=_mapping(raw, "states"),
             trainer_state=trainer_state,
             config=_mapping(raw, "config"),

@@ -39,6 +39,8 @@ from supervisor.checkpoint.discovery import parse_name
 from supervisor.config import JobConfig
 from supervisor.controller import reconcile
 from supervisor.controller import recovery as recovery_step
+from supervisor.controller import release_store
+from supervisor.controller import releases
 from supervisor.controller import state as state_file
 from supervisor.controller.executor import Executor
 from supervisor.controller.intake import Intake, Wire, grow_receive_buffer
@@ -146,6 +148,14 @@ class Controller:
             heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s, checkpoint_s=h.checkpoint_timeout_s,
             factor=h.phase_factor, floor_s=h.phase_floor_s, ceiling_s=h.phase_ceiling_s, every_s=CALIBRATE_S)
         self.watch = CheckpointWatch(clock)  # the looks at the checkpoint root, off the loop
+        # the job's versions (releases.Ledger, LOG_DIR/releases/ledger.json: it outlives runs)
+        self.releases = releases.Ledger()
+        self.version: releases.Version | None = None  # what this controller's config runs
+        self.release_switch = False  # an adopted gang runs another version than the one to run: relaunch
+        rc = cfg.release
+        self.release_policy = releases.Policy(
+            rollback=rc.rollback, probation_steps=rc.probation_steps,
+            baseline=release_store.baseline(rc.baseline.command, rc.baseline.image, cfg.env, cfg.command))
         # where it is reached
         self.wire = Wire()  # the job token and its keys, this run's launch ids, what the intake counted
         self.intake: Intake | None = None
@@ -207,9 +217,13 @@ class Controller:
                 self.event("old_gang_stopped", attempt=old["attempt"], detail="--fresh: what was left of the previous "
                            "run's gang, through the platform")
                 await self.platform.teardown(self.cfg.restart.kill_grace_s)
+        ran_before = self.startup.take_release()  # what version runs (raises StateError when it cannot be told)
         adopt_gang = False
         if saved and JobPhase(saved["phase"]) not in TERMINAL:
             adopt_gang = await self.platform.adopt(saved.get("platform", {}), launched_as(saved))
+        # an adopted gang that runs another version than the one to run now (a release while the
+        # controller was away, a helm upgrade of the workers): it saves and is relaunched
+        self.release_switch = adopt_gang and ran_before not in ("", self.releases.current)
         if not adopt_gang:
             self.platform.warm_up()  # the first launch follows: its agents import torch meanwhile
         self.startup.init_token(saved)
@@ -405,7 +419,7 @@ class Controller:
             return
         if self.phase in TERMINAL:
             return
-        if await self._capacity(now) or await self._grow():
+        if await self._capacity(now) or await self._grow() or await self._switch_release():
             return
         self.detection = reconcile.calibrated(self.detection, now, reg, self.calibration)
         self.memory, fault, findings = reconcile.fault(self.memory, self._look(now, logged=True), policy)
@@ -508,6 +522,22 @@ class Controller:
                                      saved="written by the ranks on the way out; the larger gang resumes from it")
         return True
 
+    async def _switch_release(self) -> bool:
+        """An adopted gang runs another version than the one to run now (released while no
+        controller watched it, or a ``helm upgrade`` of the workers): the ranks save on SIGTERM
+        (restart.kill_grace_s, as for a planned stop) and the version to run resumes from there."""
+        if not self.release_switch:
+            return False
+        self.release_switch = False
+        log.warning("event=release_relaunch attempt=%d version=%s (the adopted gang runs another version)",
+                    self.attempt, self.releases.current)
+        self.event("release_relaunch", attempt=self.attempt, version=self.releases.current,
+                   detail="the adopted gang runs another version of the job: it saves and is relaunched as this one")
+        self.event("action", attempt=self.attempt, action="tear_down", reason="release")
+        await self.executor.relaunch(list(self.nodes), grace_s=self.cfg.restart.kill_grace_s,
+                                     saved="written by the ranks on the way out; the new release resumes from it")
+        return True
+
     def _track_progress(self, now: float) -> None:
         reg = self.registry
         for said in reconcile.started(reg, starting=self.phase == JobPhase.STARTING,
@@ -541,6 +571,7 @@ class Controller:
                 log.error("event=%s attempt=%d budget_s=%.0f", told.event, self.attempt, self.cfg.restart.budget_s)
         if all_heard:
             self.heard.mark_step(now, reg.min_step())
+            self.track_release(time.time())
 
     def _on_restore_reported(self, report) -> None:
         """Every rank said how its restore went: record what was really restored, make the
@@ -610,7 +641,10 @@ class Controller:
             if not self.history.had_checkpoint:
                 self.history = dataclasses.replace(self.history, had_checkpoint=True)
             if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
-                self.event("checkpoint_complete", name=found.name, step=found.step)
+                self.event("checkpoint_complete", name=found.name, step=found.step,
+                           **({"release": found.manifest.release} if found.manifest.release else {}))
+                if found.manifest.release:
+                    self.releases = releases.wrote(self.releases, found.manifest.release, found.name)
                 self.watch.times.append(found.manifest.created_unix)
             self.latest_ckpt = {"name": found.name, "step": found.step, "created_unix": found.manifest.created_unix,
                                 "writer_world_size": found.manifest.writer_world_size}
@@ -634,7 +668,9 @@ class Controller:
                   list(fault.ranks), list(fault.nodes), fault.detail)
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
                    detection_s=round(now - fault.fault_at, 3), **reported_by(self.registry, fault.ranks))
-        self.recovery = recovery_step.begin(fault, in_place=bool(self.in_place_allowed))
+        rejected = self.judge_release(fault)
+        # a rejected release is relaunched as another version: never restarted in place
+        self.recovery = recovery_step.begin(fault, in_place=bool(self.in_place_allowed) and not rejected)
         self.executor.in_place = None
         await self._advance_recovery()
 
@@ -678,16 +714,23 @@ class Controller:
             if name not in before:
                 self.event("checkpoint_suspect", name=name, detail=self.history.suspect_why.get(name, ""))
 
+    def restorable(self) -> list[str]:
+        """The usable checkpoints of the last look at the root, newest first, less those a
+        rejected release wrote (:func:`~.releases.restorable`)."""
+        return releases.restorable(self.watch.usable, self.watch.writers, self.releases)
+
     def choose_checkpoint(self) -> str | None | Stop:
         """The checkpoint a launch resumes from (:func:`pick_checkpoint`), of the last look at the root."""
-        usable = list(self.watch.usable)
+        usable = self.restorable()
         if usable and not self.history.had_checkpoint:
             self.history = dataclasses.replace(self.history, had_checkpoint=True)
         return pick_checkpoint(usable, self.history, self.cfg.restart.allow_fresh_start)
 
-    def plan(self, fault: Fault, history: History) -> tuple[Relaunch | Stop, History]:
+    def plan(self, fault: Fault, history: History, *, rolled_back: bool = False) -> tuple[Relaunch | Stop, History]:
         """What comes after ``fault``, and the history after it (:func:`plan_next`), on the
-        checkpoints of the last :meth:`look_at_checkpoints` (its callers look first)."""
+        checkpoints of the last :meth:`look_at_checkpoints` (its callers look first);
+        ``rolled_back``: the fault rejected the release that caused it, which goes back to an
+        earlier version (the fault does not count against the job)."""
         made_progress = decide_progress(
             latest_step=self.latest_ckpt["step"] if self.latest_ckpt else None,
             step_at_start=self.ckpt_step_at_attempt_start, had_checkpoint=bool(history.had_checkpoint or self.latest_ckpt),
@@ -706,12 +749,90 @@ class Controller:
             hosts={n: st.host for n, st in self.node_status.items() if st.host},
             nodes_min=self.cfg.nodes.min, nodes_max=self.cfg.nodes.max, max_restarts=self.cfg.restart.max_restarts,
             guard_attempts=self.cfg.restart.progress_guard_attempts, exclude_after=self.cfg.restart.exclude_node_after,
-            checkpoints=list(self.watch.usable), allow_fresh_start=self.cfg.restart.allow_fresh_start,
+            checkpoints=self.restorable(), allow_fresh_start=self.cfg.restart.allow_fresh_start,
             nonfinite_window=self.cfg.nonfinite.window_steps, skip_batches=self.cfg.nonfinite.skip_batches,
             nproc_per_node=self.cfg.nproc_per_node, world_sizes=self.cfg.nodes.world_sizes,
             world_size_multiple_of=self.cfg.nodes.world_size_multiple_of,
-            straggler_nodes=straggler_nodes,
+            straggler_nodes=straggler_nodes, release_rejected=rolled_back,
         )
+
+    # ------------------------------------------------------------------ releases
+    def running_version(self) -> releases.Version | None:
+        rec = self.releases.get(self.releases.current)
+        return rec.version if rec is not None else self.version
+
+    def release_launch(self) -> tuple[tuple[str, ...], dict[str, str], str]:
+        """The command, the job's environment and the image a launch runs: the config's, or an
+        earlier version's (a rollback: its code from its snapshot, its image)."""
+        v = self.running_version()
+        if v is None or self.version is None or v.id == self.version.id:
+            return tuple(self.cfg.command), dict(self.cfg.env), ""
+        return release_store.launch_command(self.log_dir, v), dict(v.env), v.image
+
+    def save_releases(self) -> None:
+        try:
+            release_store.save(self.log_dir, self.releases)
+        except OSError as exc:
+            log.error("event=release_ledger_unwritable error=%s (kept in memory; written again at the next change)", exc)
+
+    def judge_release(self, fault: Fault) -> bool:
+        """Whether ``fault`` rejects the running release (:func:`~.releases.judge`): kept as the
+        ledger's pending rejection, which the plan after the teardown carries out."""
+        if self.releases.pending is not None:
+            return True
+        before = self.releases
+        stepped = restore_report(rec.hb for rec in self.registry.ranks.values()).stepped
+        self.releases, verdict = releases.judge(
+            before, kind=fault.kind, detail=fault.detail, step=fault.step, stepped=stepped,
+            node_failure=fault.node_failure, policy=self.release_policy)
+        if self.releases != before:
+            self.save_releases()
+        if verdict is not None:
+            log.error("event=release_rejected version=%s reason=%s why=%s", verdict.version, verdict.reason,
+                      verdict.why)
+        return verdict is not None
+
+    def roll_back(self) -> releases.Told | None:
+        """Before the plan after a fault that rejected the running release: the version is
+        rejected and the earlier one (:func:`~.releases.rollback_target`) is to run; returns the
+        event to tell once the plan has chosen the checkpoint. With none to go back to, the
+        job's own verdict stands (said now) and None is returned."""
+        verdict = self.releases.pending
+        if verdict is None:
+            return None
+        target = releases.rollback_target(self.releases, verdict.version, self.release_policy)
+        if target is None:
+            self.releases = releases.settle(self.releases)
+            self.save_releases()
+            self.event("release_not_rolled_back", version=verdict.version, reason=verdict.reason, why=verdict.why,
+                       detail="no version of this job is known-good yet and release.baseline names none: the job's "
+                              "own verdict stands")
+            return None
+        self.releases, told = releases.roll_back(self.releases, verdict, target, now_unix=time.time())
+        self.save_releases()
+        return told
+
+    def tell_rollback(self, told: releases.Told, decision: Relaunch | Stop) -> None:
+        checkpoint = decision.restore_from if isinstance(decision, Relaunch) else None
+        f = told.fields
+        log.error("event=release_rolled_back from=%s to=%s reason=%s checkpoint=%s why=%s", f["from"], f["to"],
+                  f["reason"], checkpoint, f["why"])
+        self.event(told.event, **f, checkpoint=checkpoint, attempt=self.attempt,
+                   **({} if isinstance(decision, Relaunch) else {"stops": decision.reason}))
+
+    def track_release(self, now_unix: float) -> None:
+        """The running version's steps past its restore (the slowest rank's): its probation's end."""
+        reg = self.registry
+        if not (0 < reg.world_size == len(reg.ranks)) or self.releases.pending is not None:
+            return
+        steps = reg.min_step() - self.restored_step
+        finite = all(rec.hb.loss_ok for rec in reg.ranks.values())
+        self.releases, told = releases.trained(self.releases, steps, finite=finite, now_unix=now_unix,
+                                               policy=self.release_policy)
+        if told is not None:
+            self.save_releases()
+            log.info("event=%s version=%s steps=%s", told.event, told.fields["version"], told.fields["steps"])
+            self.event(told.event, **told.fields)
 
     def finish(self, phase: JobPhase, reason: str) -> None:
         self.phase = phase
@@ -719,6 +840,7 @@ class Controller:
         self.recovery = None  # a recovery under way ends with the job
         level = logging.INFO if phase == JobPhase.COMPLETED else logging.ERROR
         log.log(level, "event=terminal phase=%s exit_code=%d reason=%s", phase.value, EXIT_CODES[phase], reason)
+        self.save_releases()  # the steps each version trained
         self.save_state()
 
     # ------------------------------------------------------------------ views
@@ -758,6 +880,7 @@ class Controller:
             restore_refused=dict(self.heard.report.refused) if self.heard.report else {}, log_dir=str(self.log_dir),
             restore_from=self.restore_from, findings=list(self.detection.findings), timeouts=asdict(self.detection.timeouts),
             stop_reason=self.stop_reason, exit_code=EXIT_CODES.get(self.phase),
+            release=releases.summary(self.releases, self.release_policy),
         )
 
     def status(self, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:

@@ -838,6 +838,7 @@ def plan_next(
     skip_batches: int = 0,
     straggler_nodes: Iterable[str] = (),
     hosts: Mapping[str, str] | None = None,
+    release_rejected: bool = False,
 ) -> tuple[Relaunch | Stop, History]:
     """Decide the next attempt after a failed one, and the run's history after it.
 
@@ -861,12 +862,17 @@ def plan_next(
       stops the job (``STOPPED_NONFINITE``) instead of looping;
     * a rank-level failure (a crash, an error) before any rank took a step, identical in two
       attempts in a row, is a job that cannot start: it stops at once with that error
-      (``STOPPED_STARTUP_FAILURE``) instead of spending the restart budget on it.
+      (``STOPPED_STARTUP_FAILURE``) instead of spending the restart budget on it;
+    * ``release_rejected``: the fault rejected the release that caused it
+      (:mod:`~supervisor.controller.releases`), which goes back to an earlier version: the fault
+      says nothing of the job (no stop at once, no startup-failure signature, no non-finite or
+      out-of-memory step, no attempt without progress), and ``checkpoints`` already leave out
+      what the rejected release wrote.
     """
     history = _Draft(note_refusals(history, report)[0])
     if checkpoints:
         history.had_checkpoint = True
-    if fault.kind in STOP_AT_ONCE:
+    if fault.kind in STOP_AT_ONCE and not release_rejected:
         return Stop(JobPhase.STOPPED_STARTUP_FAILURE, f"the job cannot start: {fault.detail}"), history.freeze()
     # only a failure the restored state could have caused speaks against it: a lost or killed
     # node, a preemption, a silent rank or a non-finite loss (its step ran: the load worked) do not
@@ -890,9 +896,10 @@ def plan_next(
         if node not in history.excluded:
             history.excluded.append(node)
             newly.append(node)
-    history.attempts_without_progress = 0 if made_progress else history.attempts_without_progress + 1
+    if not release_rejected:
+        history.attempts_without_progress = 0 if made_progress else history.attempts_without_progress + 1
     history.restarts += 1
-    before_first_step = not report.stepped and fault.kind in _STARTUP_KINDS
+    before_first_step = not report.stepped and fault.kind in _STARTUP_KINDS and not release_rejected
     # which rank shows it first is chance: the same error from another rank is the same failure
     signature = re.sub(r"\branks? [\d, ]+", "rank N", f"{fault.kind}: {fault.detail}") if before_first_step else ""
     if signature and signature == history.startup_failure:
@@ -900,7 +907,7 @@ def plan_next(
                     f"the job fails the same way before its first step in two attempts in a row: {fault.detail}"), \
             history.freeze()
     history.startup_failure = signature
-    if fault.kind == "oom" and fault.step is not None:
+    if fault.kind == "oom" and fault.step is not None and not release_rejected:
         key = f"{fault.ranks[0] if fault.ranks else -1}@{fault.step}"
         if key in history.oom_at:
             return Stop(JobPhase.STOPPED_OUT_OF_MEMORY,
@@ -909,7 +916,7 @@ def plan_next(
                         "memory, or raise the container's memory limit), stopping instead of looping"), \
                 history.freeze()
         history.oom_at.append(key)
-    if fault.kind == "nonfinite" and fault.step is not None:
+    if fault.kind == "nonfinite" and fault.step is not None and not release_rejected:
         again = [s for s in history.nonfinite_steps if abs(s - fault.step) <= nonfinite_window]
         history.nonfinite_steps.append(fault.step)
         if again:

@@ -217,7 +217,10 @@ class Executor:
                 c.event("nodes_unresponsive", attempt=c.attempt, nodes=list(stopped), reason=fault.kind)
         await c.look_at_checkpoints()
         suspects_before = set(c.history.suspects)
-        decision, c.history = c.plan(fault, c.history)
+        rollback = c.roll_back()  # the fault rejected the running release: the earlier version runs
+        decision, c.history = c.plan(fault, c.history, rolled_back=rollback is not None)
+        if rollback is not None:
+            c.tell_rollback(rollback, decision)
         c.tell_suspects(suspects_before)
         c.restarts.active = None
         if isinstance(decision, Stop):
@@ -374,6 +377,7 @@ class Executor:
         c.phase = JobPhase.STARTING
         c.event("launched", attempt=c.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
                 require_checkpoint=c.require_checkpoint, excluded=c.history.excluded, launch=c.launch_id,
+                release=c.releases.current,
                 **({} if launch is not None else {"in_place": True}))
         log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", c.attempt, nodes, world,
                  restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
@@ -384,7 +388,9 @@ class Executor:
         c = self.c
         rank_log_dir = c.log_dir / "ranks"
         in_place = c.cfg.restart.in_place_restarts
-        env = dict(c.cfg.env) | {
+        command, job_env, image = c.release_launch()  # the running release's (a rollback: an earlier one's)
+        env = job_env | {
+            Env.RELEASE: c.releases.current,
             Env.JOB: c.cfg.job,
             Env.ATTEMPT: str(c.attempt),
             Env.LAUNCH: c.launch_id,
@@ -407,7 +413,7 @@ class Executor:
             # SIGTERM the ranks answer with an emergency checkpoint (seen: 30 s lost, then SIGKILL);
             # restarting in place, a lost agent would leave the others training smaller on their own
             nnodes_min=len(nodes), nnodes_max=len(nodes),
-            nproc_per_node=c.cfg.nproc_per_node, command=c.cfg.command, env=env,
+            nproc_per_node=c.cfg.nproc_per_node, command=command, env=env, image=image,
             rdzv_endpoint=c.platform.rendezvous_endpoint(c.attempt, c.cfg.platform.host),
             rdzv_id=f"{c.cfg.job}-{c.attempt}", max_restarts=in_place,
             fork_ranks=c.cfg.platform.fork_ranks,

@@ -5,6 +5,7 @@ recovery a previous controller was in the middle of."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from supervisor.controller import preflight
+from supervisor.controller import release_store, releases
 from supervisor.controller import recovery as recovery_step
 from supervisor.controller import state as state_file
 from supervisor.controller import token as job_token
@@ -112,6 +114,42 @@ class Startup:
         if saved.get("ckpt_root"):
             c.ckpt_root = Path(saved["ckpt_root"])
         return saved
+
+    def take_release(self) -> str:
+        """The version this controller's config runs (:mod:`~supervisor.controller.releases`),
+        taken into the job's ledger: a new one is a release (its code snapshotted), a rejected
+        one gives way to the known-good version. Returns the version the job ran before ("":
+        none recorded)."""
+        c = self.c
+        cfg = c.cfg
+        parts = c.platform.release_parts()
+        try:
+            ledger = release_store.load(c.log_dir)
+            c.version = release_store.identify(
+                command=cfg.command, env=cfg.env, trained={"nproc_per_node": cfg.nproc_per_node,
+                                                           "nonfinite": dataclasses.asdict(cfg.nonfinite)},
+                log_dir=c.log_dir, checkpoint_dir=Path(cfg.checkpoint_dir), code_dir=cfg.release.code_dir,
+                max_code_bytes=int(cfg.release.max_code_mb * 2**20), platform_parts=parts, hash_code=parts is None)
+            for vid in release_store.allowed(c.log_dir):
+                before = ledger.get(vid)
+                ledger = releases.allow(ledger, vid, now_unix=time.time())
+                release_store.taken(c.log_dir, vid)
+                if before is not None and before.state == releases.REJECTED:
+                    c.event("release_allowed", version=vid, detail="allowed again by the operator: on probation")
+            previous = ledger.current
+            ledger, told = releases.arrive(ledger, c.version, now_unix=time.time(), policy=c.release_policy)
+            if ledger.get(c.version.id).state != releases.REJECTED and parts is None:
+                release_store.snapshot(c.log_dir, c.version, Path(cfg.checkpoint_dir))
+            release_store.save(c.log_dir, ledger)
+        except (release_store.ReleaseError, OSError) as exc:
+            raise state_file.StateError(f"release: {exc}") from None
+        c.releases = ledger
+        if told is not None:
+            level = logging.WARNING if told.event == "release_still_rejected" else logging.INFO
+            log.log(level, "event=%s %s", told.event, " ".join(f"{k}={v}" for k, v in told.fields.items()
+                                                                if k != "detail"))
+            c.event(told.event, **told.fields)
+        return previous
 
     def stop_strays(self) -> None:
         """``--fresh``: no process of an earlier gang of this job may outlive its record."""

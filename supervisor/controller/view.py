@@ -79,6 +79,8 @@ class JobView:
     timeouts: dict[str, Any] = dataclasses.field(default_factory=dict)
     stop_reason: str = ""
     exit_code: int | None = None
+    release: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The running release (:func:`supervisor.controller.releases.summary`)."""
 
 
 def render_status(v: JobView, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
@@ -153,7 +155,7 @@ def render_status(v: JobView, *, offset: int | None = None, limit: int | None = 
         "timeouts": v.timeouts, "budget_s": budget, "budget_remaining_s": v.budget_remaining_s,
         "budget_exceeded": v.budget_exceeded, "rejected_heartbeats": v.rejected,
         "heartbeats_received": v.received, "stop_reason": v.stop_reason,
-        "exit_code": v.exit_code,
+        "exit_code": v.exit_code, "release": dict(v.release),
     }
 
 

@@ -27,6 +27,8 @@ class CheckpointWatch:
         self.usable: list[str] = []
         """The checkpoints that verified at the last full look, newest first (suspects included:
         the decisions skip them, and need to know one exists)."""
+        self.writers: dict[str, str] = {}
+        """The release that wrote each of them (their manifests'; "" when none is named)."""
         self.times: collections.deque[float] = collections.deque(maxlen=8)
         """When the last checkpoints were published (metrics: the interval)."""
         self.rebase = False
@@ -64,12 +66,13 @@ class CheckpointWatch:
                                                                 usable=True)))
         except Exception as exc:  # noqa: BLE001 - a bad checkpoint root must not stop the controller
             log.warning("event=checkpoint_scan_failed root=%s error=%s", root, exc)
-            self.usable = []
+            self.usable, self.writers = [], {}
         return out
 
     def _took(self, root: Path, scan: Scan) -> Scan:
         if scan.usable is not None and scan.root == root:
             self.usable = list(scan.usable)
+            self.writers = dict(scan.writers)
         return scan
 
     def _collect(self, root: Path) -> Scan | None:

@@ -49,6 +49,9 @@ class LaunchSpec:
     check_command: bool = False
     """Each node's agent checks the command where its ranks run before it starts them
     (:mod:`supervisor.preflight`), the controller could not (:attr:`Platform.checks_command_here`)."""
+    image: str = ""
+    """The worker image this launch runs, where the platform runs images ("": the configured one;
+    a rollback to an earlier release names that release's)."""
 
 
 class Supervised(Protocol):
@@ -216,6 +219,12 @@ class Platform(abc.ABC):
     def describe(self) -> dict:
         """What the state file needs to adopt the running gang after a controller restart."""
         return {}
+
+    def release_parts(self) -> dict[str, str] | None:
+        """What identifies the code the ranks run, where the platform knows it (Kubernetes: the
+        worker image and the pod template); None: the controller hashes the code folder on the
+        filesystem it shares with the ranks (local, Slurm) and snapshots it for a rollback."""
+        return None
 
     def lock_owner(self) -> LockOwner:
         """This controller as the job's lock records it (who holds the job, and whether a newer run

@@ -84,6 +84,10 @@ class Env:
     FR_BUFFER = "SUPERVISOR_FR_BUFFER"
     """The flight recorder's ring size, in entries (``TORCH_FR_BUFFER_SIZE`` unless the job sets
     that itself); ``0`` leaves the recorder off."""
+    RELEASE = "SUPERVISOR_RELEASE"
+    """The id of the version the ranks run (:mod:`supervisor.controller.releases`): the worker
+    SDK writes it into every checkpoint's manifest (``release``), so that a checkpoint a rejected
+    release wrote is never restored."""
     AGENT_PID = "SUPERVISOR_AGENT_PID"
     """Set by the node agent to its own pid: the instrumentation starts in a process whose parent
     is the agent (a rank), never in a process a rank starts (a data loader worker, a tool)."""

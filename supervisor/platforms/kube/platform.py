@@ -45,6 +45,7 @@ import hashlib
 import dataclasses
 import datetime
 import logging
+import json
 import os
 import re
 import secrets
@@ -431,7 +432,8 @@ class KubernetesPlatform(Platform):
                                                                                     "key": self.token_key}}})
         env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         w = self.s.worker
-        container: dict[str, Any] = {"name": "agent", "image": self.s.image, "command": argv, "env": env_list}
+        container: dict[str, Any] = {"name": "agent", "image": spec.image or self.s.image, "command": argv,
+                                     "env": env_list}
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never", "hostname": name, "subdomain": self.service,
             "terminationGracePeriodSeconds": self.s.termination_grace_s,
@@ -701,6 +703,14 @@ class KubernetesPlatform(Platform):
             self._spawn(self._delete(name, 0))
 
     # ------------------------------------------------------------------ events
+    def release_parts(self) -> dict[str, str]:
+        """The worker image (as configured: a tag or a digest) and the pod template the workers
+        are made from (the worker settings, the volumes, the agent's python)."""
+        template = json.dumps({"worker": dataclasses.asdict(self.s.worker) if dataclasses.is_dataclass(self.s.worker)
+                               else repr(self.s.worker),
+                               "volumes": repr(self.s.volumes), "python": self.s.python}, sort_keys=True, default=str)
+        return {"image": self.s.image, "template": hashlib.sha256(template.encode()).hexdigest()}
+
     def tell(self, name: str, fields: dict) -> None:
         """Post the controller's fault, kill, launch and end records as Kubernetes Events: on the
         culprit's pod (``kubectl describe pod``), or on the release's ConfigMap for the job's own
