@@ -401,6 +401,43 @@ def test_a_state_file_loads_or_is_a_state_error_and_its_consumers_hold(tmp_path_
     shutil.rmtree(log_dir)
 
 
+# ------------------------------------------------------------------ release ledgers
+def _ledger_base() -> dict:
+    from supervisor.controller import releases as rel
+
+    v1 = rel.Version("0123456789ab", {"command": "[]", "code": "ab" * 32}, ("python", "train.py", "--steps", "9"),
+                     {"A": "1"}, 1, "", "/code")
+    v2 = rel.Version("ba9876543210", {"command": "[]"}, ("python", "train.py"), {}, 1, "reg/x:2", "")
+    ledger = rel.Ledger({v1.id: rel.Release(v1, rel.KNOWN_GOOD, 1.7e9, 1.7e9, "trained", 25, (3,), (S1, S2)),
+                         v2.id: rel.Release(v2, rel.REJECTED, 1.7e9, 1.7e9, "it failed", 0, (), (), False)},
+                        v1.id, 1, {"startup_failure": 1}, rel.Reject(v2.id, "startup_failure", "why"))
+    return ledger.to_saved()
+
+
+@fuzz(150)
+@given(data=mutated_json(_ledger_base()))
+def test_a_release_ledger_loads_or_is_a_release_error_and_its_decisions_hold(tmp_path_factory, data):
+    from supervisor.controller import release_store, releases as rel
+
+    log_dir = tmp_path_factory.mktemp("ledger")
+    (log_dir / "releases").mkdir()
+    (log_dir / "releases" / "ledger.json").write_bytes(data)
+    ledger = within(lambda: release_store.load(log_dir), seconds=2, mib=64, errors=release_store.ReleaseError)
+    if isinstance(ledger, rel.Ledger):
+        # what a controller does with it at its start: every decision takes it, and it saves again
+        policy = rel.Policy()
+        v = rel.Version("feedfacecafe", {"x": "1"}, ("python", "t.py"))
+        ledger, _ = rel.arrive(ledger, v, now_unix=1.8e9, policy=policy)
+        ledger, _ = rel.judge(ledger, kind="rank_error", detail="x", step=None, stepped=False, node_failure=False,
+                              policy=policy)
+        rel.summary(ledger, policy)
+        release_store.save(log_dir, ledger)
+        assert release_store.load(log_dir) == ledger
+    else:
+        assert "ledger" in str(ledger) and "\n" not in str(ledger)
+    shutil.rmtree(log_dir)
+
+
 # ------------------------------------------------------------------ configs
 YAML_ALPHABET = ":-[]{}#&*!|>'\"%@`,? \n\t\x0c\x00\x1b0123456789.eE+_abxyz~"
 CONFIG_BASE = "command: [python, t.py]\nnproc_per_node: @@\nrestart: {budget_s: 900}\nheartbeat: {interval_s: 1}\n"

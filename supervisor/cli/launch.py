@@ -51,6 +51,8 @@ def _launch_config(args: argparse.Namespace):
                     "allow_fresh_start": args.allow_fresh_start, "in_place_restarts": args.in_place_restarts},
         "health": {"phase_floor_s": args.hang_timeout_floor},
         "instrument": {"enabled": not args.no_instrument},
+        "release": {"rollback": not args.no_rollback, "probation_steps": args.probation_steps,
+                    "code_dir": args.code_dir},
         "http": {"port": args.port},
         "metrics_linger_s": args.metrics_linger,
     }
@@ -75,6 +77,7 @@ _FLAGS = (
     ("restart.budget_s", "--restart-budget", "restart_budget"), ("restart.max_restarts", "--max-restarts", "max_restarts"),
     ("health.phase_floor_s", "--hang-timeout-floor", "hang_timeout_floor"), ("http.port", "--port", "port"),
     ("metrics_linger_s", "--metrics-linger", "metrics_linger"), ("port", "--port", "port"),
+    ("release.probation_steps", "--probation-steps", "probation_steps"),
     ("restart.in_place_restarts", "--in-place-restarts", "in_place_restarts"),
 )
 
@@ -126,6 +129,15 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="do not watch ranks whose script lacks the worker SDK (default: such a rank gets heartbeats, "
                    "its step count and its collectives' progress from torch's optimizer hook and flight recorder, "
                    "stacks on request and its crash reported, so a hang is found and its culprit named)")
+    p.add_argument("--no-rollback", action="store_true",
+                   help="a new version of the job that cannot train ends the job (default: it is rejected and the "
+                   "job goes back to the last known-good version, from a checkpoint that version's code can read)")
+    p.add_argument("--probation-steps", type=int, default=20, metavar="N",
+                   help="steps a new version must train with no fault of its own before it is the job's known-good "
+                   "version (default 20)")
+    p.add_argument("--code-dir", default="", metavar="DIR",
+                   help="the folder of the training code: hashed into the version and copied for a rollback "
+                   "(default: the entry script's folder)")
     p.add_argument("--port", type=int, default=0, help="HTTP port for /metrics and /status (0: a free one)")
     p.add_argument("--metrics-linger", type=float, default=15.0, metavar="SECONDS",
                    help="after the job ends keep serving /metrics this long for a last scrape, only if a scraper "

@@ -197,7 +197,7 @@ def load(log_dir: Path) -> Ledger:
         raise ReleaseError(f"the release ledger {path} is larger than {LEDGER_MAX_BYTES >> 20} MiB: not one")
     try:
         return Ledger.from_saved(json.loads(data))
-    except (ValueError, LedgerError) as exc:
+    except (ValueError, RecursionError, LedgerError) as exc:
         raise ReleaseError(f"the release ledger {path} is not readable ({exc}); move it aside to start the job's "
                            "release history over (its versions' snapshots stay)") from None
 
