@@ -550,6 +550,35 @@ def test_a_script_without_the_sdk_has_its_stopped_rank_found_and_named(slurm, tm
     assert_same_path(losses_by_step(read_log(out, 0)), losses_by_step(read_log(ctl / "out", 0)), exact=False)
 
 
+def test_a_resubmission_as_a_release_that_dies_at_import_rolls_back_to_v1(slurm, tmp_path, control):
+    """v1 trains past its probation and is cancelled (scancel); the job is resubmitted on the same
+    directories as v2, the same script edited in place to import a module the nodes lack: the
+    supervisor rejects v2 at its first failure and the job completes on v1's snapshot, on the
+    path an uninterrupted v1 takes."""
+    code = tmp_path / "code"
+    code.mkdir()
+    script = code / "train.py"
+    shutil.copy(TRAIN, script)
+    v1 = Submitted(slurm, tmp_path, [PY, str(script), *JOB])
+    known = v1.wait_event("release_known_good", timeout=150)
+    slurm.cmd("scancel", v1.job_id)
+    assert slurm.wait_job(v1.job_id)["JobState"] == "CANCELLED"
+    v1.wait_event("job_finished", phase="cancelled", timeout=60)
+    lines = script.read_text().splitlines(keepends=True)
+    at = next(i + 1 for i, line in enumerate(lines) if line.startswith("from __future__"))
+    script.write_text("".join(lines[:at] + ["import a_module_the_nodes_lack  # v2\n"] + lines[at:]))
+    v2 = Submitted(slurm, tmp_path, [PY, str(script), *JOB])
+    back = v2.wait_event("release_rolled_back", timeout=150)
+    assert back["to"] == known["version"] and back["reason"] == "startup_failure", back
+    assert "a_module_the_nodes_lack" in back["why"]
+    assert v2.wait_event("launched", release=known["version"], run=2)["restore_from"] == back["checkpoint"]
+    v2.finish()
+    losses: dict[int, dict] = {}
+    for folder in [*sorted(v2.log_dir.glob("ranks.run*")), v2.log_dir / "ranks"]:
+        losses |= losses_by_step(read_log(folder, 0))
+    assert_same_path(losses, control, exact=False)  # 3 ranks: see the SIGSTOP test
+
+
 def test_warning_signal_checkpoints_and_the_requeued_job_resumes(slurm, tmp_path, control):
     job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB, "--checkpoint-every", "50"], extra=["--requeue"])
     job.wait_event("running", timeout=120)
