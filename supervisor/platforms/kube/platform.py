@@ -134,6 +134,20 @@ def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] |
     if name == "restart_complete":
         return ("Normal", "Restarted", f"attempt {attempt} is training again ({fields.get('reason', '')}, "
                 f"{fields.get('total_s', '?')} s)", [])
+    if name == "release_rolled_back":
+        return ("Warning", "ReleaseRolledBack",
+                f"release {fields.get('from', '?')} rejected ({fields.get('reason', '')}: {fields.get('why', '')}); the "
+                f"job goes back to {fields.get('to', '?')} ({fields.get('runs', '')}) from "
+                f"{fields.get('checkpoint') or 'a fresh start'}", [])
+    if name == "release_started":
+        return ("Normal", "ReleaseStarted", f"version {fields.get('version', '?')} ({fields.get('runs', '')}) is on "
+                f"probation for {fields.get('probation_steps', '?')} steps", [])
+    if name == "release_known_good":
+        return ("Normal", "ReleaseKnownGood", f"version {fields.get('version', '?')} is known-good: "
+                f"{fields.get('detail', '')}", [])
+    if name == "release_still_rejected":
+        return ("Warning", "ReleaseStillRejected", f"version {fields.get('version', '?')} was rejected earlier; "
+                f"{fields.get('runs_instead', '?')} runs instead: {fields.get('detail', '')}", [])
     if name == "job_finished":
         ok = fields.get("exit_code") == 0
         return ("Normal" if ok else "Warning", "JobFinished",
