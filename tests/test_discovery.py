@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_checkpoints
+from helpers import make_checkpoints, tiny_job, train_step
 from supervisor.checkpoint import (
     NoCheckpointError,
     UnsafePathError,
@@ -191,6 +191,22 @@ def test_prune_keeps_k_newest(tmp_path):
     result = prune(root, keep=2)
     assert sorted(result.removed) == ["step-0000000001", "step-0000000002", "step-0000000003"]
     assert [c.step for c in candidates(root)] == [5, 4]
+
+
+def test_a_new_releases_saves_never_prune_the_last_checkpoint_its_predecessor_can_read(tmp_path):
+    root = tmp_path / "ckpt"
+    make_checkpoints(root, steps=(1, 2), keep=10, release="v1aaaaaaaaaa")
+    mgr, model, opt, sched, cursor = tiny_job(root, keep=2, release="v2bbbbbbbbbb")
+    for step in range(1, 6):
+        train_step(model, opt, sched, cursor)
+        if step >= 3:
+            mgr.save(step)
+    # keep=2 of v2's own, and v1's newest (a rollback to v1 resumes from it); v1's older one goes
+    assert [c.step for c in candidates(root)] == [5, 4, 2]
+    assert json.loads((root / "step-0000000002" / "manifest.json").read_text())["release"] == "v1aaaaaaaaaa"
+    assert json.loads((root / "step-0000000005" / "manifest.json").read_text())["release"] == "v2bbbbbbbbbb"
+    # without a release of its own, retention is by count alone, as before
+    assert prune(root, keep=2).removed == ["step-0000000002"]
 
 
 def test_prune_refuses_keep_below_two(root):

@@ -43,6 +43,9 @@ def test_roundtrip():
         (lambda d: d["trainer_state"]["rng"].update(files=["rng/missing.json"]), "not checksummed"),
         (lambda d: d.update(trainer_state=[]), "trainer_state must be a mapping"),
         (lambda d: d.update(created_unix=float("nan")), "created_unix"),
+        (lambda d: d.update(release="../../etc"), "release must be a version id"),
+        (lambda d: d.update(release=12), "release must be a version id"),
+        (lambda d: d.update(release="a" * 65), "release must be a version id"),
     ],
 )
 def test_bad_fields_are_refused_with_a_reason(mutate, reason):
@@ -50,6 +53,13 @@ def test_bad_fields_are_refused_with_a_reason(mutate, reason):
     mutate(d)
     with pytest.raises(ManifestError, match=reason.replace("(", r"\(").replace(")", r"\)")):
         Manifest.from_dict(d)
+
+
+def test_the_release_that_wrote_it_round_trips_and_an_older_manifest_names_none():
+    d = good()
+    assert "release" not in d and Manifest.from_dict(d).release == ""
+    d["release"] = "0123456789ab"
+    assert Manifest.from_dict(d).release == "0123456789ab" and Manifest.from_dict(d).to_dict()["release"] == d["release"]
 
 
 def test_newer_format_says_upgrade():

@@ -308,6 +308,7 @@ def prune(
     now: float | None = None,
     verified: Iterable[str] = (),
     known_bad: Iterable[str] = (),
+    release: str = "",
 ) -> PruneResult:
     """Keep the newest ``keep`` (>= 2) checkpoints that pass full verification; delete older ones.
 
@@ -323,6 +324,10 @@ def prune(
     saves are removed only when their writer is provably gone (same host, dead pid) or they
     are older than ``partial_grace_s``; one that is not a real directory (a symlink) is left
     alone, never followed, and reported in ``skipped``.
+
+    With ``release`` (the version of the job pruning), the newest checkpoint written by another
+    release (its manifest's) is kept too: a new version's first saves never remove the last one
+    its predecessor can read, which a rollback to that predecessor resumes from.
     """
     if keep < 2:
         raise ValueError("keep must be at least 2: the newest checkpoint may still be unproven")
@@ -331,6 +336,7 @@ def prune(
     vouched = set(verified)
     bad = set(known_bad)
     counted = 0
+    other_kept = not release  # the newest checkpoint of another release is kept (see above)
     for cand in candidates(root):
         name = cand.name
         if name in bad:
@@ -340,11 +346,12 @@ def prune(
         if counted < keep:
             level: Level = "fast" if name in vouched else "full"
             try:
-                verify(cand.path, level)
+                manifest = verify(cand.path, level)
             except Exception as exc:  # noqa: BLE001 - kept as evidence, never raised
                 result.kept.append(name)
                 result.failed.append(Skipped(name, refusal(exc)))
                 continue
+            other_kept = other_kept or manifest.release != release
             counted += 1
             result.kept.append(name)
             if level == "full":
@@ -354,10 +361,14 @@ def prune(
             result.kept.append(name)
             continue
         try:
-            verify(cand.path, "fast")
+            manifest = verify(cand.path, "fast")
         except Exception as exc:  # noqa: BLE001 - kept as evidence, never raised
             result.kept.append(name)
             result.failed.append(Skipped(name, refusal(exc)))
+            continue
+        if not other_kept and manifest.release != release:
+            other_kept = True
+            result.kept.append(name)
             continue
         if not dry_run:
             try:

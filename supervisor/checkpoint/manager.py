@@ -460,7 +460,7 @@ class CheckpointManager:
                 # the checkpoint just committed is vouched for: its digests come from the bytes written
                 self._vouched.add(final_name)
                 pr = prune(self.root, self.keep, protect={final_name}, remove_partial=True,
-                           verified=self._vouched, known_bad=self._known_bad)
+                           verified=self._vouched, known_bad=self._known_bad, release=self.release)
                 self._vouched = (self._vouched | set(pr.verified)) & set(pr.kept)
                 if pr.removed or pr.removed_partial:
                     log.info("event=checkpoint_pruned removed=%s partial=%s", pr.removed, pr.removed_partial)
