@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import TRAIN, SupervisorRun, read_log
+from conftest import PYTHON, TRAIN, SupervisorRun, read_log
 
 pytestmark = pytest.mark.slow
 JOB = ["--steps", "40", "--checkpoint-every", "2", "--step-sleep", "0.05"]
@@ -125,8 +126,21 @@ def test_a_release_that_dies_at_import_rolls_back_to_the_snapshot_of_v1(tmp_path
         assert snap.is_file() and "a_module_the_new_image_lacks" not in snap.read_text()
         assert v2.events("job_finished")[-1]["phase"] == "completed"
         path = loss_path(v2.log_dir)
+        # where on-call looks: the status names the running release, the rejected one and why
+        shown = subprocess.run([PYTHON, "-m", "supervisor", "status", "--log-dir", str(v2.log_dir)], env=v2.env,
+                               capture_output=True, text=True, timeout=60)
+        assert f"release: {v1_id} known_good" in shown.stdout and f"rejected: {v2_id}" in shown.stdout, shown
     finally:
         v2.kill()
+    # started once more as the rejected v2: it is not tried again; v1 runs (and finds its work done)
+    again = start(tmp_path, script)
+    try:
+        assert again.wait(timeout=120) == 0, again.output()[-3000:]
+        refused = again.wait_event("release_still_rejected", run=3)
+        assert refused["version"] == v2_id and refused["runs_instead"] == v1_id
+        assert again.wait_event("launched", run=3)["release"] == v1_id
+    finally:
+        again.kill()
     control = control_path(tmp_path)
     assert sorted(path) == list(range(1, 41))
     assert path == control  # bit for bit: the job took exactly the steps v1 alone would have

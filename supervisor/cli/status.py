@@ -45,12 +45,37 @@ def render_final(saved: dict, log_dir: str) -> str:
         lines.append(f"excluded nodes: {', '.join(hist['excluded'])}")
     if saved.get("stop_reason"):
         lines.append(f"reason: {saved['stop_reason']}")
+    try:
+        from supervisor.controller import release_store, releases
+
+        ledger = release_store.load(Path(log_dir))
+    except release_store.ReleaseError as exc:
+        lines.append(f"release: {exc}")
+    else:
+        if ledger.current:
+            # (the job's probation length is its config's, which the state file does not hold)
+            lines.append(release_line(releases.summary(ledger, releases.Policy()) | {"probation_steps": None}))
     events = _read_events(Path(log_dir) / "events.jsonl")
     faults = [e for e in events if e.get("event") == "fault_detected" and e.get("run", 1) == saved.get("run", 1)]
     if faults:
         f = faults[-1]
         lines.append(f"last fault (attempt {f.get('attempt')}): {f.get('kind')} ranks {f.get('ranks')}: {f.get('detail')}")
     return "\n".join(lines).encode(errors="replace").decode()  # a lone surrogate from a file cannot be printed
+
+
+def release_line(rel: dict) -> str:
+    """The running release in one line: its version and state, what it trained, the known-good one."""
+    state = rel.get("state") or "?"
+    if state == "probation":
+        of = f"/{rel['probation_steps']}" if rel.get("probation_steps") else ""
+        state = f"on probation ({rel.get('steps', 0)}{of} steps trained)"
+    good = rel.get("known_good")
+    line = f"release: {rel['version']} {state}" + (f"; known-good: {good}" if good and good != rel["version"] else "")
+    if rel.get("rollbacks"):
+        line += f"; rollbacks: {rel['rollbacks']} ({', '.join(f'{k} {v}' for k, v in rel['rollback_reasons'].items() if v)})"
+    if rel.get("rejected"):
+        line += f"; rejected: {', '.join(rel['rejected'])} (`supervisor releases` says why)"
+    return line
 
 
 def _read_events(path: Path) -> list[dict]:
@@ -100,6 +125,8 @@ def render_status(st: dict) -> str:
         lines.append(f"suspect checkpoint: {name}: {(st.get('suspect_why') or {}).get(name, '')}")
     if st.get("excluded_nodes"):
         lines.append(f"excluded nodes: {', '.join(st['excluded_nodes'])}")
+    if (st.get("release") or {}).get("version"):
+        lines.append(release_line(st["release"]))
     wait = st.get("waiting_for_capacity")
     if wait:
         lines.append(f"waiting for capacity for {_human_age(wait['since_s'])} (no attempt spent): {wait['detail']}")
