@@ -79,3 +79,6 @@ class NodeStatus:
     bad_host: bool = False
     """The machine itself refused the node (a kubelet's admission reject: its devices are not
     what the scheduler saw): exclude it now, whatever ``restart.exclude_node_after`` says."""
+    image_id: str = ""
+    """The image the node runs, by digest, as its runtime reports it once pulled (Kubernetes:
+    the container status's ``imageID``); "" where unknown. A rollback runs exactly that image."""

@@ -176,6 +176,19 @@ def test_a_pulled_image_is_reported_with_its_id(kubelet_factory, v1):
     assert "fake.invalid/worker:1" in DEFAULT_IMAGES
 
 
+def test_an_image_is_pulled_by_the_digest_a_pod_reported_and_an_unknown_digest_is_not_found(kubelet_factory, v1):
+    kubelet = kubelet_factory(nodes=3)
+    v1.create_namespaced_pod(NS, pod("p0", image="trainer:1"))
+    (first,) = kubelet.wait_phase("p0", "Running").status.container_statuses
+    v1.create_namespaced_pod(NS, pod("p1", image=first.image_id))  # what a rollback to "exactly that image" names
+    (again,) = kubelet.wait_phase("p1", "Running").status.container_statuses
+    assert again.image_id == first.image_id
+    unknown = first.image_id.split("@")[0] + "@sha256:" + "0" * 64
+    v1.create_namespaced_pod(NS, pod("p2", image=unknown))
+    _, state = waiting(v1, "p2", "ErrImagePull")
+    assert state.message.endswith(f"{unknown}: not found")
+
+
 def test_an_unknown_image_alternates_err_image_pull_and_back_off_then_runs_once_pushed(kubelet_factory, v1):
     kubelet = kubelet_factory(nodes=1, image_pull_backoff_s=0.4, image_pull_backoff_max_s=2.0)
     v1.create_namespaced_pod(NS, pod("p0", image="nope:1"))

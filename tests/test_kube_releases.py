@@ -50,10 +50,13 @@ def test_a_helm_upgrade_to_an_unpullable_then_a_crashing_image_rolls_back_to_the
     assert "registry.invalid/trainer:does-not-exist" in back["why"], back
     run.wait_event("launched", release=v1, restore_from=back["checkpoint"], attempt=back["attempt"] + 1)
     run.wait_event("restart_complete", attempt=back["attempt"] + 1)
-    # the pods of the rollback run the known-good image again
+    # the pods of the rollback run the known-good image again: by the digest v1's pods ran
+    (digest,) = [r["digest"] for r in json.loads((run.log_dir / "releases" / "ledger.json").read_text())["releases"]
+                 if r["id"] == v1]
+    assert digest.startswith("fake.invalid/worker@sha256:"), digest
     image = {c["image"] for p in cluster.pods() if p["status"].get("phase") == "Running"
              for c in p["spec"]["containers"]}
-    assert image == {"fake.invalid/worker:1"}, image
+    assert image == {digest}, image
     # a second upgrade: an image that is there, with a command that crashes before its first step
     helm_upgrade(run, image="trainer:2", command=[PY, "-c", "import a_module_the_image_lacks"])
     deadline = time.monotonic() + 60

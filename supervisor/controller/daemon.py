@@ -767,7 +767,8 @@ class Controller:
         v = self.running_version()
         if v is None or self.version is None or v.id == self.version.id:
             return tuple(self.cfg.command), dict(self.cfg.env), ""
-        return release_store.launch_command(self.log_dir, v), dict(v.env), v.image
+        rec = self.releases.get(v.id)
+        return release_store.launch_command(self.log_dir, v), dict(v.env), releases.image_of(rec) if rec else v.image
 
     def save_releases(self) -> None:
         try:
@@ -825,6 +826,10 @@ class Controller:
         reg = self.registry
         if not (0 < reg.world_size == len(reg.ranks)) or self.releases.pending is not None:
             return
+        pinned = releases.pinned(self.releases, (st.image_id for st in self.node_status.values()))
+        if pinned is not self.releases:
+            self.releases = pinned
+            self.save_releases()
         steps = reg.min_step() - self.restored_step
         finite = all(rec.hb.loss_ok for rec in reg.ranks.values())
         self.releases, told = releases.trained(self.releases, steps, finite=finite, now_unix=now_unix,

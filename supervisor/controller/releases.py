@@ -92,6 +92,9 @@ class Release:
     """Checkpoints it wrote (the newest last; at most 64 kept)."""
     allowed: bool = False
     """The operator allowed it again after a rejection (``supervisor release allow``)."""
+    digest: str = ""
+    """Its image by digest, as the cluster ran it (``repo@sha256:...``; Kubernetes): a rollback
+    runs exactly that image, wherever its tag has moved since."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,21 @@ def trained(ledger: Ledger, steps_past_restore: int, *, finite: bool, now_unix: 
     return replace(ledger, releases={**ledger.releases, rec.version.id: rec}), told
 
 
+def pinned(ledger: Ledger, image_ids: Iterable[str]) -> Ledger:
+    """The running version's pods all run one image digest (their runtime's ``imageID``): it is
+    the version's from now on (the first one seen is kept)."""
+    rec = ledger.releases.get(ledger.current)
+    ids = set(image_ids) - {""}
+    if rec is None or rec.digest or not rec.version.image or len(ids) != 1:
+        return ledger
+    return replace(ledger, releases={**ledger.releases, rec.version.id: replace(rec, digest=ids.pop())})
+
+
+def image_of(rec: Release) -> str:
+    """The image a launch of ``rec`` runs: its digest once known, else its reference."""
+    return rec.digest or rec.version.image
+
+
 def wrote(ledger: Ledger, writer: str, checkpoint: str) -> Ledger:
     """A checkpoint appeared that ``writer`` (its manifest's release) wrote."""
     rec = ledger.releases.get(writer)
@@ -349,7 +367,7 @@ def _release_saved(r: Release) -> dict[str, Any]:
     return {"id": v.id, "parts": dict(v.parts), "command": list(v.command), "env": dict(v.env), "entry": v.entry,
             "image": v.image, "code_dir": v.code_dir, "state": r.state, "released_unix": r.released_unix,
             "state_unix": r.state_unix, "why": r.why, "steps": r.steps, "fault_steps": list(r.fault_steps),
-            "checkpoints": list(r.checkpoints), "allowed": r.allowed}
+            "checkpoints": list(r.checkpoints), "allowed": r.allowed, "digest": r.digest}
 
 
 def _release_from(r: Any, where: str) -> Release:
@@ -388,7 +406,8 @@ def _release_from(r: Any, where: str) -> Release:
                                                                                  MAX_TEXT),
                    _whole(r.get("steps", 0), f"{where}.steps"),
                    tuple(_whole(s, f"{where}.fault_steps") for s in steps),
-                   tuple(_text(c, f"{where}.checkpoints", 256) for c in ckpts), allowed)
+                   tuple(_text(c, f"{where}.checkpoints", 256) for c in ckpts), allowed,
+                   _text(r.get("digest", ""), f"{where}.digest", 1024))
 
 
 def _text(v: Any, where: str, limit: int) -> str:

@@ -357,7 +357,10 @@ def normalize_image(image: str) -> tuple[str, str]:
 
 
 def image_id(ref: str) -> str:
-    """The runtime's ``imageID`` (a repo digest) of a pulled reference: ``repo@sha256:<hex>``."""
+    """The runtime's ``imageID`` (a repo digest) of a pulled reference: ``repo@sha256:<hex>``
+    (a reference by digest is its own)."""
+    if "@" in ref:
+        return ref
     repo = ref.split("@", 1)[0]
     last = repo.rsplit("/", 1)
     if ":" in last[-1]:
@@ -1622,7 +1625,8 @@ class FakeKubelet:
             self._resync(name, now + 1.0)
             return None
         with self._lock:
-            present = ref in self._registry
+            # a registry serves an image by its tag and by its digest (the imageID a pod reported)
+            present = ref in self._registry or ("@" in ref and ref in {image_id(r) for r in self._registry})
         policy = container.get("imagePullPolicy") or default_pull_policy(image)
         if present:
             self._pulls.pop(uid, None)

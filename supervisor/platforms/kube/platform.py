@@ -96,6 +96,16 @@ EVENT_MESSAGE_MAX = 1000
 """Kubernetes caps an Event's message at 1 KiB; the whole record is in events.jsonl."""
 
 
+def _image_id(pod: Any) -> str:
+    """The agent container's image by digest (its status's ``imageID``), when the runtime says it
+    as a reference a pod can name (``repo@sha256:...``; a ``docker-pullable://`` prefix dropped)."""
+    for c in (pod.status.container_statuses or []) if pod.status is not None else []:
+        if c.name == "agent" and c.image_id:
+            ref = c.image_id.split("://", 1)[-1]
+            return ref if "@sha256:" in ref else ""
+    return ""
+
+
 def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] | None:
     """The Kubernetes Event for one controller event: ``(type, reason, message, slots)``, where
     ``slots`` are the slots whose pods it is about (empty: about the job itself), or None for
@@ -675,7 +685,7 @@ class KubernetesPlatform(Platform):
         node = nodes.get(host) if host else None
         stopped = node is not None and not _node_ready(node)
         return NodeStatus(p.slot, p.attempt, NodeState.RUNNING, host=host, stopped=stopped,
-                          detail=f"node {host} is not Ready" if stopped else "")
+                          detail=f"node {host} is not Ready" if stopped else "", image_id=_image_id(pod))
 
     def _final(self, p: _Pod, pod: Any, deleted: bool) -> NodeStatus:
         """A pod that ended or went away. One deleted by someone else (``kubectl delete``, a
