@@ -49,6 +49,11 @@ def test_defaults():
     ({"command": ["x"], "health": {"exclude_stragglers": "yes"}}, r"health.exclude_stragglers: must be true or false"),
     ({"command": ["x"], "http": {"port": 70000}}, r"port"),
     ({"command": ["x"], "restart": []}, r"restart: must be a mapping"),
+    ({"command": ["x"], "release": {"probation_steps": 0}}, r"release.probation_steps: must be in \[1"),
+    ({"command": ["x"], "release": {"rollback": "no"}}, r"release.rollback: must be true or false"),
+    ({"command": ["x"], "release": {"max_code_mb": 0}}, r"release.max_code_mb"),
+    ({"command": ["x"], "release": {"baseline": {"command": "python old.py"}}}, r"release.baseline.command: must be a list"),
+    ({"command": ["x"], "release": {"baseline": {"imag": "x"}}}, r"release.baseline.imag: unknown key"),
 ])
 def test_bad_values_name_the_field(raw, match):
     with pytest.raises(ConfigError, match=match):
