@@ -91,7 +91,18 @@ def test_a_fault_rejects_a_version_on_probation_only_when_it_is_its_own(kind, st
     out, verdict = rel.judge(ledger((V1, rel.KNOWN_GOOD, 1.0), (V2, rel.PROBATION, 2.0)), kind=kind, detail="d",
                              step=step, stepped=stepped, node_failure=node_failure, policy=POLICY)
     assert (verdict.reason if verdict else None) == reason
-    assert out.pending == verdict
+    assert out.pending == verdict and (verdict is None or verdict.to == V1.id)
+
+
+def test_with_nothing_to_go_back_to_a_version_is_not_rejected_but_the_verdict_is_said():
+    start = ledger((V2, rel.PROBATION, 2.0))
+    out, verdict = rel.judge(start, kind="rank_error", detail="d", step=None, stepped=False, node_failure=False,
+                             policy=POLICY)
+    assert verdict.reason == "startup_failure" and verdict.to == "" and out.pending is None
+    base = rel.Version(rel.BASELINE, {"baseline": "x"}, ("python", "base.py"))
+    out, verdict = rel.judge(start, kind="rank_error", detail="d", step=None, stepped=False, node_failure=False,
+                             policy=rel.Policy(baseline=base))
+    assert verdict.to == rel.BASELINE and out.pending == verdict
 
 
 def test_twice_at_the_same_step_rejects_it():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, TRAIN, SupervisorRun, read_log
+from conftest import PYTHON, TRAIN, SupervisorRun, job_env, read_log
 
 pytestmark = pytest.mark.slow
 JOB = ["--steps", "40", "--checkpoint-every", "2", "--step-sleep", "0.05"]
@@ -199,3 +199,25 @@ def test_a_good_release_becomes_known_good_and_a_later_bad_one_rolls_back_to_it(
         assert v3.events("job_finished")[-1]["phase"] == "completed"
     finally:
         v3.kill()
+
+
+def test_a_first_release_that_cannot_start_runs_the_operators_baseline(tmp_path):
+    """No version of the job is known-good yet: ``release.baseline`` names what serves."""
+    code = code_dir(tmp_path)
+    edit(code / "train.py", first_line="import a_module_the_new_image_lacks  # the first version, broken")
+    good = tmp_path / "baseline"
+    good.mkdir()
+    shutil.copy(TRAIN, good / "train.py")
+    cfg = {"command": [PYTHON, str(code / "train.py"), *JOB], "job": "base", "nodes": {"min": 2, "max": 2},
+           "platform": {"kind": "local", "nodes": 2}, "checkpoint_dir": str(tmp_path / "ckpt"),
+           "log_dir": str(tmp_path / "logs"), "heartbeat": {"interval_s": 0.5, "timeout_s": 3},
+           "metrics_linger_s": 0, "release": {"baseline": {"command": [PYTHON, str(good / "train.py"), *JOB]}}}
+    (tmp_path / "job.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([PYTHON, "-m", "supervisor", "run", "--config", str(tmp_path / "job.json")],
+                          env=job_env(tmp_path), capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    events = [json.loads(x) for x in (tmp_path / "logs" / "events.jsonl").read_text().splitlines()]
+    (back,) = [e for e in events if e["event"] == "release_rolled_back"]
+    assert back["to"] == "baseline" and back["reason"] == "startup_failure" and back["checkpoint"] is None
+    assert [e["release"] for e in events if e["event"] == "launched"][-1] == "baseline"
+    assert events[-1]["event"] == "job_finished" and events[-1]["phase"] == "completed"

@@ -788,9 +788,14 @@ class Controller:
             node_failure=fault.node_failure, policy=self.release_policy)
         if self.releases != before:
             self.save_releases()
+        if verdict is not None and not verdict.to:
+            self.event("release_not_rolled_back", version=verdict.version, reason=verdict.reason, why=verdict.why,
+                       detail="no version of this job is known-good yet and release.baseline names none: the job's "
+                              "own verdict stands")
+            return False
         if verdict is not None:
-            log.error("event=release_rejected version=%s reason=%s why=%s", verdict.version, verdict.reason,
-                      verdict.why)
+            log.error("event=release_rejected version=%s reason=%s goes_back_to=%s why=%s", verdict.version,
+                      verdict.reason, verdict.to, verdict.why)
         return verdict is not None
 
     def roll_back(self) -> releases.Told | None:
@@ -802,12 +807,9 @@ class Controller:
         if verdict is None:
             return None
         target = releases.rollback_target(self.releases, verdict.version, self.release_policy)
-        if target is None:
+        if target is None:  # (judged with one: the ledger changed since, e.g. a baseline taken out)
             self.releases = releases.settle(self.releases)
             self.save_releases()
-            self.event("release_not_rolled_back", version=verdict.version, reason=verdict.reason, why=verdict.why,
-                       detail="no version of this job is known-good yet and release.baseline names none: the job's "
-                              "own verdict stands")
             return None
         self.releases, told = releases.roll_back(self.releases, verdict, target, now_unix=time.time())
         self.save_releases()

@@ -127,7 +127,8 @@ class Ledger:
         return {"format": 1, "current": self.current, "rollbacks": self.rollbacks,
                 "rollback_reasons": dict(self.rollback_reasons),
                 "pending": None if self.pending is None else
-                {"version": self.pending.version, "reason": self.pending.reason, "why": self.pending.why},
+                {"version": self.pending.version, "reason": self.pending.reason, "why": self.pending.why,
+                 "to": self.pending.to},
                 "releases": [_release_saved(r) for r in self.releases.values()]}
 
     @classmethod
@@ -154,7 +155,8 @@ class Ledger:
                 raise LedgerError("pending: a mapping is expected")
             pending = Reject(_text(pending.get("version"), "pending.version", 64),
                              _text(pending.get("reason"), "pending.reason", 64),
-                             _text(pending.get("why"), "pending.why", MAX_TEXT))
+                             _text(pending.get("why"), "pending.why", MAX_TEXT),
+                             _text(pending.get("to", ""), "pending.to", 64))
             if pending.version not in out:
                 raise LedgerError(f"pending: {pending.version!r} is not a release of the ledger")
         return cls(out, current, _whole(raw.get("rollbacks", 0), "rollbacks"),
@@ -266,11 +268,14 @@ def wrote(ledger: Ledger, writer: str, checkpoint: str) -> Ledger:
 
 @dataclass(frozen=True)
 class Reject:
-    """The running version is rejected: ``reason`` (a short label) and ``why`` (one line)."""
+    """The running version is rejected: ``reason`` (a short label) and ``why`` (one line);
+    ``to``: the version it goes back to ("": none, so it is not rejected and the job's own
+    verdict stands)."""
 
     version: str
     reason: str
     why: str
+    to: str = ""
 
 
 def judge(ledger: Ledger, *, kind: str, detail: str, step: int | None, stepped: bool,
@@ -279,7 +284,8 @@ def judge(ledger: Ledger, *, kind: str, detail: str, step: int | None, stepped: 
     the fault its own): it failed before its first step, it tripped the non-finite guard, or it
     faulted at a step where a fault of its own hit it before. Other faults of its own are
     remembered by step. A rejection is kept as the ledger's ``pending`` until
-    :func:`roll_back` (or :func:`settle` when there is nothing to roll back to) takes it."""
+    :func:`roll_back` (or :func:`settle`) takes it; one with nothing to go back to (no
+    known-good version, no baseline) is said (``to`` empty) but changes nothing."""
     rec = ledger.releases.get(ledger.current)
     if (not policy.rollback or rec is None or rec.state != PROBATION or node_failure or kind in NOT_ITS_OWN
             or rec.version.id == BASELINE):
@@ -296,8 +302,10 @@ def judge(ledger: Ledger, *, kind: str, detail: str, step: int | None, stepped: 
             rec = replace(rec, fault_steps=(rec.fault_steps + (step,))[-64:])
             ledger = replace(ledger, releases={**ledger.releases, rec.version.id: rec})
         return ledger, None
-    verdict = Reject(rec.version.id, reason, why[:MAX_TEXT])
-    return replace(ledger, pending=verdict), verdict
+    target = rollback_target(ledger, rec.version.id, policy)
+    verdict = Reject(rec.version.id, reason, why[:MAX_TEXT], target.id if target is not None else "")
+    # with nothing to go back to, the version is not rejected: the job's own verdict stands
+    return (ledger if target is None else replace(ledger, pending=verdict)), verdict
 
 
 def settle(ledger: Ledger) -> Ledger:
