@@ -227,6 +227,25 @@ def test_step_rate_stop_request_and_run_start_are_exported(tmp_path):
     assert v("supervisor_run_start_time_seconds", {"job": "j"}) > 1.6e9
 
 
+def test_the_running_release_and_rollbacks_by_reason_are_exported(tmp_path):
+    from supervisor.controller import releases as rel
+
+    c = make_controller(tmp_path)
+    v = make_registry(c).get_sample_value
+    for reason in rel.ROLLBACK_REASONS:  # at 0 from the start: the page's increase() sees the first one
+        assert v("supervisor_release_rollbacks_total", {"job": "j", "reason": reason}) == 0.0
+    good, bad = (rel.Version(i, {"x": i}, ("python", f"{i}.py")) for i in ("aaaaaaaaaaa1", "aaaaaaaaaaa2"))
+    c.releases = rel.Ledger({good.id: rel.Release(good, rel.KNOWN_GOOD, 1.0, 1.0),
+                             bad.id: rel.Release(bad, rel.PROBATION, 2.0, 2.0)}, bad.id)
+    c.releases, verdict = rel.judge(c.releases, kind="nonfinite", detail="nan", step=4, stepped=True,
+                                    node_failure=False, policy=rel.Policy())
+    c.releases, _ = rel.roll_back(c.releases, verdict, good, now_unix=3.0)
+    assert v("supervisor_release_rollbacks_total", {"job": "j", "reason": "nonfinite"}) == 1.0
+    assert v("supervisor_release_info", {"job": "j", "version": good.id, "state": "known_good",
+                                         "known_good": good.id}) == 1.0
+    assert c.status()["release"]["rejected"] == [bad.id]
+
+
 # ------------------------------------------------------------------------------ the endpoint
 def test_metrics_endpoint_renders_in_a_worker_thread_and_gzips_when_accepted(tmp_path, monkeypatch):
     from aiohttp.test_utils import TestClient, TestServer
