@@ -63,6 +63,7 @@ REQUIRED_ALERTS = {
     "late checkpoint (warning)": "SupervisorCheckpointLate",
     "persistent straggler": "SupervisorStraggler",
     "terminal failure": "SupervisorJobFailed",
+    "a release rolled back": "SupervisorReleaseRolledBack",
     "supervisor down": "SupervisorDown",
     "supervisor absent (dead man's switch)": "SupervisorTargetMissing",
 }
