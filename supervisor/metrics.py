@@ -352,6 +352,13 @@ def families(s: Snapshot) -> Iterator[Metric]:
     for reason in sorted(set(ROLLBACK_REASONS) | set(reasons)):
         rollbacks.add_metric([job, reason], reasons.get(reason, 0))
     yield rollbacks
+    last = GaugeMetricFamily("supervisor_release_last_rollback_timestamp_seconds",
+                             "Unix time of the job's newest rollback, labelled with the version rejected (from), the "
+                             "one that runs instead (to) and why", labels=["job", "from", "to", "reason"])
+    lr = rel.get("last_rollback")
+    if lr:
+        last.add_metric([job, lr["from"], lr["to"], lr["reason"]], lr["unix"])
+    yield last
 
 
 def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:

@@ -410,7 +410,9 @@ def _ledger_base() -> dict:
     v2 = rel.Version("ba9876543210", {"command": "[]"}, ("python", "train.py"), {}, 1, "reg/x:2", "")
     ledger = rel.Ledger({v1.id: rel.Release(v1, rel.KNOWN_GOOD, 1.7e9, 1.7e9, "trained", 25, (3,), (S1, S2)),
                          v2.id: rel.Release(v2, rel.REJECTED, 1.7e9, 1.7e9, "it failed", 0, (), (), False)},
-                        v1.id, 1, {"startup_failure": 1}, rel.Reject(v2.id, "startup_failure", "why"))
+                        v1.id, 1, {"startup_failure": 1},
+                        last_rollback={"unix": 1.7e9, "from": v2.id, "to": v1.id, "reason": "startup_failure"},
+                        pending=rel.Reject(v2.id, "startup_failure", "why", v1.id))
     return ledger.to_saved()
 
 

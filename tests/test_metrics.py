@@ -243,6 +243,8 @@ def test_the_running_release_and_rollbacks_by_reason_are_exported(tmp_path):
     assert v("supervisor_release_rollbacks_total", {"job": "j", "reason": "nonfinite"}) == 1.0
     assert v("supervisor_release_info", {"job": "j", "version": good.id, "state": "known_good",
                                          "known_good": good.id}) == 1.0
+    assert v("supervisor_release_last_rollback_timestamp_seconds", {"job": "j", "from": bad.id, "to": good.id,
+                                                                    "reason": "nonfinite"}) == 3.0
     assert c.status()["release"]["rejected"] == [bad.id]
 
 

@@ -106,6 +106,9 @@ class Ledger:
     rollbacks: int = 0
     rollback_reasons: Mapping[str, int] = field(default_factory=dict)
     """Rollbacks by reason (``startup_failure``, ``repeated_fault``, ``nonfinite``)."""
+    last_rollback: Mapping[str, Any] | None = None
+    """The newest rollback: ``unix``, ``from``, ``to``, ``reason`` (the page reads it: unlike a
+    counter, a rollback a new controller makes before its first scrape still shows)."""
     pending: "Reject | None" = None
     """A fault being recovered from rejected the running version: the plan that follows the
     torn-down gang rolls back (kept here, so that a replacement controller finishing the
@@ -126,6 +129,7 @@ class Ledger:
     def to_saved(self) -> dict[str, Any]:
         return {"format": 1, "current": self.current, "rollbacks": self.rollbacks,
                 "rollback_reasons": dict(self.rollback_reasons),
+                "last_rollback": None if self.last_rollback is None else dict(self.last_rollback),
                 "pending": None if self.pending is None else
                 {"version": self.pending.version, "reason": self.pending.reason, "why": self.pending.why,
                  "to": self.pending.to},
@@ -149,6 +153,12 @@ class Ledger:
         reasons = raw.get("rollback_reasons", {})
         if not isinstance(reasons, dict) or len(reasons) > 16:
             raise LedgerError("rollback_reasons: a mapping is expected")
+        last = raw.get("last_rollback")
+        if last is not None:
+            if not isinstance(last, dict):
+                raise LedgerError("last_rollback: a mapping is expected")
+            last = {"unix": _time(last.get("unix"), "last_rollback.unix"),
+                    **{k: _text(last.get(k), f"last_rollback.{k}", 64) for k in ("from", "to", "reason")}}
         pending = raw.get("pending")
         if pending is not None:
             if not isinstance(pending, dict):
@@ -161,7 +171,7 @@ class Ledger:
                 raise LedgerError(f"pending: {pending.version!r} is not a release of the ledger")
         return cls(out, current, _whole(raw.get("rollbacks", 0), "rollbacks"),
                    {_text(k, "rollback_reasons", 64): _whole(v, "rollback_reasons") for k, v in reasons.items()},
-                   pending)
+                   last, pending)
 
 
 # ---------------------------------------------------------------------------- decisions
@@ -334,8 +344,9 @@ def roll_back(ledger: Ledger, reject: Reject, target: Version, *, now_unix: floa
     reasons[reject.reason] = reasons.get(reject.reason, 0) + 1
     told = Told("release_rolled_back", {"from": reject.version, "to": target.id, "reason": reject.reason,
                                         "why": reject.why, "runs": target.summary()})
+    last = {"unix": now_unix, "from": reject.version, "to": target.id, "reason": reject.reason}
     return replace(ledger, releases=rels, current=target.id, rollbacks=ledger.rollbacks + 1,
-                   rollback_reasons=reasons, pending=None), told
+                   rollback_reasons=reasons, last_rollback=last, pending=None), told
 
 
 def restorable(checkpoints: Iterable[str], writers: Mapping[str, str], ledger: Ledger) -> list[str]:
@@ -353,7 +364,8 @@ def summary(ledger: Ledger, policy: Policy) -> dict[str, Any]:
                            "steps": rec.steps if rec else 0, "probation_steps": policy.probation_steps,
                            "known_good": good.version.id if good else None, "rollback": policy.rollback,
                            "rollbacks": ledger.rollbacks, "rollback_reasons": dict(ledger.rollback_reasons),
-                           "rejected": sorted(ledger.rejected_ids())}
+                           "rejected": sorted(ledger.rejected_ids()),
+                           "last_rollback": None if ledger.last_rollback is None else dict(ledger.last_rollback)}
     if rec is not None:
         out["runs"] = rec.version.summary()
     return out
