@@ -224,6 +224,24 @@ def start_alertmanager(tmp: Path, receiver: Receiver) -> tuple[Server, int]:
     return server, port
 
 
+def start_prometheus(tmp: Path, am_port: int, sv_port: int, prom_port: int) -> Server:
+    """The shipped prometheus.yml and rules, scraping the supervisor at ``sv_port`` every second."""
+    cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+    cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    cfg["rule_files"] = [str(PROM_DIR / f) for f in cfg["rule_files"]]
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{am_port}"]
+    (scrape,) = [s for s in cfg["scrape_configs"] if s["job_name"] == "elastic-supervisor"]
+    scrape.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [f"127.0.0.1:{sv_port}"]}])
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    return Server("prometheus", [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp / 'prom-data'}",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
+                                 # Prometheus learns its Alertmanager ~5 s after start and drops
+                                 # what fired before; resend each second (the default is 1m)
+                                 "--rules.alert.resend-delay=1s"],
+                  tmp / "prometheus.log", f"http://127.0.0.1:{prom_port}/-/ready")
+
+
 def post_alerts(am_port: int, alerts: list[dict]) -> None:
     http_json(f"http://127.0.0.1:{am_port}/api/v2/alerts", json.dumps(alerts).encode())
 
@@ -280,20 +298,7 @@ def hang_scenario(tmp_path_factory):
         am, am_port = start_alertmanager(tmp, receiver)
         servers.append(am)
         sv_port, prom_port = free_port(), free_port()
-        cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-        cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
-        cfg["rule_files"] = [str(PROM_DIR / f) for f in cfg["rule_files"]]
-        cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{am_port}"]
-        (scrape,) = [s for s in cfg["scrape_configs"] if s["job_name"] == "elastic-supervisor"]
-        scrape.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [f"127.0.0.1:{sv_port}"]}])
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        prom = Server("prometheus", [PROMETHEUS, f"--config.file={tmp / 'prometheus.yml'}",
-                                     f"--storage.tsdb.path={tmp / 'prom-data'}",
-                                     f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
-                                     # Prometheus learns its Alertmanager ~5 s after start and drops
-                                     # what fired before; resend each second (the default is 1m)
-                                     "--rules.alert.resend-delay=1s"],
-                      tmp / "prometheus.log", f"http://127.0.0.1:{prom_port}/-/ready")
+        prom = start_prometheus(tmp, am_port, sv_port, prom_port)
         servers.append(prom)
         am.wait_ready()
         prom.wait_ready()
@@ -502,4 +507,63 @@ def test_alertmanager_pages_groups_by_job_and_inhibits_hang_noise(tmp_path):
     finally:
         if am is not None:
             am.stop()
+        receiver.stop()
+
+
+# ------------------------------------------------------------------------- a release rolled back
+@pytest.mark.slow
+@needs_prometheus
+@needs_alertmanager
+def test_a_release_rolled_back_pages_with_both_versions_and_the_reason(tmp_path):
+    """v1 of the job trains past its probation and is stopped; v2 (its script edited to import a
+    module the environment lacks) is started on the same directories with Prometheus scraping
+    it: the supervisor rolls back to v1 within seconds (before or after the first scrape, by
+    chance), and the page reaches the on-call webhook naming both versions and the reason."""
+    code = tmp_path / "code"
+    code.mkdir()
+    script = code / "train.py"
+    shutil.copy(REPO / "examples" / "train.py", script)
+    job = ["--steps", "400", "--checkpoint-every", "5", "--step-sleep", "0.05"]
+    v1 = SupervisorRun(tmp_path, job, script=script, extra=["--job", "e2e-release"])
+    try:
+        known = v1.wait_event("release_known_good", timeout=120)
+        v1.proc.send_signal(signal.SIGTERM)
+        assert v1.wait() == 10, v1.output()[-3000:]
+    finally:
+        v1.kill()
+    lines = script.read_text().splitlines(keepends=True)
+    at = next(i + 1 for i, line in enumerate(lines) if line.startswith("from __future__"))
+    script.write_text("".join(lines[:at] + ["import a_module_the_new_image_lacks  # v2\n"] + lines[at:]))
+    receiver = Receiver().start()
+    servers: list[Server] = []
+    run = None
+    try:
+        am, am_port = start_alertmanager(tmp_path, receiver)
+        servers.append(am)
+        sv_port, prom_port = free_port(), free_port()
+        servers.append(start_prometheus(tmp_path, am_port, sv_port, prom_port))
+        am.wait_ready()
+        servers[-1].wait_ready()
+        run = SupervisorRun(tmp_path, job, script=script, extra=["--job", "e2e-release", "--port", str(sv_port)])
+        back = run.wait_event("release_rolled_back", timeout=120)
+        assert back["to"] == known["version"] and back["reason"] == "startup_failure", back
+
+        def page():
+            for p in receiver.received("/webhook/oncall-page"):
+                found = alerts_in(p, "SupervisorReleaseRolledBack", "firing")
+                if found:
+                    return found[0]
+        alert = wait_until(page, 120, "the rollback page at the webhook receiver",
+                           lambda: json.dumps([(p.path, p.body.get("status")) for p in receiver.posts])[:2000])
+        labels = alert["labels"]
+        assert (labels["job"], labels["from"], labels["to"], labels["reason"], labels["severity"]) == (
+            "e2e-release", back["from"], back["to"], "startup_failure", "page"), labels
+        assert back["from"] in alert["annotations"]["summary"] and back["to"] in alert["annotations"]["summary"]
+        assert run.proc.poll() is None  # paged while the job trains on, on v1
+    finally:
+        if run is not None:
+            run.kill()
+            kill_leftovers(run.log_dir)
+        for server in reversed(servers):
+            server.stop()
         receiver.stop()

@@ -141,6 +141,19 @@ def test_a_release_that_dies_at_import_rolls_back_to_the_snapshot_of_v1(tmp_path
         assert again.wait_event("launched", run=3)["release"] == v1_id
     finally:
         again.kill()
+    # the operator allows it again (`supervisor release allow`): on probation at the next start,
+    # where it fails as before and is rolled back again
+    allowed = subprocess.run([PYTHON, "-m", "supervisor", "release", "allow", v2_id[:6], "--log-dir",
+                              str(again.log_dir)], env=again.env, capture_output=True, text=True, timeout=60)
+    assert allowed.returncode == 0 and "allowed again" in allowed.stdout, allowed.stderr
+    retry = start(tmp_path, script)
+    try:
+        assert retry.wait(timeout=120) == 0, retry.output()[-3000:]
+        assert retry.wait_event("release_allowed", run=4)["version"] == v2_id
+        assert retry.wait_event("launched", run=4, attempt=0)["release"] == v2_id
+        assert retry.wait_event("release_rolled_back", run=4)["to"] == v1_id
+    finally:
+        retry.kill()
     control = control_path(tmp_path)
     assert sorted(path) == list(range(1, 41))
     assert path == control  # bit for bit: the job took exactly the steps v1 alone would have
