@@ -46,6 +46,7 @@ def test_roundtrip():
         (lambda d: d.update(release="../../etc"), "release must be a version id"),
         (lambda d: d.update(release=12), "release must be a version id"),
         (lambda d: d.update(release="a" * 65), "release must be a version id"),
+        (lambda d: d.update(release="0123456789ab\n"), "release must be a version id"),
     ],
 )
 def test_bad_fields_are_refused_with_a_reason(mutate, reason):

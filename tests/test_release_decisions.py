@@ -51,6 +51,19 @@ def test_a_rejected_version_asked_again_gives_way_to_the_known_good_one(rollback
     assert out.current == runs and (told.event if told else None) == event
 
 
+@pytest.mark.parametrize("arrives, kept", [
+    (V2, True),    # the controller came back to the same version: its teardown and rollback go on
+    (V3, False),   # another version was released meanwhile: V2's verdict is stale, V2 stays on probation
+])
+def test_a_pending_rejection_outlives_a_controller_only_for_the_version_that_runs(arrives, kept):
+    start = rel.Ledger({V1.id: rel.Release(V1, rel.KNOWN_GOOD, 1.0, 1.0),
+                        V2.id: rel.Release(V2, rel.PROBATION, 2.0, 2.0)}, V2.id,
+                       pending=rel.Reject(V2.id, "startup_failure", "it failed before its first step", V1.id))
+    out, _ = rel.arrive(start, arrives, now_unix=100.0, policy=POLICY)
+    assert (out.pending is not None) == kept and out.current == arrives.id
+    assert out.get(V2.id).state == rel.PROBATION  # a verdict not carried out rejects nothing
+
+
 def test_an_allowed_version_is_on_probation_again():
     start = ledger((V1, rel.KNOWN_GOOD, 1.0), (V2, rel.REJECTED, 2.0), current=V1)
     allowed = rel.allow(start, V2.id, now_unix=50.0)
@@ -158,9 +171,12 @@ def test_a_ledger_survives_its_saved_form():
 
 @pytest.mark.parametrize("broken, field", [
     ({"format": 2}, "format"),
-    ({"format": 1, "releases": [{"id": "x", "command": []}]}, "command"),
+    ({"format": 1, "releases": [{"id": "0123456789ab", "command": []}]}, "command"),
     ({"format": 1, "releases": [], "current": "nope"}, "current"),
-    ({"format": 1, "releases": [{"id": "x", "command": ["p"], "state": "maybe"}]}, "state"),
+    ({"format": 1, "releases": [{"id": "0123456789ab", "command": ["p"], "state": "maybe"}]}, "state"),
+    # an id names a folder under LOG_DIR/releases: nothing but a version id is taken
+    ({"format": 1, "releases": [{"id": "../../etc", "command": ["p"], "state": "known_good"}]}, r"releases\[0\]\.id"),
+    ({"format": 1, "releases": [{"id": "0123456789ab\n", "command": ["p"], "state": "known_good"}]}, "id"),
 ])
 def test_a_ledger_that_is_not_one_is_a_ledger_error_naming_the_field(broken, field):
     with pytest.raises(rel.LedgerError, match=field):

@@ -48,6 +48,28 @@ def test_the_version_follows_the_code_the_command_and_the_env_and_nothing_else(t
     assert "code" not in kube.parts and kube.image == "trainer:2"
 
 
+def test_what_training_writes_beside_the_code_is_not_code(tmp_path, code):
+    cmd = [PY, "code/train.py"]
+    v = ident(tmp_path, cmd)
+    for out in ("wandb/run-1/files.json", "outputs/2026-12-05/config.yaml", "runs/events.out", "train.log"):
+        (code / out).parent.mkdir(parents=True, exist_ok=True)
+        (code / out).write_text("written by a run\n")
+    # a log directory inside the code folder (--log-dir code/logs) is the job's, not code
+    inside = code / "logs"
+    (inside / "ranks").mkdir(parents=True)
+    (inside / "events.jsonl").write_text("{}\n")
+    assert ident(tmp_path, cmd, log_dir=inside).id == v.id
+
+
+def test_a_code_folder_that_is_the_log_or_checkpoint_directory_is_refused_with_what_to_do(tmp_path, code):
+    cmd = [PY, "code/train.py"]
+    for kw, where in ((dict(log_dir=code), "log directory"), (dict(checkpoint_dir=code), "checkpoint directory")):
+        with pytest.raises(store.ReleaseError, match=rf"is the job's {where}.*--code-dir.*--no-rollback"):
+            ident(tmp_path, cmd, **kw)
+    # the code in its own folder under the log directory is fine: the snapshots go beside it
+    assert ident(tmp_path, cmd, log_dir=tmp_path).code_dir == str(code.resolve())
+
+
 def test_a_code_folder_past_the_cap_is_a_clear_error(tmp_path, code):
     (code / "weights.bin").write_bytes(b"\0" * (2 << 20))
     with pytest.raises(store.ReleaseError, match=r"more than 1 MiB.*release.code_dir \(--code-dir\).*--no-rollback"):

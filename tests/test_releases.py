@@ -180,6 +180,11 @@ def test_a_release_whose_loss_goes_nonfinite_is_rolled_back_and_its_checkpoint_n
         assert v2_wrote, v2.events("checkpoint_complete")
         assert back["checkpoint"] == last.name and back["checkpoint"] not in v2_wrote
         assert v2.wait_event("launched", attempt=1)["restore_from"] == last.name
+        # and the ranks are told to pass over what v2 wrote: were v1's checkpoint unreadable
+        # to them, their own scan of the root would not fall back on one of v2's
+        told = [line for p in sorted((v2.log_dir / "attempt-1").glob("*.log"))
+                for line in p.read_text(errors="replace").splitlines() if "restore_point_from_supervisor" in line]
+        assert told and all(name in told[0] for name in v2_wrote), told
         assert states(v2)[v2_id] == "rejected"
         path = loss_path(v2.log_dir)
     finally:
@@ -234,3 +239,22 @@ def test_a_first_release_that_cannot_start_runs_the_operators_baseline(tmp_path)
     assert back["to"] == "baseline" and back["reason"] == "startup_failure" and back["checkpoint"] is None
     assert [e["release"] for e in events if e["event"] == "launched"][-1] == "baseline"
     assert events[-1]["event"] == "job_finished" and events[-1]["phase"] == "completed"
+
+
+def test_a_code_folder_that_is_the_log_directory_is_refused_and_no_rollback_runs_it_untracked(tmp_path):
+    """The training code kept in the log directory: every start would be a new release (what
+    the job writes there is hashed), so the controller refuses with what to do before anything
+    is launched; ``--no-rollback`` runs the job with no version told, hashed or snapshotted."""
+    code = code_dir(tmp_path)
+    refused = SupervisorRun(tmp_path, ["--steps", "4"], script=code / "train.py", log_dir=code)
+    assert refused.wait() == 2, refused.output()[-3000:]
+    assert "is the job's log directory" in refused.output() and "--no-rollback" in refused.output()
+    assert not (code / "attempt-0").exists()  # nothing was launched
+    untracked = SupervisorRun(tmp_path, ["--steps", "4"], script=code / "train.py", log_dir=code,
+                              extra=["--no-rollback"])
+    try:
+        assert untracked.wait() == 0, untracked.output()[-3000:]
+        assert not (code / "releases").exists() and not untracked.events("release_started")
+        assert untracked.wait_event("job_finished")["phase"] == "completed"
+    finally:
+        untracked.kill()

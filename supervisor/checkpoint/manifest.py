@@ -40,7 +40,7 @@ MAX_CURSOR_INT = (1 << 128) - 1
 """The data cursor's fields (its seed may be any large integer the job chose)."""
 MAX_CREATED_UNIX = 1e11
 _HEX = re.compile(r"^[0-9a-f]{8,128}$")
-_RELEASE = re.compile(r"^[0-9A-Za-z_-]{0,64}$")
+_RELEASE = re.compile(r"[0-9A-Za-z_-]{0,64}")
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class Manifest:
                                 f"{_short(created_unix)}")
         attempt = raw.get("attempt", 0)
         release = raw.get("release", "")
-        if not isinstance(release, str) or not _RELEASE.match(release):
+        if not isinstance(release, str) or not _RELEASE.fullmatch(release):
             raise ManifestError(f"release must be a version id (up to 64 letters, digits, '-', '_'), got "
                                 f"{_short(release)}")
         return cls(

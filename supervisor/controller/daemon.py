@@ -74,6 +74,7 @@ from supervisor.controller.decide import (
 from supervisor.health import Registry, Timeouts
 from supervisor.platforms.base import NodeStatus, Platform, PlatformError
 from supervisor.protocol import PHASE_DONE, SOURCE_TORCH
+from supervisor.protocol.restore import EXCLUDE_MAX
 
 log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
@@ -771,6 +772,8 @@ class Controller:
         return release_store.launch_command(self.log_dir, v), dict(v.env), releases.image_of(rec) if rec else v.image
 
     def save_releases(self) -> None:
+        if not self.cfg.release.rollback:
+            return  # versions are not tracked: nothing of theirs is written
         try:
             release_store.save(self.log_dir, self.releases)
         except OSError as exc:
@@ -779,8 +782,11 @@ class Controller:
     def judge_release(self, fault: Fault) -> bool:
         """Whether ``fault`` rejects the running release (:func:`~.releases.judge`): kept as the
         ledger's pending rejection, which the plan after the teardown carries out."""
-        if self.releases.pending is not None:
-            return True
+        pending = self.releases.pending
+        if pending is not None and pending.version == self.releases.current:
+            return True  # (judged before a controller restart: the teardown it waited on goes on)
+        if pending is not None:  # stale (another version runs now): judged afresh
+            self.releases = dataclasses.replace(self.releases, pending=None)
         before = self.releases
         stepped = restore_report(rec.hb for rec in self.registry.ranks.values()).stepped
         self.releases, verdict = releases.judge(
@@ -903,7 +909,11 @@ class Controller:
         return self.restarts.budget_remaining(self.cfg.restart.budget_s, now)
 
     def restore_point(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "checkpoint": self.restore_from, "exclude": list(self.history.suspects),
+        # the ranks pass over the suspects and what a rejected release wrote (their own scan of
+        # the root, where the named checkpoint cannot be restored, must not fall back on one)
+        unfit = set(self.watch.usable) - set(self.restorable())
+        exclude = list(self.history.suspects) + sorted(unfit - set(self.history.suspects))
+        return {"attempt": self.attempt, "checkpoint": self.restore_from, "exclude": exclude[:EXCLUDE_MAX],
                 "required": self.require_checkpoint}
 
     # ------------------------------------------------------------------ persistence

@@ -28,7 +28,10 @@ RELEASES_DIR = "releases"
 LEDGER_FILE = "ledger.json"
 LEDGER_MAX_BYTES = 8 << 20
 SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".venv", "venv", ".mypy_cache", ".pytest_cache",
-                          ".hypothesis", "node_modules", ".tox", ".ipynb_checkpoints"})
+                          ".hypothesis", "node_modules", ".tox", ".ipynb_checkpoints",
+                          # what training tools write beside the code: outputs, not code
+                          "wandb", "mlruns", "lightning_logs", "outputs", "runs", "tb_logs"})
+SKIPPED_SUFFIXES = (".pyc", ".pyo", ".log", ".swp")
 MAX_FILES = 100_000
 
 
@@ -79,6 +82,14 @@ def identify(*, command: Sequence[str], env: Mapping[str, str], trained: Mapping
             root = None
         if root is not None:
             skip = {p.resolve() for p in (Path(log_dir), Path(checkpoint_dir))}
+            for where, d in (("log directory", Path(log_dir).resolve()), ("checkpoint directory",
+                                                                       Path(checkpoint_dir).resolve())):
+                if root == d:
+                    raise ReleaseError(
+                        f"the code folder {root} is the job's {where}: what the job writes "
+                        "there would make every start a new release. Keep the training code in its own folder "
+                        "(release.code_dir, --code-dir), move the log or checkpoint directory out of it, or turn "
+                        "rollbacks off (release.rollback: false, --no-rollback)")
             parts["code"] = _hash_tree(root, skip, max_code_bytes)
             folder = str(root)
         if entry >= 0:
@@ -116,7 +127,7 @@ def _walk(root: Path, skip: set[Path]):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and (here / d).resolve() not in skip
                              and not (here / d).is_symlink())
         for name in sorted(filenames):
-            if name.endswith((".pyc", ".pyo")):
+            if name.endswith(SKIPPED_SUFFIXES):
                 continue
             path = here / name
             if path.is_file() and not path.is_symlink():

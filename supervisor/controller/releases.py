@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -27,9 +28,13 @@ STATES = (PROBATION, KNOWN_GOOD, REJECTED)
 BASELINE = "baseline"
 """The id of the operator's named baseline (``release.baseline``): never on probation, never rejected."""
 
+ID_HEX = 12
+VERSION_ID = re.compile(rf"[0-9a-f]{{{ID_HEX}}}|{BASELINE}")
+"""A version's id (a content hash's first hex digits, or the baseline): also a folder's name
+under ``LOG_DIR/releases``, so nothing else is taken from a ledger."""
+
 ROLLBACK_REASONS = ("startup_failure", "repeated_fault", "nonfinite")
 """Why a release is rejected (the label values of ``supervisor_release_rollbacks_total``)."""
-ID_HEX = 12
 MAX_RELEASES = 256
 """Versions a ledger keeps (the oldest that are neither known-good nor current go first)."""
 MAX_TEXT = 2000
@@ -200,6 +205,7 @@ def arrive(ledger: Ledger, version: Version, *, now_unix: float, policy: Policy)
     rels = dict(ledger.releases)
     previous = ledger.current
     rec = rels.get(version.id)
+    ledger = _pending_for(ledger, version.id)
     if rec is None:
         rels[version.id] = Release(version, PROBATION, now_unix, now_unix)
         rels = _bounded(rels, keep={version.id, previous})
@@ -216,12 +222,20 @@ def arrive(ledger: Ledger, version: Version, *, now_unix: float, policy: Policy)
         if target is not None:
             if target.id not in rels:
                 rels[target.id] = Release(target, KNOWN_GOOD, now_unix, now_unix, why="the operator's baseline")
-            return replace(ledger, releases=rels, current=target.id), Told(
+            return replace(_pending_for(ledger, target.id), releases=rels, current=target.id), Told(
                 "release_still_rejected", {"version": version.id, "runs_instead": target.id, "why": rec.why,
                                            "detail": "this version was rejected earlier and is not tried again: "
                                                      f"`supervisor release allow {version.id}` lets it run, or "
                                                      "release a different one"})
     return replace(ledger, releases=rels, current=version.id), None
+
+
+def _pending_for(ledger: Ledger, current: str) -> Ledger:
+    """A pending rejection outlives a controller (saved before the teardown it waits on) only
+    for the version that goes on running: one of any other version is stale, dropped."""
+    if ledger.pending is None or ledger.pending.version == current:
+        return ledger
+    return replace(ledger, pending=None)
 
 
 def allow(ledger: Ledger, vid: str, *, now_unix: float) -> Ledger:
@@ -394,6 +408,8 @@ def _release_from(r: Any, where: str) -> Release:
     if not isinstance(r, dict):
         raise LedgerError(f"{where}: a mapping is expected")
     vid = _text(r.get("id"), f"{where}.id", 64)
+    if not VERSION_ID.fullmatch(vid):
+        raise LedgerError(f"{where}.id: a version id ({ID_HEX} hex digits, or {BASELINE!r}) is expected")
     parts = r.get("parts", {})
     if not isinstance(parts, dict) or len(parts) > 64:
         raise LedgerError(f"{where}.parts: a mapping is expected")

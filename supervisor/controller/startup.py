@@ -122,6 +122,10 @@ class Startup:
         none recorded)."""
         c = self.c
         cfg = c.cfg
+        if not cfg.release.rollback:
+            # rollbacks off: no version is told, hashed or snapshotted (nothing of it can refuse a start)
+            log.info("event=releases_off detail=release.rollback is false: versions are not tracked")
+            return ""
         parts = c.platform.release_parts()
         try:
             ledger = release_store.load(c.log_dir)
@@ -130,10 +134,10 @@ class Startup:
                                                            "nonfinite": dataclasses.asdict(cfg.nonfinite)},
                 log_dir=c.log_dir, checkpoint_dir=Path(cfg.checkpoint_dir), code_dir=cfg.release.code_dir,
                 max_code_bytes=int(cfg.release.max_code_mb * 2**20), platform_parts=parts, hash_code=parts is None)
-            for vid in release_store.allowed(c.log_dir):
+            marks = release_store.allowed(c.log_dir)
+            for vid in marks:
                 before = ledger.get(vid)
                 ledger = releases.allow(ledger, vid, now_unix=time.time())
-                release_store.taken(c.log_dir, vid)
                 if before is not None and before.state == releases.REJECTED:
                     c.event("release_allowed", version=vid, detail="allowed again by the operator: on probation")
             previous = ledger.current
@@ -141,6 +145,8 @@ class Startup:
             if ledger.get(c.version.id).state != releases.REJECTED and parts is None:
                 release_store.snapshot(c.log_dir, c.version, Path(cfg.checkpoint_dir))
             release_store.save(c.log_dir, ledger)
+            for vid in marks:  # taken in only once the ledger that holds them is written
+                release_store.taken(c.log_dir, vid)
         except (release_store.ReleaseError, OSError) as exc:
             raise state_file.StateError(f"release: {exc}") from None
         c.releases = ledger
