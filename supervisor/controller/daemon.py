@@ -570,6 +570,12 @@ class Controller:
                 self.save_state()
             else:
                 log.error("event=%s attempt=%d budget_s=%.0f", told.event, self.attempt, self.cfg.restart.budget_s)
+        if all_heard and not self.heard.stepped and all(rec.hb.steps_done > 0 for rec in reg.ranks.values()):
+            # every rank of this attempt has taken a step: training (what the goodput report's
+            # start-up is measured to, for an attempt no restart timer covers)
+            self.heard.stepped = True
+            self.event("training", attempt=self.attempt, step=reg.min_step(),
+                       since_launch_s=round(now - self.launched_at, 3))
         if all_heard:
             self.heard.mark_step(now, reg.min_step())
             self.track_release(time.time())
@@ -642,8 +648,11 @@ class Controller:
             if not self.history.had_checkpoint:
                 self.history = dataclasses.replace(self.history, had_checkpoint=True)
             if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
+                # how long this save blocked the ranks, where their heartbeats already say (goodput)
+                blocked = [rec.hb.ckpt_s for rec in self.registry.ranks.values() if rec.hb.ckpt_step == found.step]
                 self.event("checkpoint_complete", name=found.name, step=found.step,
-                           **({"release": found.manifest.release} if found.manifest.release else {}))
+                           **({"release": found.manifest.release} if found.manifest.release else {}),
+                           **({"blocked_s": round(max(blocked), 3)} if blocked else {}))
                 if found.manifest.release:
                     self.releases = releases.wrote(self.releases, found.manifest.release, found.name)
                 self.watch.times.append(found.manifest.created_unix)
@@ -667,8 +676,11 @@ class Controller:
         self.platform.warm_up()  # a launch may follow: what can start ahead starts now
         log.error("event=fault_detected attempt=%d kind=%s ranks=%s nodes=%s detail=%s", self.attempt, fault.kind,
                   list(fault.ranks), list(fault.nodes), fault.detail)
+        rate = self.heard.step_rate()
+        # the step the gang had reached and its step time: what a restore to an older step recomputes
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
-                   detection_s=round(now - fault.fault_at, 3), **reported_by(self.registry, fault.ranks))
+                   detection_s=round(now - fault.fault_at, 3), **reported_by(self.registry, fault.ranks),
+                   step=self.registry.max_step(), **({"step_time_s": round(1.0 / rate, 4)} if rate > 0 else {}))
         rejected = self.judge_release(fault)
         # a rejected release is relaunched as another version: never restarted in place
         self.recovery = recovery_step.begin(fault, in_place=bool(self.in_place_allowed) and not rejected)

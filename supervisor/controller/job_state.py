@@ -89,6 +89,8 @@ class Heard:
     """The ranks' restore report (:class:`~supervisor.controller.decide.RestoreReport`), once all sent one."""
     root_judged: bool = False
     """Where the ranks save was checked before any restore report (ranks that save without restoring)."""
+    stepped: bool = False
+    """Every rank of the attempt has taken a step (the ``training`` event was said)."""
     step_marks: list[tuple[float, int]] = field(default_factory=list)
     """(when, the slowest rank's step) over the last minute: the step rate."""
 
