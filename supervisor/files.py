@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -118,6 +119,24 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
                 yield from (line.rstrip("\n") for line in f)
         except FileNotFoundError:
             continue
+
+
+def read_json_lines(path: str | os.PathLike) -> list[dict]:
+    """The JSON objects of a rotated JSON-lines file (``events.jsonl``: its archived generations
+    first, see :func:`read_lines`); a line that is not a JSON object (torn, garbled, nested too
+    deeply) is passed over."""
+    out = []
+    try:
+        for line in read_lines(path):
+            try:
+                e = json.loads(line) if line.strip() else None
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(e, dict):
+                out.append(e)
+    except OSError:
+        return out
+    return out
 
 
 def prune_oldest(folder: str | os.PathLike, max_bytes: int, *, suffix: str = "", keep: Iterable[str] = ()) -> list[Path]:

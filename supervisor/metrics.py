@@ -48,6 +48,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from supervisor.controller import decide
 from supervisor.controller.decide import JobPhase
 from supervisor.controller.releases import ROLLBACK_REASONS
+from supervisor.reports.goodput import CAUSES as GOODPUT_CAUSES
 from supervisor.health import Kind
 from supervisor.protocol import PHASE_DONE, PHASES, REJECT_REASONS, RESTART_PHASES
 
@@ -139,6 +140,8 @@ class Snapshot:
     """How long the cluster has not been able to place the gang (0: placed)."""
     release: dict[str, Any] = field(default_factory=dict)
     """The running release (:func:`supervisor.controller.releases.summary`)."""
+    goodput: dict[str, Any] = field(default_factory=dict)
+    """The job's goodput so far (:func:`supervisor.reports.goodput.summary`)."""
 
 
 def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
@@ -164,6 +167,7 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
         step_rate=max(0.0, float(v.step_rate)), stop_requested=v.stop_requested,
         run_started_unix=float(v.run_started_unix or state.started_unix),
         waiting_for_capacity_s=v.waiting_for_capacity_s, release=dict(v.release),
+        goodput=dict(v.goodput),
     )
 
 
@@ -359,6 +363,39 @@ def families(s: Snapshot) -> Iterator[Metric]:
     if lr:
         last.add_metric([job, lr["from"], lr["to"], lr["reason"]], lr["unix"])
     yield last
+    yield from _goodput(job, s.goodput)
+
+
+def _goodput(job: str, g: dict[str, Any]) -> Iterator[Metric]:
+    """Goodput over the job's runs so far: gauges (productive time can fall back, when a
+    restore recomputes steps), so the alert takes ``delta`` over a window."""
+    if not g:
+        return
+    yield _gauge("supervisor_goodput_wall_seconds", "Wall time the job's controllers have run it, over every run of "
+                 "its log directory", job, g["wall_s"])
+    yield _gauge("supervisor_goodput_productive_seconds", "The part of that wall time that trained (wall time less "
+                 "every cause of badput)", job, g["productive_s"])
+    yield _gauge("supervisor_goodput_ettr", "Effective training time ratio so far: productive / wall time", job,
+                 g["ettr"])
+    bad = GaugeMetricFamily("supervisor_goodput_badput_seconds", "Wall time that did not train, by cause: startup, "
+                            "waiting_for_capacity, restart, restore, save_stall, wasted_progress (steps recomputed "
+                            "after a restore)", labels=["job", "cause"])
+    for cause in GOODPUT_CAUSES:
+        bad.add_metric([job, cause], g["badput_s"].get(cause, 0.0))
+    yield bad
+    advised = GaugeMetricFamily("supervisor_checkpoint_interval_advised_seconds",
+                                "The checkpoint interval that loses least for this job's failure rate, save and "
+                                "restart costs (Daly; absent until a save's cost was measured)", labels=["job"])
+    if g.get("advised_interval_s") is not None:
+        advised.add_metric([job], g["advised_interval_s"])
+    yield advised
+    predicted = GaugeMetricFamily("supervisor_goodput_ettr_predicted",
+                                  "The ETTR the model predicts at the current checkpoint interval (at=current) and "
+                                  "at the advised one (at=advised)", labels=["job", "at"])
+    for at, key in (("current", "ettr_predicted_now"), ("advised", "ettr_predicted_advised")):
+        if g.get(key) is not None:
+            predicted.add_metric([job, at], g[key])
+    yield predicted
 
 
 def _gauge(name: str, doc: str, job: str, value: float) -> GaugeMetricFamily:

@@ -22,11 +22,13 @@ def ev(t: float, event: str, /, run: int = 1, **fields) -> dict:
 # one run of 1,000 s with every cause of badput in it, each a round number
 RUN = [
     ev(0, "run_started"),
-    ev(0.5, "launched", attempt=0, restore_from=None),
+    ev(0, "launched", attempt=0, restore_from=None),
     ev(30, "training", attempt=0, step=1, since_launch_s=30.0),                     # start-up: 30 s
-    ev(100, "checkpoint_complete", name="step-0000000050", step=50, blocked_s=2.0),  # save stalls: 2 + 2 s
-    ev(200, "checkpoint_complete", name="step-0000000100", step=100, blocked_s=2.0),
-    ev(250, "fault_detected", attempt=0, kind="dead", step=120, step_time_s=0.5),    # reached step 120
+    ev(99, "save_blocked", attempt=0, step=50, blocked_s=2.0),                      # save stalls: 2 + 2 s
+    ev(100, "checkpoint_complete", name="step-0000000050", step=50),
+    ev(199, "save_blocked", attempt=0, step=100, blocked_s=2.0, persist_s=9.0),
+    ev(200, "checkpoint_complete", name="step-0000000100", step=100),
+    ev(250, "fault_detected", attempt=0, kind="dead", step=121, completed_step=120, step_time_s=0.5),  # at 120
     ev(260, "launched", attempt=1, restore_from="step-0000000100"),                   # 20 steps x 0.5 s = 10 s
     ev(290, "restart_complete", attempt=1, total_s=40.0,
        phases={"detect": 3.0, "teardown": 5.0, "schedule": 2.0, "rendezvous": 10.0, "restore": 8.0,
@@ -48,14 +50,16 @@ def test_one_run_splits_into_productive_time_and_badput_by_cause():
     # 1000 - (30 + 60 + 32 + 8 + 4 + 10) = 856
     assert b.productive_s == pytest.approx(856.0, abs=1e-3) and b.ettr == pytest.approx(0.856, abs=1e-6)
     assert b.checkpoint_interval_s == pytest.approx(100.0, abs=1e-3)
+    assert b.save_persist_s == [9.0] and gp.advise(b).persist_s == 9.0  # an async save's whole time, measured
     assert total.wall_s == b.wall_s and total.badput_s == b.badput_s
 
 
 def test_runs_add_up_a_run_still_going_counts_to_now_and_a_lost_one_to_its_last_word():
     later = [
         ev(2000, "run_started", run=2),
-        ev(2010, "training", run=2, attempt=0, since_launch_s=10.0),
-        ev(2050, "checkpoint_complete", run=2, name="step-0000000150", step=150, blocked_s=1.0),
+        ev(2004, "launched", run=2, attempt=0, restore_from="step-0000000100"),  # 4 s of the run before its launch
+        ev(2010, "training", run=2, attempt=0, since_launch_s=6.0),
+        ev(2050, "save_blocked", run=2, attempt=0, step=150, blocked_s=1.0),
         # run 2's controller was killed here (no job_finished); run 3 takes the job over
         ev(3000, "run_started", run=3),
         ev(3020, "waiting_for_capacity", run=3),
@@ -66,6 +70,7 @@ def test_runs_add_up_a_run_still_going_counts_to_now_and_a_lost_one_to_its_last_
     assert by[3].wall_s == pytest.approx(100.0, abs=1e-3) and by[3].ended == ""     # 3000 -> now
     assert by[3].badput_s["waiting_for_capacity"] == pytest.approx(80.0, abs=1e-3)  # 3020 -> now, still waiting
     assert total.wall_s == pytest.approx(1150.0, abs=1e-3)
+    assert by[2].badput_s["startup"] == pytest.approx(10.0, abs=1e-3)  # 4 before the launch + 6 to the first step
     # 856 + (50 - 10 - 1) + (100 - 80)
     assert total.productive_s == pytest.approx(856.0 + 39.0 + 20.0, abs=1e-3)
 
@@ -74,14 +79,45 @@ def test_a_fault_before_any_launch_restores_wastes_nothing_and_unreadable_events
     events = [
         ev(0, "run_started"),
         {"event": "fault_detected", "run": 1},            # no time: passed over
-        ev(5, "fault_detected", kind="dead", step=7),     # no step time: the steps it cost are not known
+        ev(5, "fault_detected", kind="dead", step=8, completed_step=7),  # no step time: what it cost is not known
         ev(6, "launched", attempt=1, restore_from=None),
         ev(10, "job_finished", phase="failed"),
     ]
     (b,), _ = gp.account(events, now_unix=T0 + 100)
     assert b.faults == 1 and b.wasted_steps == 0 and b.badput_s["wasted_progress"] == 0.0 and b.wall_s == 10.0
+    # no restart completed before the run ended: from the fault to the end is the restart's
+    assert b.badput_s["restart"] == pytest.approx(5.0, abs=1e-3)
     with pytest.raises(gp.GoodputError, match="log directory"):
         gp.account([{"event": "x"}], now_unix=T0)
+
+
+def test_a_capacity_wait_inside_a_restart_counts_once_and_a_restart_under_way_counts_to_now():
+    events = [
+        ev(0, "run_started"),
+        ev(100, "fault_detected", kind="node_lost", step=51, completed_step=50, step_time_s=1.0,
+           detection_s=4.0),  # hit at 96
+        ev(110, "waiting_for_capacity"),
+        ev(150, "capacity_found", waited_s=40.0),
+        ev(151, "launched", attempt=1, restore_from="step-0000000040"),
+        ev(170, "restart_complete", attempt=1, total_s=74.0,
+           phases={"detect": 4.0, "teardown": 6.0, "schedule": 45.0, "rendezvous": 5.0, "restore": 4.0,
+                   "first_step": 10.0}),
+        ev(200, "fault_detected", kind="dead", step=80, step_time_s=1.0, detection_s=2.0),   # hit at 198
+    ]
+    (b,), _ = gp.account(events, now_unix=T0 + 230)
+    assert b.badput_s["waiting_for_capacity"] == pytest.approx(40.0, abs=1e-3)
+    # (4 + 6 + 45 + 5 + 10) - 40 of capacity = 30, then the restart under way: 198 -> 230 = 32
+    assert b.badput_s["restart"] == pytest.approx(30.0 + 32.0, abs=1e-3)
+    assert b.badput_s["restore"] == 4.0 and b.wasted_steps == 10
+
+
+def test_without_the_sdk_no_steps_are_said_to_be_recomputed():
+    """A script without the SDK restores on its own: its step count is its optimizer steps since
+    its launch, so the fault carries no completed step and nothing is counted as recomputed."""
+    events = [ev(0, "run_started"), ev(10, "fault_detected", kind="dead", step=40, step_time_s=0.1),
+              ev(12, "launched", attempt=1, restore_from=None), ev(20, "job_finished", phase="completed")]
+    (b,), _ = gp.account(events, now_unix=T0 + 30)
+    assert b.wasted_steps == 0 and b.badput_s["wasted_progress"] == 0.0 and b.faults == 1
 
 
 def test_feeding_one_event_at_a_time_is_the_same_as_accounting_them_all():
@@ -156,7 +192,9 @@ def test_with_few_faults_the_prior_is_used_and_said_as_such():
     assert a.mtbf_s == gp.PRIOR_MTBF_S and "Llama 3" in a.mtbf_source and "fewer than 3" in a.mtbf_source
     assert a.save_cost_s == 5.0 and a.restart_cost_s == 30.0 and a.step_time_s == 0.5
     assert a.young_s == pytest.approx(333.53, abs=0.01) and a.advised_s == a.daly_s
-    assert a.steps(a.advised_s) == round(a.daly_s / 0.5) and a.steps(a.current_interval_s) == 1200
+    # saves 600 s apart, each blocking 5 s: 595 s of training between them, 1,190 steps of 0.5 s
+    assert a.current_interval_s == 595.0 and a.steps(a.current_interval_s) == 1190
+    assert a.steps(a.advised_s) == round(a.daly_s / 0.5)
     assert a.ettr_advised > a.ettr_now  # 10 min is longer than the ~5.5 min advised
     assert a.per_second_of_c > 0 and a.per_minute_of_r > 0
 

@@ -309,3 +309,39 @@ def test_the_phase_labels_are_exactly_the_wire_phases_and_the_restart_phases(tmp
     # every phase the restart timer reports has a histogram, and the restart landed in each once
     restart = {labels["phase"]: value for n, labels, value in samples if n == "supervisor_restart_phase_seconds_count"}
     assert restart == dict.fromkeys(RESTART_PHASES, 1.0)
+
+
+def test_goodput_and_the_advised_interval_are_exported_over_every_run_of_the_log_directory(tmp_path):
+    c = make_controller(tmp_path)
+    (tmp_path / "logs").mkdir()
+    v = make_registry(c).get_sample_value
+    assert v("supervisor_goodput_wall_seconds", {"job": "j"}) is None  # nothing said yet: nothing to account
+    c.event("run_started")
+    c.event("launched", attempt=0, restore_from=None)
+    c.event("save_blocked", attempt=0, step=10, blocked_s=3.0)
+    c.event("checkpoint_complete", name="step-0000000010", step=10)
+    assert v("supervisor_goodput_badput_seconds", {"job": "j", "cause": "save_stall"}) == 3.0
+    for cause in ("startup", "waiting_for_capacity", "restart", "restore", "wasted_progress"):
+        assert v("supervisor_goodput_badput_seconds", {"job": "j", "cause": cause}) is not None
+    # a save's cost is measured: an interval is advised (the prior MTBF, the prior restart cost)
+    assert v("supervisor_checkpoint_interval_advised_seconds", {"job": "j"}) == pytest.approx(
+        sv_metrics_daly(3.0), rel=1e-3)
+    assert 0 < v("supervisor_goodput_ettr_predicted", {"job": "j", "at": "advised"}) < 1
+    c.event("job_finished", phase="completed")
+    first_wall = v("supervisor_goodput_wall_seconds", {"job": "j"})
+    # the next run's controller on the same log directory counts the first run's too
+    again = make_controller(tmp_path)
+    again.run_no = 2  # (what its start-up makes of the state file the first run left)
+    again.event("run_started")
+    again.event("save_blocked", attempt=0, step=20, blocked_s=1.0)
+    w = make_registry(again).get_sample_value
+    assert w("supervisor_goodput_badput_seconds", {"job": "j", "cause": "save_stall"}) == 4.0
+    assert w("supervisor_goodput_wall_seconds", {"job": "j"}) >= first_wall
+    assert 0 <= w("supervisor_goodput_ettr", {"job": "j"}) <= 1
+    assert again.status()["goodput"]["badput_s"]["save_stall"] == 4.0
+
+
+def sv_metrics_daly(c: float) -> float:
+    from supervisor.reports import goodput
+
+    return goodput.daly(c, goodput.PRIOR_MTBF_S)

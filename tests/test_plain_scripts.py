@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import losses_by_step, read_log, run_job
+from conftest import PYTHON, losses_by_step, read_log, run_job
 
 pytestmark = pytest.mark.slow
 PLAIN = Path(__file__).parent / "workloads" / "plain_train.py"
@@ -138,6 +139,14 @@ def test_a_script_with_its_own_resume_resumes_itself(supervisor_run, tmp_path, c
     steps = [r["step"] for r in read_log(run.plain_out, 0)]
     restart_at = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
     assert steps[restart_at] > 1 and (steps[restart_at] - 1) % 5 == 0, steps
+    # its goodput is what can be seen without the SDK: the restart is measured; its own saves
+    # and the steps its resume went back over are not (not said to be nothing either: absent)
+    out = subprocess.run([PYTHON, "-m", "supervisor", "report", "--log-dir", str(run.log_dir), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    total = json.loads(out.stdout)["total"]
+    assert total["faults"] == 1 and total["restarts"] == 1 and total["badput_s"]["restart"] > 0
+    assert total["wasted_steps"] == 0 and total["badput_s"]["save_stall"] == 0 and 0 < total["ettr"] < 1
 
 
 def test_instrumentation_off_runs_the_script_as_torchrun_would(supervisor_run, tmp_path):

@@ -13,14 +13,14 @@ import sys
 from typing import Sequence
 
 from supervisor import __version__
-from supervisor.cli import checkpoints, drill, launch, releases, run, status
+from supervisor.cli import checkpoints, drill, launch, releases, report, run, status
 from supervisor.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from supervisor.cli.status import render_final, render_status
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main", "render_final", "render_status"]
 
 # in the order `supervisor --help` lists them (the platforms' commands come before checkpoints)
-COMMANDS = (run, launch, drill, status, releases)
+COMMANDS = (run, launch, drill, status, releases, report)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from supervisor.cli.common import EXIT_FAILED, EXIT_OK, _human_age, _saved_state, _table
+from supervisor.files import read_json_lines as _read_events
+from supervisor.reports import goodput
 
 
 def _status_url(args: argparse.Namespace, saved: dict | None) -> str | None:
@@ -56,6 +58,15 @@ def render_final(saved: dict, log_dir: str) -> str:
             # (the job's probation length is its config's, which the state file does not hold)
             lines.append(release_line(releases.summary(ledger, releases.Policy()) | {"probation_steps": None}))
     events = _read_events(Path(log_dir) / "events.jsonl")
+    acc = goodput.Accountant()
+    for e in events:
+        acc.feed(e)
+    try:  # (no controller answers: a run still open ended at its last event)
+        _, total = acc.breakdowns(acc.newest_unix(), spans=False)
+    except goodput.GoodputError:
+        pass
+    else:
+        lines.append(goodput_line(goodput.summary(total, goodput.advise(total))))
     faults = [e for e in events if e.get("event") == "fault_detected" and e.get("run", 1) == saved.get("run", 1)]
     if faults:
         f = faults[-1]
@@ -78,25 +89,27 @@ def release_line(rel: dict) -> str:
     return line
 
 
-def _read_events(path: Path) -> list[dict]:
-    """The event records of events.jsonl, its archived generations first (events.jsonl.N ... .1:
-    it rotates past a size cap); a line that is not a JSON object (torn, garbled, nested too
-    deeply) is passed over."""
-    from supervisor.files import read_lines
+def goodput_line(g: dict) -> str:
+    """The job's goodput so far in one line: ETTR, the biggest causes of badput, and the
+    checkpoint interval now against the advised one (``supervisor report`` has the rest)."""
+    bad = sorted(((v, k) for k, v in (g.get("badput_s") or {}).items() if v and v >= 0.5), reverse=True)[:3]
+    line = f"goodput: ETTR {100 * g['ettr']:.1f}% of {_human_age(g['wall_s'])}"
+    if bad:
+        line += " (badput: " + ", ".join(f"{k.replace('_', ' ')} {_human_age(v)}" for v, k in bad) + ")"
 
-    try:
-        lines = list(read_lines(path))
-    except OSError:
-        return []
-    events = []
-    for line in lines:
-        try:
-            e = json.loads(line) if line.strip() else None
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(e, dict):
-            events.append(e)
-    return events
+    def at(seconds: float | None, steps: int | None) -> str:
+        return _human_age(seconds) + (f" = {steps} steps" if steps else "")
+
+    if g.get("advised_interval_s") is not None:
+        now = g.get("current_interval_s")
+        line += (f"; checkpoint every {at(now, g.get('current_steps'))}" if now is not None else "; checkpoint") + \
+            f", advised {at(g['advised_interval_s'], g.get('advised_steps'))}"
+        if g.get("ettr_predicted_advised") is not None:
+            line += f" (predicted ETTR {100 * g['ettr_predicted_advised']:.1f}%"
+            if g.get("ettr_predicted_now") is not None:
+                line += f" against {100 * g['ettr_predicted_now']:.1f}% now"
+            line += ")"
+    return line + "; `supervisor report` has the breakdown"
 
 
 def _node_state(n: dict) -> str:
@@ -127,6 +140,8 @@ def render_status(st: dict) -> str:
         lines.append(f"excluded nodes: {', '.join(st['excluded_nodes'])}")
     if (st.get("release") or {}).get("version"):
         lines.append(release_line(st["release"]))
+    if st.get("goodput"):
+        lines.append(goodput_line(st["goodput"]))
     wait = st.get("waiting_for_capacity")
     if wait:
         lines.append(f"waiting for capacity for {_human_age(wait['since_s'])} (no attempt spent): {wait['detail']}")

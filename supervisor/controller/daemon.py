@@ -51,7 +51,7 @@ from supervisor.controller.signals import Signals
 from supervisor.controller.startup import JobAlreadyFinished, Startup, launched_as
 from supervisor.controller.view import JobView, render_status, reported_by
 from supervisor.controller.watch import CheckpointWatch
-from supervisor.files import rotate
+from supervisor.files import read_json_lines, rotate
 from supervisor.metrics import WORST_RANKS
 from supervisor.controller.decide import made_progress as decide_progress
 from supervisor.controller.decide import (
@@ -75,6 +75,7 @@ from supervisor.health import Registry, Timeouts
 from supervisor.platforms.base import NodeStatus, Platform, PlatformError
 from supervisor.protocol import PHASE_DONE, SOURCE_TORCH
 from supervisor.protocol.restore import EXCLUDE_MAX
+from supervisor.reports import goodput
 
 log = logging.getLogger("supervisor.controller")
 TICK_S = 0.2
@@ -153,6 +154,9 @@ class Controller:
         self.releases = releases.Ledger()
         self.version: releases.Version | None = None  # what this controller's config runs
         self.release_switch = False  # an adopted gang runs another version than the one to run: relaunch
+        # goodput over the log directory's runs: fed every event as it is written (and, at the
+        # first, what events.jsonl already holds of earlier runs)
+        self.goodput: goodput.Accountant | None = None
         rc = cfg.release
         self.release_policy = releases.Policy(
             rollback=rc.rollback, probation_steps=rc.probation_steps,
@@ -579,6 +583,29 @@ class Controller:
         if all_heard:
             self.heard.mark_step(now, reg.min_step())
             self.track_release(time.time())
+            self.tell_save(reg)
+
+    def completed_step(self) -> dict[str, int]:
+        """``completed_step``: the newest step an SDK rank has finished (its ``step`` is the one
+        it is taking), what a restore to an older one recomputes; none for a script without the
+        SDK (its count is its optimizer steps since its launch, not the step it resumed at)."""
+        hbs = [rec.hb for rec in self.registry.ranks.values()]
+        if not hbs or any(hb.source == SOURCE_TORCH for hb in hbs):
+            return {}
+        return {"completed_step": max(hb.step for hb in hbs) - 1}
+
+    def tell_save(self, reg: Registry) -> None:
+        """Every rank has said it saved a newer step: how long that save blocked the gang (the
+        slowest rank's) and, for an asynchronous one, how long it took to reach storage: the
+        goodput's save stalls and the interval's lower bound."""
+        saved = min(rec.hb.ckpt_step for rec in reg.ranks.values())
+        if saved <= self.heard.saved_step or saved <= self.restored_step:  # (a restored step is no save)
+            return
+        self.heard.saved_step = saved
+        hbs = [rec.hb for rec in reg.ranks.values()]
+        persist = max(hb.ckpt_persist_s for hb in hbs)
+        self.event("save_blocked", attempt=self.attempt, step=saved, blocked_s=round(max(hb.ckpt_s for hb in hbs), 3),
+                   **({"persist_s": round(persist, 3)} if persist > 0 else {}))
 
     def _on_restore_reported(self, report) -> None:
         """Every rank said how its restore went: record what was really restored, make the
@@ -649,10 +676,8 @@ class Controller:
                 self.history = dataclasses.replace(self.history, had_checkpoint=True)
             if self.latest_ckpt is None or self.latest_ckpt["name"] != found.name:
                 # how long this save blocked the ranks, where their heartbeats already say (goodput)
-                blocked = [rec.hb.ckpt_s for rec in self.registry.ranks.values() if rec.hb.ckpt_step == found.step]
                 self.event("checkpoint_complete", name=found.name, step=found.step,
-                           **({"release": found.manifest.release} if found.manifest.release else {}),
-                           **({"blocked_s": round(max(blocked), 3)} if blocked else {}))
+                           **({"release": found.manifest.release} if found.manifest.release else {}))
                 if found.manifest.release:
                     self.releases = releases.wrote(self.releases, found.manifest.release, found.name)
                 self.watch.times.append(found.manifest.created_unix)
@@ -676,11 +701,13 @@ class Controller:
         self.platform.warm_up()  # a launch may follow: what can start ahead starts now
         log.error("event=fault_detected attempt=%d kind=%s ranks=%s nodes=%s detail=%s", self.attempt, fault.kind,
                   list(fault.ranks), list(fault.nodes), fault.detail)
-        rate = self.heard.step_rate()
-        # the step the gang had reached and its step time: what a restore to an older step recomputes
+        # the step the gang had reached and its step time (the loop's, a save's stall not in
+        # it): what a restore to an older step recomputes
+        took = self.heard.step_time()
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
                    detection_s=round(now - fault.fault_at, 3), **reported_by(self.registry, fault.ranks),
-                   step=self.registry.max_step(), **({"step_time_s": round(1.0 / rate, 4)} if rate > 0 else {}))
+                   step=self.registry.max_step(), **self.completed_step(),
+                   **({"step_time_s": round(took, 4)} if took > 0 else {}))
         rejected = self.judge_release(fault)
         # a rejected release is relaunched as another version: never restarted in place
         self.recovery = recovery_step.begin(fault, in_place=bool(self.in_place_allowed) and not rejected)
@@ -906,7 +933,23 @@ class Controller:
             restore_from=self.restore_from, findings=list(self.detection.findings), timeouts=asdict(self.detection.timeouts),
             stop_reason=self.stop_reason, exit_code=EXIT_CODES.get(self.phase),
             release=releases.summary(self.releases, self.release_policy),
+            goodput=self.goodput_summary(),
         )
+
+    def accountant(self) -> goodput.Accountant:
+        if self.goodput is None:
+            self.goodput = goodput.Accountant()
+            for rec in read_json_lines(self.log_dir / EVENTS_FILE):  # the earlier runs of this log directory
+                self.goodput.feed(rec)
+        return self.goodput
+
+    def goodput_summary(self) -> dict[str, Any]:
+        """The job's goodput so far and the interval its faults advise (:mod:`~supervisor.reports.goodput`)."""
+        try:
+            _, total = self.accountant().breakdowns(time.time(), spans=False)
+        except goodput.GoodputError:
+            return {}
+        return goodput.summary(total, goodput.advise(total))
 
     def status(self, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
         """The state as ``supervisor status`` shows it (:func:`render_status` of a view taken now)."""
@@ -933,6 +976,7 @@ class Controller:
         now = time.time()
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z",
                "event": name, "job": self.cfg.job, "run": self.run_no} | fields
+        acc = self.accountant()  # (before this event is written: it reads the earlier ones)
         path = self.log_dir / EVENTS_FILE
         with open(path, "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")
@@ -942,6 +986,7 @@ class Controller:
                 rotate(path, EVENTS_KEPT)
             except OSError as exc:
                 log.warning("event=events_rotate_failed path=%s error=%s", path, exc)
+        acc.feed(rec)
         self.platform.tell(name, rec)
 
     def save_state(self, *, durable: bool = True) -> None:

@@ -91,6 +91,8 @@ class Heard:
     """Where the ranks save was checked before any restore report (ranks that save without restoring)."""
     stepped: bool = False
     """Every rank of the attempt has taken a step (the ``training`` event was said)."""
+    saved_step: int = -1
+    """The newest step every rank of the attempt has said it saved (``save_blocked`` was said for it)."""
     step_marks: list[tuple[float, int]] = field(default_factory=list)
     """(when, the slowest rank's step) over the last minute: the step rate."""
 
@@ -105,6 +107,13 @@ class Heard:
             return 0.0
         (t0, s0), (t1, s1) = self.step_marks[0], self.step_marks[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def step_time(self) -> float:
+        """The loop's wall time per step over the window: the median over the marks between
+        which the gang moved on (a save's stall, when it did not, is left out). 0 before that."""
+        per = sorted((t1 - t0) / (s1 - s0) for (t0, s0), (t1, s1) in zip(self.step_marks, self.step_marks[1:])
+                     if s1 > s0 and t1 > t0)
+        return per[len(per) // 2] if per else 0.0
 
 
 class InState:

@@ -81,6 +81,9 @@ class JobView:
     exit_code: int | None = None
     release: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The running release (:func:`supervisor.controller.releases.summary`)."""
+    goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The job's goodput over its runs so far and the advised checkpoint interval
+    (:func:`supervisor.reports.goodput.summary`; empty before the first event)."""
 
 
 def render_status(v: JobView, *, offset: int | None = None, limit: int | None = None) -> dict[str, Any]:
@@ -156,6 +159,7 @@ def render_status(v: JobView, *, offset: int | None = None, limit: int | None = 
         "budget_exceeded": v.budget_exceeded, "rejected_heartbeats": v.rejected,
         "heartbeats_received": v.received, "stop_reason": v.stop_reason,
         "exit_code": v.exit_code, "release": dict(v.release),
+        "goodput": dict(v.goodput),
     }
 
 

@@ -189,6 +189,9 @@ class Heartbeat:
     ckpt_state: str = "idle"
     ckpt_s: float = 0.0
     """How long the rank's last checkpoint save blocked its training loop."""
+    ckpt_persist_s: float = 0.0
+    """An asynchronous save's whole time, from its start to its files on storage (0: the last
+    save was blocking, or none finished yet): the next save cannot start before it."""
     loss_ok: bool = True
     watchdog: str = ""
     stack_file: str = ""
@@ -294,6 +297,7 @@ _FIELDS: dict[str, tuple[type, float, float]] = {
     "ckpt_step": (int, -1, _BIG),
     "ckpt_state": (str, 0, 32),
     "ckpt_s": (float, 0, 1e9),
+    "ckpt_persist_s": (float, 0, 1e9),
     "loss_ok": (bool, 0, 0),
     "watchdog": (str, 0, 512),
     "stack_file": (str, 0, 1024),

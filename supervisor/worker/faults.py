@@ -12,7 +12,8 @@ Syntax (``SUPERVISOR_FAULT``)::
   of this rank's node: its torchrun agent and every rank under it, a lost machine) and
   ``node-stop`` (SIGSTOP them all: a frozen machine), ``oom`` (allocate and touch memory
   until the kernel's OOM killer ends the process: a memory bug, under a container's memory
-  limit). The node faults fire from the rank named by ``rank`` and take its whole node down
+  limit), ``slow-save`` (each periodic save from ``step`` on blocks ``ms`` longer: a save stall,
+  what slow storage does). The node faults fire from the rank named by ``rank`` and take its whole node down
   with it.
 * ``rank``: the global rank it fires on (default: every rank).
 * ``step``: the step at which it fires (default 1; ``slow`` applies from it on).
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("crash", "kill", "hang", "stop", "skip-collective", "slow", "nan", "crash-in-save", "node-kill", "node-stop",
-         "oom")
+         "oom", "slow-save")
 _KEYS = {"kind", "rank", "step", "attempt", "ms"}
 
 
@@ -47,7 +48,7 @@ class Fault:
         return (self.rank is None or self.rank == rank) and (self.attempt is None or self.attempt == attempt)
 
     def fires_at(self, step: int) -> bool:
-        return step >= self.step if self.kind == "slow" else step == self.step
+        return step >= self.step if self.kind in ("slow", "slow-save") else step == self.step
 
 
 def parse_faults(spec: str | None) -> list[Fault]:

@@ -419,6 +419,9 @@ class Worker:
         t0 = time.perf_counter()
         with self.phase(PHASE_CHECKPOINT):
             self.state.ckpt_state = "staging" if self.async_save else "writing"
+            for f in self.faults:
+                if f.kind == "slow-save" and f.fires_at(step):  # a drill: the save blocks the loop longer
+                    time.sleep(f.ms / 1000)
             result = ckpt.save(step, blocking=not self.async_save)
         self.state.ckpt_s = time.perf_counter() - t0
         self._last_save_time = time.monotonic()
@@ -429,11 +432,12 @@ class Worker:
                 ok = fut.exception() is None
                 self.state.ckpt_state = "idle" if ok else "failed"
                 if ok:
+                    self.state.ckpt_persist_s = time.perf_counter() - t0
                     self.state.ckpt_step = step
 
             result.add_done_callback(done)
         else:
-            self.state.ckpt_state, self.state.ckpt_step = "idle", step
+            self.state.ckpt_state, self.state.ckpt_step, self.state.ckpt_persist_s = "idle", step, 0.0
         if told:  # the supervisor learns the root now, not at the next sampled heartbeat
             self.heartbeat.beat_now()
 

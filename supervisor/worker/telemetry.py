@@ -33,6 +33,7 @@ class Snapshot:
     ckpt_step: int
     ckpt_state: str
     ckpt_s: float
+    ckpt_persist_s: float
     loss_ok: bool
     watchdog: str
     stack_file: str
@@ -74,6 +75,7 @@ class RankState:
         self.ckpt_step = -1
         self.ckpt_state = "idle"
         self.ckpt_s = 0.0  # how long the last save blocked the training loop
+        self.ckpt_persist_s = 0.0  # an async save's start to its files on storage
         self.loss_ok = True
         self.watchdog = ""
         self.stack_file = ""
@@ -193,6 +195,7 @@ class RankState:
                 ckpt_step=self.ckpt_step,
                 ckpt_state=self.ckpt_state,
                 ckpt_s=self.ckpt_s,
+                ckpt_persist_s=self.ckpt_persist_s,
                 loss_ok=self.loss_ok,
                 watchdog=self.watchdog,
                 stack_file=self.stack_file,
