@@ -64,6 +64,7 @@ REQUIRED_ALERTS = {
     "persistent straggler": "SupervisorStraggler",
     "terminal failure": "SupervisorJobFailed",
     "a release rolled back": "SupervisorReleaseRolledBack",
+    "low goodput (ETTR over a window)": "SupervisorLowGoodput",
     "supervisor down": "SupervisorDown",
     "supervisor absent (dead man's switch)": "SupervisorTargetMissing",
 }
@@ -144,7 +145,13 @@ def real_exposition(tmp_path: Path) -> str:
     for rank in (0, 1):
         records.observe(Heartbeat(job="j", attempt=0, rank=rank, world_size=2, seq=1, step=7, phase="compute",
                                   phase_s=0.1, node=f"node{rank}"), 999.0)
+    from supervisor.reports import goodput
+
+    _, total = goodput.account([{"time": "2026-12-05T10:00:00.000Z", "event": "run_started", "run": 1},
+                                {"time": "2026-12-05T10:00:09.000Z", "event": "save_blocked", "run": 1, "step": 10,
+                                 "blocked_s": 2.0}], now_unix=time.time())
     view = JobView(job="j", now=1000.0, unix=time.time(), phase="recovering", attempt=0, world_size=2,
+                   goodput=goodput.summary(total, goodput.advise(total)),
                    ranks=list(records.ranks.values()), stragglers={0: 1.0, 1: 1.2},
                    hang_kind="hang", hang_culprits=[(1, "node1")], restarts={"crash": 1},
                    timers=[RestartTimer(0, "crash", 900.0, 901.0, 902.0, 903.0, 904.0, 905.0, 906.0)],
@@ -332,7 +339,9 @@ def test_dashboard_queries_use_only_metrics_the_supervisor_exports(tmp_path):
                    "supervisor_checkpoint_save_seconds", "supervisor_straggler_score", "supervisor_step_rate",
                    "supervisor_ranks_in_phase", "supervisor_rank_heartbeat_age_max_seconds",
                    "supervisor_rank_heartbeat_age_p99_seconds", "supervisor_rank_step_min",
-                   "supervisor_straggler_score_max", "supervisor_last_fault_info", "supervisor_rank_info"):
+                   "supervisor_straggler_score_max", "supervisor_last_fault_info", "supervisor_rank_info",
+                   "supervisor_goodput_ettr", "supervisor_goodput_badput_seconds",
+                   "supervisor_checkpoint_interval_advised_seconds"):
         assert metric in used, metric
 
 
@@ -372,7 +381,8 @@ def test_runbook_covers_every_failure_class_with_detector_action_checks_mitigati
     sections = re.split(r"^## ", text, flags=re.M)
     by_title = {s.splitlines()[0].strip().lower(): s for s in sections[1:]}
     for title in ("training hang", "stale heartbeat", "no progress", "straggler", "restart storm",
-                  "restart budget exceeded", "stale or corrupt checkpoint", "job failed", "supervisor down"):
+                  "restart budget exceeded", "stale or corrupt checkpoint", "a release rolled back", "goodput is low",
+                  "job failed", "supervisor down"):
         assert title in by_title, title
         body = by_title[title]
         for part in ("**Detector**", "**What the supervisor already did**", "**Check**", "**Mitigation**",
