@@ -242,6 +242,19 @@ def start_prometheus(tmp: Path, am_port: int, sv_port: int, prom_port: int) -> S
                   tmp / "prometheus.log", f"http://127.0.0.1:{prom_port}/-/ready")
 
 
+def start_stack(tmp: Path, receiver: Receiver, servers: list[Server]) -> tuple[int, int]:
+    """Alertmanager (to ``receiver``) and Prometheus (its rules, scraping a supervisor yet to
+    start), both ready, appended to ``servers`` (the caller stops them); returns the port the
+    supervisor is to serve /metrics on and Prometheus's."""
+    am, am_port = start_alertmanager(tmp, receiver)
+    servers.append(am)
+    sv_port, prom_port = free_port(), free_port()
+    servers.append(start_prometheus(tmp, am_port, sv_port, prom_port))
+    for server in servers[-2:]:
+        server.wait_ready()
+    return sv_port, prom_port
+
+
 def post_alerts(am_port: int, alerts: list[dict]) -> None:
     http_json(f"http://127.0.0.1:{am_port}/api/v2/alerts", json.dumps(alerts).encode())
 
@@ -295,13 +308,7 @@ def hang_scenario(tmp_path_factory):
     servers: list[Server] = []
     run = None
     try:
-        am, am_port = start_alertmanager(tmp, receiver)
-        servers.append(am)
-        sv_port, prom_port = free_port(), free_port()
-        prom = start_prometheus(tmp, am_port, sv_port, prom_port)
-        servers.append(prom)
-        am.wait_ready()
-        prom.wait_ready()
+        sv_port, prom_port = start_stack(tmp, receiver, servers)
         run = SupervisorRun(tmp, JOB_ARGS, fault=FAULT, extra=["--port", str(sv_port), "--job", JOB])
         sc = Scenario(tmp, f"http://127.0.0.1:{prom_port}", receiver, run, time.time())
 
@@ -538,12 +545,7 @@ def test_a_release_rolled_back_pages_with_both_versions_and_the_reason(tmp_path)
     servers: list[Server] = []
     run = None
     try:
-        am, am_port = start_alertmanager(tmp_path, receiver)
-        servers.append(am)
-        sv_port, prom_port = free_port(), free_port()
-        servers.append(start_prometheus(tmp_path, am_port, sv_port, prom_port))
-        am.wait_ready()
-        servers[-1].wait_ready()
+        sv_port, _ = start_stack(tmp_path, receiver, servers)
         run = SupervisorRun(tmp_path, job, script=script, extra=["--job", "e2e-release", "--port", str(sv_port)])
         back = run.wait_event("release_rolled_back", timeout=120)
         assert back["to"] == known["version"] and back["reason"] == "startup_failure", back
