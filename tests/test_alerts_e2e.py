@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -242,17 +243,40 @@ def start_prometheus(tmp: Path, am_port: int, sv_port: int, prom_port: int) -> S
                   tmp / "prometheus.log", f"http://127.0.0.1:{prom_port}/-/ready")
 
 
-def start_stack(tmp: Path, receiver: Receiver, servers: list[Server]) -> tuple[int, int]:
-    """Alertmanager (to ``receiver``) and Prometheus (its rules, scraping a supervisor yet to
-    start), both ready, appended to ``servers`` (the caller stops them); returns the port the
-    supervisor is to serve /metrics on and Prometheus's."""
-    am, am_port = start_alertmanager(tmp, receiver)
-    servers.append(am)
-    sv_port, prom_port = free_port(), free_port()
-    servers.append(start_prometheus(tmp, am_port, sv_port, prom_port))
-    for server in servers[-2:]:
-        server.wait_ready()
-    return sv_port, prom_port
+@dataclass
+class Stack:
+    """A running Alertmanager (to ``receiver``) and Prometheus (the shipped rules, scraping the
+    supervisor at ``sv_port``), and the supervisor run the caller starts (``run``)."""
+
+    receiver: Receiver
+    sv_port: int
+    prom_port: int
+    run: SupervisorRun | None = None
+
+
+@contextmanager
+def alert_stack(tmp: Path):
+    """:class:`Stack`, both servers ready; on the way out the run (and what its gang left) is
+    killed and the servers stopped, whatever happened."""
+    receiver = Receiver().start()
+    servers: list[Server] = []
+    st = None
+    try:
+        am, am_port = start_alertmanager(tmp, receiver)
+        servers.append(am)
+        sv_port, prom_port = free_port(), free_port()
+        servers.append(start_prometheus(tmp, am_port, sv_port, prom_port))
+        for server in servers:
+            server.wait_ready()
+        st = Stack(receiver, sv_port, prom_port)
+        yield st
+    finally:
+        if st is not None and st.run is not None:
+            st.run.kill()
+            kill_leftovers(st.run.log_dir)
+        for server in reversed(servers):
+            server.stop()
+        receiver.stop()
 
 
 def post_alerts(am_port: int, alerts: list[dict]) -> None:
@@ -304,12 +328,9 @@ def hang_scenario(tmp_path_factory):
     if PROMETHEUS is None or PROMTOOL is None or ALERTMANAGER is None:
         pytest.skip("prometheus/promtool/alertmanager not installed (scripts/install-prometheus.sh)")
     tmp = tmp_path_factory.mktemp("alerts-e2e")
-    receiver = Receiver().start()
-    servers: list[Server] = []
-    run = None
-    try:
-        sv_port, prom_port = start_stack(tmp, receiver, servers)
-        run = SupervisorRun(tmp, JOB_ARGS, fault=FAULT, extra=["--port", str(sv_port), "--job", JOB])
+    with alert_stack(tmp) as st:
+        receiver, sv_port, prom_port = st.receiver, st.sv_port, st.prom_port
+        run = st.run = SupervisorRun(tmp, JOB_ARGS, fault=FAULT, extra=["--port", str(sv_port), "--job", JOB])
         sc = Scenario(tmp, f"http://127.0.0.1:{prom_port}", receiver, run, time.time())
 
         def up() -> bool:
@@ -357,13 +378,6 @@ def hang_scenario(tmp_path_factory):
         (tmp / "timings.json").write_text(json.dumps(sc.timings, indent=1))
         print(f"\nalerts e2e timings: {json.dumps(sc.timings)}")
         yield sc
-    finally:
-        if run is not None:
-            run.kill()
-            kill_leftovers(run.log_dir)
-        for server in reversed(servers):
-            server.stop()
-        receiver.stop()
 
 
 @pytest.mark.slow
@@ -541,12 +555,10 @@ def test_a_release_rolled_back_pages_with_both_versions_and_the_reason(tmp_path)
     lines = script.read_text().splitlines(keepends=True)
     at = next(i + 1 for i, line in enumerate(lines) if line.startswith("from __future__"))
     script.write_text("".join(lines[:at] + ["import a_module_the_new_image_lacks  # v2\n"] + lines[at:]))
-    receiver = Receiver().start()
-    servers: list[Server] = []
-    run = None
-    try:
-        sv_port, _ = start_stack(tmp_path, receiver, servers)
-        run = SupervisorRun(tmp_path, job, script=script, extra=["--job", "e2e-release", "--port", str(sv_port)])
+    with alert_stack(tmp_path) as st:
+        receiver = st.receiver
+        run = st.run = SupervisorRun(tmp_path, job, script=script,
+                                     extra=["--job", "e2e-release", "--port", str(st.sv_port)])
         back = run.wait_event("release_rolled_back", timeout=120)
         assert back["to"] == known["version"] and back["reason"] == "startup_failure", back
 
@@ -562,10 +574,3 @@ def test_a_release_rolled_back_pages_with_both_versions_and_the_reason(tmp_path)
             "e2e-release", back["from"], back["to"], "startup_failure", "page"), labels
         assert back["from"] in alert["annotations"]["summary"] and back["to"] in alert["annotations"]["summary"]
         assert run.proc.poll() is None  # paged while the job trains on, on v1
-    finally:
-        if run is not None:
-            run.kill()
-            kill_leftovers(run.log_dir)
-        for server in reversed(servers):
-            server.stop()
-        receiver.stop()
