@@ -1,7 +1,7 @@
 """The restart at 1,024 nodes, on paper: a seeded Monte Carlo model of every restart phase.
 
 One command prints (and writes) the per-phase p50/p95/p99 at the chosen scale, a scaling
-table (8 ... 4,096 nodes), the total against the restart budget (15 min) with PASS/MISS and
+table (8 ... 16,384 nodes), the total against the restart budget (15 min) with PASS/MISS and
 headroom, the dominant phase, a sensitivity table, and every parameter with its source:
 
     python benchmarks/restart_simulation.py [--nodes 1024] [--gpus-per-node 8] [--trials 2000]
@@ -71,7 +71,7 @@ if str(REPO) not in sys.path:
 from supervisor.protocol import RESTART_PHASES  # noqa: E402
 
 PHASES = RESTART_PHASES  # the controller's phases of a restart (its events and metrics), modelled here
-SCALING_NODES = (8, 64, 256, 1024, 2048, 4096)
+SCALING_NODES = (8, 64, 256, 1024, 2048, 4096, 16384)
 QUANTILES = (0.50, 0.95, 0.99)
 
 MEASURED = "measured here"
@@ -240,6 +240,11 @@ class Schedule:
     startup_timeout_s: float = param(300.0, CODE, "HealthConfig.startup_timeout_s: a node not up by then is a new "
                                      "fault (the phase is capped there: optimistic, the restart that follows is not "
                                      "modelled)", "s", gt=0)
+    warm_agents: bool = param(False, CODE, "platform.warm_agents: an agent per slot waits with torch's agent "
+                              "imported (started at the fault, or standing by since the last launch); a launch "
+                              "hands each node to one (off here: the baseline is every agent starting cold)")
+    warm_handover_s: float = param(0.1, MEASURED, "a launch handing a node to a waiting agent: teardown + schedule "
+                                   "0.07-0.19 s with warm agents (docs/benchmarks/restart_latency.md)", "s", ge=0)
     env_on_shared_fs: bool = param(False, ASSUMED, "Python env (venv/site-packages) on a shared file system with "
                                    "cold client caches; default: node-local image or warm caches")
     metadata_ops_per_import: float = param(19_000.0, MEASURED, "file-metadata syscalls of `import torch` "
@@ -301,8 +306,10 @@ class Rendezvous:
                                          "here) concurrently, create CUDA contexts, start the SDK", "s", gt=0)
     worker_start_sigma: float = param(0.2, ASSUMED, "log-normal spread across nodes", "", ge=0)
     store_connect_s_per_rank: float = param(1.0e-3, PUBLIC, "libuv TCPStore: 96K ranks connected in ~100 s (PyTorch "
-                                            "tutorial 'TCPStore libuv backend'); serialised on the one server",
-                                            "s", ge=0)
+                                            "tutorial 'TCPStore libuv backend'); serialised on the one server. "
+                                            "Measured here (--calibrate): 0.1-0.2 ms per client (connect + add) "
+                                            "with 1,024-2,048 clients on one 2-core box; the public figure, "
+                                            "5-10x slower, is kept", "s", ge=0)
     gloo_group: bool = param(False, ASSUMED, "a gloo process group is also created (e.g. 'cpu:gloo,cuda:nccl')")
     gloo_init_s: tuple = param(((2048, 18.0), (4096, 25.0), (8192, 85.0)), PUBLIC,
                                "gloo PG init after TCPStore batching (pytorch/gloo PR #408, Meta jobs; its '2k/4k/8k "
@@ -549,13 +556,17 @@ def agent_ready(m: Model, trials: int, seed: int, tag: str = "") -> np.ndarray:
     """Each agent's ready time (nodes, trials), from the start of the schedule phase."""
     s, c = m.schedule, m.cluster
     n = c.nodes
-    start = _lognormal(_node_draws(seed, f"schedule.agent{tag}", n, trials), s.agent_start_median_s,
-                       s.agent_start_sigma)
-    slow = _node_draws(seed, f"schedule.slow{tag}", n, trials, "uniform") < s.p_slow_start
-    u = _node_draws(seed, f"schedule.tail{tag}", n, trials, "uniform")
-    lomax = s.slow_start_scale_s * ((1.0 - u) ** (-1.0 / s.slow_start_alpha) - 1.0)
-    start = (start + np.where(slow, lomax, 0.0)) * _slow_factor(c, n)
-    if s.env_on_shared_fs:  # every agent's import waits on the metadata server serving all nodes
+    if s.warm_agents:  # the agents imported torch before the launch: it only hands each node over
+        start = _lognormal(_node_draws(seed, f"schedule.agent{tag}", n, trials), s.warm_handover_s,
+                           s.agent_start_sigma) * _slow_factor(c, n)
+    else:
+        start = _lognormal(_node_draws(seed, f"schedule.agent{tag}", n, trials), s.agent_start_median_s,
+                           s.agent_start_sigma)
+        slow = _node_draws(seed, f"schedule.slow{tag}", n, trials, "uniform") < s.p_slow_start
+        u = _node_draws(seed, f"schedule.tail{tag}", n, trials, "uniform")
+        lomax = s.slow_start_scale_s * ((1.0 - u) ** (-1.0 / s.slow_start_alpha) - 1.0)
+        start = (start + np.where(slow, lomax, 0.0)) * _slow_factor(c, n)
+    if s.env_on_shared_fs and not s.warm_agents:  # every agent's import waits on the metadata server
         start = np.maximum(start, n * s.metadata_ops_per_import / s.mds_ops_per_s)
     if c.platform == "slurm":
         hops = max(1, math.ceil(math.log(max(n, 2)) / math.log(m.teardown.tree_width)))
@@ -751,6 +762,20 @@ def model_for(nodes: int, gpus_per_node: int = 8, base: Model | None = None) -> 
 
 
 # ------------------------------------------------------------------------------------ scenarios
+LOST_NODE_GPUS = 16_384
+"""The headline's second scale: a job of this many GPUs losing one node."""
+
+
+def lost_node_models(base: Model) -> list[tuple[str, Model]]:
+    """A node lost at :data:`LOST_NODE_GPUS` GPUs, each of the supervisor's paths added in turn."""
+    m = model_for(max(1, LOST_NODE_GPUS // base.cluster.gpus_per_node), base.cluster.gpus_per_node, base)
+    m = with_overrides(m, {"detect.fault_kind": "silent"})
+    static = with_overrides(m, {"rendezvous.backend": "static"})
+    return [("c10d rendezvous, cold agents", m),
+            ("static rendezvous (node ranks from the supervisor)", static),
+            ("static rendezvous and warm agents", with_overrides(static, {"schedule.warm_agents": True}))]
+
+
 def scenarios(base: Model) -> list[tuple[str, Model]]:
     """The sensitivity cases: one change each against ``base`` (those that do not fit its size are left out)."""
     doubled = 2 * hang_timeout_s(base)
@@ -910,6 +935,10 @@ def report(base: Model, trials: int, seed: int, scaling: Sequence[int] = SCALING
     for label, model in models:
         note(f"scaling: {label} nodes")
         rows.append(replace(head, label=label) if model == base else summarise(label, simulate(model, trials, seed)))
+    lost: list[tuple[str, Summary]] = []
+    for name, model in lost_node_models(base):
+        note(f"one node lost at {LOST_NODE_GPUS:,} GPUs: {name}")
+        lost.append((name, summarise(name, simulate(model, trials, seed))))
     sens: list[tuple[str, Summary]] = []
     for name, model in scenarios(base):
         note(f"sensitivity: {name}")
@@ -945,6 +974,11 @@ def report(base: Model, trials: int, seed: int, scaling: Sequence[int] = SCALING
     if top:
         out.append("- Largest single risks (p99 change): " + "; ".join(
             f"{name} **{_signed(d)} s** ({s.verdict})" for d, name, s in top) + ".")
+    best = lost[-1][1]
+    out.append(f"- **One node lost at {LOST_NODE_GPUS:,} GPUs** ({best.model.cluster.nodes:,} nodes x "
+               f"{best.model.cluster.gpus_per_node}), {lost[-1][0]}: **{_fmt(best.q['total'][0.5])} s at p50, "
+               f"{_fmt(best.q['total'][0.99])} s at p99** ({best.verdict}); with c10d and cold agents "
+               f"{_fmt(lost[0][1].q['total'][0.5])} / {_fmt(lost[0][1].q['total'][0.99])} s (see that section).")
     misses = [r for r in rows if r.verdict == "MISS"]
     if misses:
         first = misses[0]
@@ -952,6 +986,15 @@ def report(base: Model, trials: int, seed: int, scaling: Sequence[int] = SCALING
         why = (f"the {broken[0]} phase never completes" if broken else
                f"p99 {_fmt(first.q['total'][0.99])} s, {first.dominant[0]} dominant")
         out.append(f"- Scaling: the first node count that misses is **{first.label}** ({why}).")
+    statics = [r for r in rows if r.label.endswith("static rdzv")]
+    if statics:
+        missed = [r for r in statics if r.verdict == "MISS"]
+        last = statics[-1]
+        out.append("- With the static rendezvous: " + (
+            f"the first node count that misses is **{missed[0].label}**" if missed else
+            f"**no node count up to {last.model.cluster.nodes:,} misses**") +
+            f" (at {last.model.cluster.nodes:,} nodes p99 {_fmt(last.q['total'][0.99])} s, {last.tail[0]} the "
+            "largest phase of the slowest 5%).")
     if sat:
         out.append(f"- torch's c10d rendezvous store saturates from **{sat:,} agents** with its default "
                    f"keep-alive ({base.rendezvous.keep_alive_interval_s:g} s); join contention makes it slow "
@@ -982,6 +1025,24 @@ def report(base: Model, trials: int, seed: int, scaling: Sequence[int] = SCALING
     for r in rows:
         cells = [f"{_fmt(r.q[p][0.5])} / {_fmt(r.q[p][0.99])}" for p in PHASES]
         out.append(f"| {r.label} | {r.model.cluster.ranks:,} | " + " | ".join(cells)
+                   + f" | {_fmt(r.q['total'][0.5])} | {_fmt(r.q['total'][0.99])} | {r.verdict} |")
+    out += [
+        "",
+        f"## One node lost at {LOST_NODE_GPUS:,} GPUs",
+        "",
+        f"A node goes silent (its heartbeats stop: {base.detect.silence_timeout_s:g} s to detect) in a "
+        f"{LOST_NODE_GPUS // c.gpus_per_node:,}-node job; the gang is relaunched on a spare. Each row adds one of "
+        "the supervisor's own paths to the one above. A restart in place (rung 0) does not apply: the node is "
+        "gone, and a restart in place keeps every node. What the supervisor runs today is the first row on "
+        "Slurm and Kubernetes (c10d, agents started at the launch); warm agents are the local platform's "
+        "default, and the static rendezvous is modelled here, not yet launched by the supervisor.",
+        "",
+        "| configuration | " + " | ".join(PHASES) + " | total p50 | total p99 | verdict |",
+        "|---|" + "---:|" * (len(PHASES) + 2) + "---|",
+    ]
+    for name, r in lost:
+        cells = [f"{_fmt(r.q[p][0.5])} / {_fmt(r.q[p][0.99])}" for p in PHASES]
+        out.append(f"| {name} | " + " | ".join(cells)
                    + f" | {_fmt(r.q['total'][0.5])} | {_fmt(r.q['total'][0.99])} | {r.verdict} |")
     out += [
         "",
@@ -1159,6 +1220,22 @@ def calibrate() -> str:  # pragma: no cover - measures this machine; needs torch
                 cli.get("big") if op == "get" else cli.compare_set("big", v, v)
                 k += 1
             lines.append(f"TCPStore {op} {size:>9,} B: server CPU {(cpu() - c0) / k * 1e3:.3f} ms/op ({k} ops)")
+    for n in (1024, 2048):  # clients joining one libuv store at once (what a static rendezvous costs it)
+        from concurrent.futures import ThreadPoolExecutor
+        from datetime import timedelta
+
+        def join(_: int) -> Any:
+            c = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+            c.add("joined", 1)
+            return c
+
+        with ThreadPoolExecutor(64) as ex:
+            list(ex.map(join, range(8)))  # (the first connections pay name lookups: not counted)
+            t0 = time.perf_counter()
+            joined = list(ex.map(join, range(n)))
+        dt = time.perf_counter() - t0
+        lines.append(f"TCPStore: {n} clients connect + add: {dt:.2f} s, {dt / n * 1e3:.3f} ms/client")
+        del joined
     proc.terminate()
 
     py = sys.executable

@@ -195,6 +195,30 @@ def test_a_saturated_c10d_rendezvous_never_completes_and_a_static_one_does():
     assert np.isfinite(static.total).all() and static.completed == 1.0
 
 
+def test_warm_agents_take_the_agent_start_out_of_the_schedule_in_every_trial():
+    m = rs.model_for(256)
+    cold = rs.agent_ready(m, 200, 0)
+    warm = rs.agent_ready(rs.with_overrides(m, {"schedule.warm_agents": True}), 200, 0)
+    assert (warm < cold).all()
+    # what is left: choosing the checkpoint, the step's launch and the hand-over itself
+    s = m.schedule
+    assert warm.max() < s.pick_checkpoint_s + 1.0 + 5 * s.warm_handover_s
+    assert warm.min() > s.pick_checkpoint_s
+
+
+def test_one_node_lost_at_16384_gpus_each_path_of_the_supervisor_helps():
+    models = rs.lost_node_models(rs.Model())
+    assert [m.cluster.ranks for _, m in models] == [16_384] * 3
+    assert all(m.detect.fault_kind == "silent" for _, m in models)
+    totals = [rs.simulate(m, 100, 0).total for _, m in models]
+    p99 = [q(t, 0.99) for t in totals]
+    assert p99[2] < p99[0] and p99[2] <= p99[1]
+    assert (totals[2] <= totals[1]).all()  # warm agents: the same draws, never slower in a trial
+    text = rs.report(rs.model_for(16), trials=60, seed=0, scaling=(8, 16))
+    assert "## One node lost at 16,384 GPUs" in text
+    assert "- **One node lost at 16,384 GPUs** (2,048 nodes x 8), static rendezvous and warm agents:" in text
+
+
 def test_a_missing_agent_blocks_a_rigid_rendezvous_but_not_an_elastic_one():
     rigid = rs.with_overrides(rs.model_for(64), {"rendezvous.missing_nodes": 1})
     assert np.isinf(rs.simulate(rigid, 50, 0).phases["rendezvous"]).all()
