@@ -985,12 +985,12 @@ def report(base: Model, trials: int, seed: int, scaling: Sequence[int] = SCALING
         broken = [p for p in PHASES if not math.isfinite(first.q[p][0.99])]
         why = (f"the {broken[0]} phase never completes" if broken else
                f"p99 {_fmt(first.q['total'][0.99])} s, {first.dominant[0]} dominant")
-        out.append(f"- Scaling: the first node count that misses is **{first.label}** ({why}).")
+        out.append(f"- Scaling with c10d throughout: the first node count that misses is **{first.label}** ({why}).")
     statics = [r for r in rows if r.label.endswith("static rdzv")]
     if statics:
         missed = [r for r in statics if r.verdict == "MISS"]
         last = statics[-1]
-        out.append("- With the static rendezvous: " + (
+        out.append("- With the static rendezvous (the supervisor's default from 256 nodes up): " + (
             f"the first node count that misses is **{missed[0].label}**" if missed else
             f"**no node count up to {last.model.cluster.nodes:,} misses**") +
             f" (at {last.model.cluster.nodes:,} nodes p99 {_fmt(last.q['total'][0.99])} s, {last.tail[0]} the "
@@ -1033,9 +1033,11 @@ def report(base: Model, trials: int, seed: int, scaling: Sequence[int] = SCALING
         f"A node goes silent (its heartbeats stop: {base.detect.silence_timeout_s:g} s to detect) in a "
         f"{LOST_NODE_GPUS // c.gpus_per_node:,}-node job; the gang is relaunched on a spare. Each row adds one of "
         "the supervisor's own paths to the one above. A restart in place (rung 0) does not apply: the node is "
-        "gone, and a restart in place keeps every node. What the supervisor runs today is the first row on "
-        "Slurm and Kubernetes (c10d, agents started at the launch); warm agents are the local platform's "
-        "default, and the static rendezvous is modelled here, not yet launched by the supervisor.",
+        "gone, and a restart in place keeps every node. What the supervisor runs by default on Slurm and "
+        "Kubernetes is the second row: from 256 nodes up each launch hands the agents their node ranks "
+        "(torch's static rendezvous on a libuv TCPStore served by the first node; "
+        "`platform.rendezvous_backend`, `auto` by default), agents started at the launch; warm agents are "
+        "the local platform's only.",
         "",
         "| configuration | " + " | ".join(PHASES) + " | total p50 | total p99 | verdict |",
         "|---|" + "---:|" * (len(PHASES) + 2) + "---|",
@@ -1136,7 +1138,8 @@ a maximum) and a change to one parameter leaves the other phases' draws alone.
    sits moves with the store host's CPU and how bunched the agents arrive (both in the sensitivity
    table), but the shape comes from torch's algorithm (every join rewrites one shared state). The
    supervisor chooses every world itself, so a static rendezvous (node ranks handed out at launch)
-   removes the problem; a longer `keep_alive_interval` alone does not.
+   removes the problem, and it launches one from 256 nodes up (`platform.rendezvous_backend: auto`);
+   a longer `keep_alive_interval` alone does not.
 4. **Storage**: at 70B the checkpoint is ~1 GB per node at 1,024 nodes, so bandwidth barely matters
    (halving it costs seconds); it starts to matter with 405B, HSDP replicas reading the same shards,
    or a fallback to an older checkpoint.

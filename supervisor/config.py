@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from supervisor.model import RENDEZVOUS_BACKENDS
+
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_NODES = 100_000
 """YAML nodes in a config file, every alias counted as the nodes it stands for."""
@@ -67,6 +69,14 @@ class PlatformConfig:
     restart in place pays ``import torch`` per rank. ``false`` (``--no-fork-ranks``): every rank
     is a new interpreter, as under plain torchrun (for a script that must not start from a
     fork). Other commands always start as under torchrun."""
+    rendezvous_backend: str = "auto"
+    """Every platform: how a launch's agents form the gang. ``c10d``: torch's dynamic rendezvous,
+    every agent joins by compare-and-set on one store (each join contends with all the others:
+    docs/restart-at-scale.md). ``static``: the controller, which chose the nodes, hands each agent
+    its node rank; the agents connect once to the store node rank 0 serves, and no join contends.
+    ``auto``: static from ``static_rendezvous_nodes`` nodes up, c10d below."""
+    static_rendezvous_nodes: int = 256
+    """``rendezvous_backend: auto``: the node count from which a launch uses the static rendezvous."""
     host: str = "127.0.0.1"
     """local: the address agents rendezvous on and the controller listens on. slurm: the address
     the nodes reach the supervisor at; ``auto`` = the batch host's NodeAddr (then an ``auto``
@@ -84,6 +94,11 @@ class PlatformConfig:
             raise ConfigError(f"platform.kind: {self.kind!r} is not one of {', '.join(kinds)}")
         if self.nodes < 0:
             raise ConfigError("platform.nodes: must be >= 0")
+        if self.rendezvous_backend not in RENDEZVOUS_BACKENDS:
+            raise ConfigError(f"platform.rendezvous_backend: {self.rendezvous_backend!r} is not one of "
+                              f"{', '.join(RENDEZVOUS_BACKENDS)}")
+        if self.static_rendezvous_nodes < 1:
+            raise ConfigError("platform.static_rendezvous_nodes: must be >= 1")
         if self.host == "auto" and not registry.KINDS[self.kind].host_auto:
             raise ConfigError(f"platform.host: 'auto' is for the "
                               f"{' or '.join(k for k in kinds if registry.KINDS[k].host_auto)} platform only")
@@ -362,6 +377,10 @@ class JobConfig:
             raise ConfigError("metrics_linger_s: must be >= 0")
         if self.metrics_per_rank_limit < 0:
             raise ConfigError("metrics_per_rank_limit: must be >= 0")
+        if self.platform.rendezvous_backend == "static" and self.restart.in_place_restarts:
+            raise ConfigError("platform.rendezvous_backend: static cannot restart in place (torch's static "
+                              "rendezvous never re-forms the gang, so the other nodes' agents would wait on a store "
+                              "that is gone): use c10d or auto, or restart.in_place_restarts: 0")
         if self.nproc_per_node < 1:
             raise ConfigError("nproc_per_node: must be >= 1")
         if self.platform.nodes and self.platform.nodes < self.nodes.min:

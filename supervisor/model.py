@@ -26,6 +26,11 @@ WAIT_CANNOT_START = "cannot_start"
 a Secret it needs is missing): a startup failure, at once."""
 
 
+RENDEZVOUS_BACKENDS = ("auto", "c10d", "static")
+"""``platform.rendezvous_backend``: how a launch's agents form the gang (``auto``: the
+controller chooses by the gang's size, :func:`supervisor.controller.decide.rendezvous_backend`)."""
+
+
 @dataclass(frozen=True)
 class RankFailure:
     rank: int

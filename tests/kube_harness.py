@@ -111,8 +111,8 @@ class KubeRun:
                "heartbeat": {"interval_s": 0.5, "timeout_s": 3}, "health": {"phase_floor_s": 3},
                "restart": {"kill_grace_s": 10}, "metrics_linger_s": 0,
                "env": {"OMP_NUM_THREADS": "1", **({"SUPERVISOR_FAULT": fault} if fault else {})}}
-        for key, value in (overrides or {}).items():
-            cfg[key] = cfg.get(key, {}) | value if isinstance(value, dict) and key != "platform" else value
+        for key, value in (overrides or {}).items():  # a mapping is merged over the section (platform: its own keys)
+            cfg[key] = cfg.get(key, {}) | value if isinstance(value, dict) else value
         self.config = tmp / f"{name}.json"
         self.config.write_text(json.dumps(cfg))
         self.env = controller_env(job_env(tmp))  # its own copy of the package, not this checkout's

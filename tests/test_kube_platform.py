@@ -80,8 +80,10 @@ def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, contr
     assert ended["involvedObject"]["kind"] == "ConfigMap" and ended["involvedObject"]["uid"]
 
 
-def test_a_pod_deleted_mid_run_is_lost_not_a_bad_node_and_the_gang_resumes(cluster, kube_run, control):
-    run = kube_run()
+@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+def test_a_pod_deleted_mid_run_is_lost_not_a_bad_node_and_the_gang_resumes(cluster, kube_run, control, rendezvous):
+    run = kube_run(overrides={"platform": {"rendezvous_backend": rendezvous}})
+    assert run.wait_event("launched", attempt=0)["rendezvous"] == rendezvous
     run.wait_checkpoint(10)
     pod = cluster.pod_of_rank(run.log_dir, 1, attempt=0)
     cluster.kubelet.v1.delete_namespaced_pod(pod["metadata"]["name"], NS)  # kubectl delete pod: graceful
@@ -91,6 +93,7 @@ def test_a_pod_deleted_mid_run_is_lost_not_a_bad_node_and_the_gang_resumes(clust
     assert fault["kind"] == "preempted" or "deleted by someone else" in fault["detail"], fault
     relaunch = run.wait_event("launched", attempt=1)
     assert relaunch["excluded"] == [] and len(relaunch["nodes"]) == 2  # a deleted pod says nothing of its node
+    assert relaunch["rendezvous"] == rendezvous
     assert int(relaunch["restore_from"].split("-")[1]) >= 10
     assert finished(run)["phase"] == "completed"
     assert_same_path(run, control)

@@ -483,17 +483,23 @@ def test_sbatch_trains_checkpoints_and_completes(slurm, tmp_path, control):
     assert_same_path(job.losses(), control, exact=True)
 
 
-def test_node_killed_relaunches_on_two_nodes_from_the_last_checkpoint(slurm, tmp_path, control):
-    job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB])
+@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+def test_node_killed_relaunches_on_two_nodes_from_the_last_checkpoint(slurm, tmp_path, control, rendezvous):
+    config = FAST | {"platform": FAST["platform"] | {"rendezvous_backend": rendezvous}}
+    job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB], config=config)
+    assert job.wait_event("launched", attempt=0, timeout=90)["rendezvous"] == rendezvous
     job.wait_checkpoint(10)
     slurm.sh("kill-node", "n2")  # slurmd, step daemons and ranks of n2, at once
     relaunch = job.wait_event("launched", attempt=1, timeout=90)
     assert relaunch["nodes"] == ["n1", "n3"] and relaunch["world_size"] == 2
+    assert relaunch["rendezvous"] == rendezvous
     assert relaunch["restore_from"] and int(relaunch["restore_from"].split("-")[1]) >= 10
     job.finish()
     assert job.c.job(job.job_id)["JobState"] == "COMPLETED"  # the same allocation, never requeued
     resumed = [r for r in read_log(job.log_dir / "ranks", 0) if r["attempt"] == 1]
     assert resumed[0]["step"] == int(relaunch["restore_from"].split("-")[1]) + 1 and resumed[0]["world_size"] == 2
+    if rendezvous == "static":  # the node ranks given: the store's node (the batch host's, n1) first, n3 next
+        assert resumed[0]["node"] == "n1" and read_log(job.log_dir / "ranks", 1)[-1]["node"] == "n3"
     assert_same_path(job.losses(), control, exact=False)
     # the standing guards of n1 and n3 watched through the teardown and the relaunch (n2's died with it)
     assert_guards_ended_quietly(job, ["n1", "n3"])

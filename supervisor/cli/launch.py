@@ -44,7 +44,7 @@ def _launch_config(args: argparse.Namespace):
         "job": args.job, "command": command, "nproc_per_node": nproc,
         "nodes": {"min": nmin, "max": nmax},
         "platform": {"kind": "local", "nodes": args.slots or nmax, "warm_agents": not args.no_warm_agents,
-                     "fork_ranks": not args.no_fork_ranks},
+                     "fork_ranks": not args.no_fork_ranks, "rendezvous_backend": args.rendezvous_backend},
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
         "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
@@ -125,6 +125,10 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="start every rank as a new Python interpreter, as plain torchrun does (default: a node's "
                    "Python ranks are forked from its agent with torch already imported, so neither a start nor a "
                    "restart in place pays `import torch` per rank)")
+    p.add_argument("--rendezvous-backend", choices=("auto", "c10d", "static"), default="auto",
+                   help="how each launch's agents form the gang: c10d (torch's dynamic rendezvous: every agent joins "
+                   "one store), static (the supervisor hands each agent its node rank: no join contends), auto "
+                   "(static from platform.static_rendezvous_nodes, 256, nodes up; default)")
     p.add_argument("--no-instrument", action="store_true",
                    help="do not watch ranks whose script lacks the worker SDK (default: such a rank gets heartbeats, "
                    "its step count and its collectives' progress from torch's optimizer hook and flight recorder, "

@@ -777,6 +777,21 @@ def next_attempt(attempt: int, launch_attempt: int, in_place_allowed: int) -> in
     return max(attempt + 1, launch_attempt + in_place_allowed + 1)
 
 
+def rendezvous_backend(configured: str, nodes: int, *, static_from: int, in_place_restarts: int = 0) -> str:
+    """How the agents of a launch of ``nodes`` nodes form the gang: ``c10d`` or ``static``.
+
+    ``auto`` takes the static rendezvous from ``static_from`` nodes up: the controller already chose
+    the nodes and their order, so it hands out the node ranks and no agent has to win a join
+    (c10d's joins are compare-and-set rounds on one store: they contend, and the store saturates
+    from a few thousand agents, docs/restart-at-scale.md). Below that c10d, the path every
+    platform has run longest, stays; so it does for a job that restarts in place, which needs
+    every agent to re-form the gang (torch's static rendezvous never does: the config refuses
+    ``static`` with in-place restarts)."""
+    if configured == "auto":
+        return "static" if nodes >= static_from and not in_place_restarts else "c10d"
+    return configured
+
+
 def gang_size(available: int, nodes_min: int, nodes_max: int, nproc_per_node: int,
               world_sizes: Iterable[int] = (), multiple_of: int = 1) -> int | None:
     """The largest node count in [nodes_min, min(nodes_max, available)] whose world size the job

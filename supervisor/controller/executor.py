@@ -30,6 +30,7 @@ from supervisor.controller.decide import (
     evidence_awaited,
     in_place_ok,
     next_attempt,
+    rendezvous_backend,
 )
 from supervisor.controller.job_state import Heard
 from supervisor.controller.recovery import (
@@ -364,9 +365,11 @@ class Executor:
         c.heard = Heard()  # this attempt's ranks start from nothing (its step rate too: a resume goes back)
         c.restored = None
         c.capacity_since, c.capacity_message = None, ""
+        spec = None
         if launch is not None:
             c.new_launch()  # from here the old gang's frames are a stale attempt's
-            await launch(self.launch_spec(nodes))
+            spec = self.launch_spec(nodes)
+            await launch(spec)
             c.launch_attempt = c.attempt
             c.in_place_allowed = c.cfg.restart.in_place_restarts
             c.in_place_used, c.in_place_failed, c.in_place_deadline = 0, False, None
@@ -378,9 +381,10 @@ class Executor:
         c.event("launched", attempt=c.attempt, nodes=nodes, world_size=world, restore_from=restore_from,
                 require_checkpoint=c.require_checkpoint, excluded=c.history.excluded, launch=c.launch_id,
                 release=c.releases.current,
-                **({} if launch is not None else {"in_place": True}))
+                **({"rendezvous": spec.rendezvous} if spec is not None else {"in_place": True}))
         log.info("event=launched attempt=%d nodes=%s world_size=%d restore_from=%s%s", c.attempt, nodes, world,
-                 restore_from, "" if launch is not None else " in_place=true (the running agents restart the ranks)")
+                 restore_from, f" rendezvous={spec.rendezvous}" if spec is not None
+                 else " in_place=true (the running agents restart the ranks)")
         c.recovery = None  # launched (or restarted in place): the recovery is over, in the same write
         c.save_state()
 
@@ -416,6 +420,9 @@ class Executor:
             nproc_per_node=c.cfg.nproc_per_node, command=command, env=env, image=image,
             rdzv_endpoint=c.platform.rendezvous_endpoint(c.attempt, c.cfg.platform.host),
             rdzv_id=f"{c.cfg.job}-{c.attempt}", max_restarts=in_place,
+            rendezvous=rendezvous_backend(c.cfg.platform.rendezvous_backend, len(nodes),
+                                          static_from=c.cfg.platform.static_rendezvous_nodes,
+                                          in_place_restarts=in_place),
             fork_ranks=c.cfg.platform.fork_ranks,
             check_command=not c.platform.checks_command_here,  # then each agent checks it where it runs
         )

@@ -52,6 +52,10 @@ class LaunchSpec:
     image: str = ""
     """The worker image this launch runs, where the platform runs images ("": the configured one;
     a rollback to an earlier release names that release's)."""
+    rendezvous: str = "c10d"
+    """How the agents form the gang: ``c10d`` (torch's dynamic rendezvous: each agent joins by
+    compare-and-set on one store) or ``static`` (each agent is told its node rank and connects
+    once; :func:`supervisor.controller.decide.rendezvous_backend` chooses)."""
 
 
 class Supervised(Protocol):

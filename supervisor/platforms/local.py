@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from supervisor.files import set_aside
-from supervisor.platforms.node.agent import AGENT_MODULE, agent_env, failure_fields, torchrun_argv
+from supervisor.platforms.node.agent import AGENT_MODULE, agent_env, failure_fields, node_rank, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
 from supervisor.protocol import Env, ranklog
@@ -193,7 +193,7 @@ class LocalPlatform(Platform):
         out_dir.mkdir(parents=True, exist_ok=True)
         self.nodes = {}
         for name in spec.nodes:
-            argv = torchrun_argv(self.python, spec)
+            argv = torchrun_argv(self.python, spec, rank=node_rank(spec.nodes, name))
             exit_dir = out_dir / f"{name}-exits"
             env = dict(os.environ) | agent_env(spec, name, out_dir / f"{name}-tmp") | {Env.RANK_EXITS: str(exit_dir)}
             Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)

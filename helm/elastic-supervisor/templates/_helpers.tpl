@@ -145,7 +145,8 @@ ends in a hash of the whole name (never a truncation that two releases could sha
       "rendezvous" $w.rendezvous
       "volumes" $volumes
       "worker" $worker -}}
-{{- $_ := set $cfg "platform" (dict "kind" "kubernetes" "host" (printf "%s.%s.svc" $fullname $ns) "kubernetes" $k8s) -}}
+{{- $_ := set $cfg "platform" (dict "kind" "kubernetes" "host" (printf "%s.%s.svc" $fullname $ns) "kubernetes" $k8s
+      "rendezvous_backend" $w.rendezvousBackend "static_rendezvous_nodes" $w.staticRendezvousNodes) -}}
 {{- $_ := set $cfg "checkpoint_dir" $p.checkpoints.mountPath -}}
 {{- $_ := set $cfg "log_dir" $p.logs.mountPath -}}
 {{- $_ := set $cfg "http" (dict "host" .Values.listenHost "port" .Values.service.httpPort) -}}

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from supervisor.platforms.node.agent import JOIN_TIMEOUT_S, agent_env, torchrun_argv
+from supervisor.platforms.node.agent import JOIN_TIMEOUT_S, agent_env, node_rank, torchrun_argv
 from supervisor.platforms.node.agent_output import last_error, parse
 from supervisor.platforms.base import (
     WAIT_CANNOT_START,
@@ -448,7 +448,7 @@ class KubernetesPlatform(Platform):
             endpoint = (f"$(POD_IP):{endpoint}" if self.s.rdzv_address == "ip"
                         else f"{name}.{self.service}.{self.ns}.svc:{endpoint}")
         argv = torchrun_argv(self.s.python, spec, endpoint=endpoint, is_host=is_host,
-                             join_timeout_s=self.s.join_timeout_s)
+                             join_timeout_s=self.s.join_timeout_s, rank=node_rank(spec.nodes, slot))
         env = agent_env(spec, slot, Path("/tmp"))
         env.pop("TMPDIR", None)  # the container's own
         env_list: list[dict] = [{"name": k, "value": v} for k, v in sorted(env.items())]

@@ -3,7 +3,8 @@ environment it runs in, and how a failed agent's own account of its ranks is rea
 
 A node is one real ``torchrun`` agent (torch's own, started through :mod:`forking_agent` so that
 its Python ranks are forked with torch already imported; c10d rendezvous, ``--nnodes N:N`` for
-the N nodes the controller launched,
+the N nodes the controller launched, or torch's static rendezvous with the node ranks the
+controller hands out (``LaunchSpec.rendezvous``),
 ``--max-restarts 0``: recovery is the supervisor's job, unless it allows restarts in place:
 ``LaunchSpec.max_restarts``) running the user's command with
 ``--no-python``. Every rank's output goes to the node log too (``--tee``), each line
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from supervisor.platforms.node.agent_output import RANK_PREFIX, RankFailure, last_error, parse, read_tail
 from supervisor.platforms.base import LaunchSpec
@@ -29,8 +30,16 @@ AGENT_MODULE = forking_agent.__name__
 """The agent every node runs: torchrun's own, starting Python ranks by fork (see the module)."""
 
 
+def node_rank(nodes: Sequence[str], node: str, host: str | None = None) -> int:
+    """``node``'s node rank in a static rendezvous: the node whose agent serves the store
+    (``host``, default the first) is 0, the others follow in the launch's order."""
+    host = nodes[0] if host is None else host
+    rest = [n for n in nodes if n != host]
+    return 0 if node == host else 1 + rest.index(node)
+
+
 def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None, is_host: bool | None = None,
-                  join_timeout_s: float = JOIN_TIMEOUT_S) -> list[str]:
+                  join_timeout_s: float = JOIN_TIMEOUT_S, rank: int | None = None) -> list[str]:
     """``python -m supervisor.platforms.node.forking_agent ... COMMAND`` (torchrun's arguments) for one
     node of ``spec``.
 
@@ -39,7 +48,22 @@ def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None,
     address, as on one machine); ``join_timeout_s``: how long an agent waits for the others to join
     (longer than torchrun's 120 s: also how long it keeps dialing the store, torch's ``read_timeout``,
     60 s otherwise: a first pod the cluster has not placed yet has no address to dial).
+
+    ``spec.rendezvous == "static"``: torch's static rendezvous, the node rank ``rank`` given here
+    (:func:`node_rank`: the controller chose the world, so no agent has to win a join): every
+    agent connects once to the store node rank 0 serves at the endpoint, and waits at most
+    ``join_timeout_s`` for the others.
     """
+    if spec.rendezvous == "static":
+        if rank is None:
+            raise ValueError("a static rendezvous needs each node's rank")
+        return [
+            python, "-m", AGENT_MODULE,
+            f"--nnodes={spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
+            "--rdzv-backend=static", f"--rdzv-endpoint={endpoint or spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
+            f"--node-rank={rank}", f"--rdzv-conf=timeout={max(1, int(join_timeout_s))}",
+            *_agent_tail(spec),
+        ]
     conf = f"join_timeout={max(1, int(join_timeout_s))},last_call_timeout=1"  # every launched agent joins at once: no 30 s wait for more
     if join_timeout_s > JOIN_TIMEOUT_S:
         conf += f",read_timeout={int(join_timeout_s)}"
@@ -50,6 +74,12 @@ def torchrun_argv(python: str, spec: LaunchSpec, *, endpoint: str | None = None,
         f"--nnodes={spec.nnodes_min}:{spec.nnodes_max}", f"--nproc-per-node={spec.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint or spec.rdzv_endpoint}", f"--rdzv-id={spec.rdzv_id}",
         f"--rdzv-conf={conf}",
+        *_agent_tail(spec),
+    ]
+
+
+def _agent_tail(spec: LaunchSpec) -> list[str]:
+    return [
         f"--max-restarts={spec.max_restarts}", "--monitor-interval=0.2",
         "--tee=3",  # every rank's output in the node log too, each line prefixed [rankN]:
         "--no-python",  # the command is argv as given (python script.py ..., or any binary)

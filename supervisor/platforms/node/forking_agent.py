@@ -451,7 +451,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     def launch() -> None:
         args = torchrun.parse_args(list(sys.argv[1:] if argv is None else argv))
         target = None
-        if os.environ.get(FORK_ENV, "1") != "0" and (args.standalone or args.rdzv_backend != "static"):
+        # static with no endpoint is torchrun's --master-addr path (run() completes it); with one, as any backend
+        static_bare = args.rdzv_backend == "static" and not args.rdzv_endpoint
+        if os.environ.get(FORK_ENV, "1") != "0" and (args.standalone or not static_bare):
             if args.standalone:  # as torchrun's own run() does
                 args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
             if args.master_port is None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from supervisor.files import set_aside
-from supervisor.platforms.node.agent import agent_env, failure_fields, torchrun_argv
+from supervisor.platforms.node.agent import agent_env, failure_fields, node_rank, torchrun_argv
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.platforms.slurm.client import (SlurmClient, node_state_is_bad, srun_env, srun_exit_code,
                                                srun_log_says_node_failed)
@@ -322,7 +322,8 @@ class SlurmPlatform(Platform):
         srun = self.client.srun_argv(self.job_id, node, self.step_name(spec.attempt, node), overlap=self.overlap,
                                      srun_args=self.srun_args)
         # the host node's agent serves the rendezvous store; every other agent is its client
-        return [*srun, *torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node)]
+        return [*srun, *torchrun_argv(self.python, spec, endpoint=endpoint, is_host=node == host_node,
+                                      rank=node_rank(spec.nodes, node, host_node))]
 
     def step_name(self, attempt: int, node: str) -> str:
         return f"sv-{self.job}-a{attempt}-{node}"
