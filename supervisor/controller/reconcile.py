@@ -135,6 +135,8 @@ def ended(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Completed | 
         mem = replace(mem, agents_ended_at=mem.agents_ended_at or now)
     elif mem.agents_ended_at is not None:
         mem = replace(mem, agents_ended_at=None)
+    if not nodes or any(n.state == NodeState.RUNNING for n in nodes.values()):
+        return mem, None  # an agent runs (completed()'s first rule): no need to read every rank
     outcomes = {r: rec.hb.outcome for r, rec in reg.ranks.items()}
     world = reg.world_size
     # less than the heartbeat timeout: a rank silent that long would read as dead
@@ -151,11 +153,13 @@ def ended_ranks(nodes: Mapping[str, NodeStatus], registry: Registry) -> set[int]
     :attr:`Look.logged_steps` (heartbeats are sampled; a rank killed mid-step leaves its log
     one step behind its last heartbeat's step or ahead of it)."""
     ranks = registry.ranks
-    by_pid = {rec.hb.pid: r for r, rec in ranks.items() if rec.hb.pid}
+    exited = {pid for st in nodes.values() for pid, _, _ in st.exit_codes}
+    # every rank is read only when some process exited or a node ran out of memory (else O(nodes))
+    by_pid = {rec.hb.pid: r for r, rec in ranks.items() if rec.hb.pid and rec.hb.pid in exited} if exited else {}
     oom = {n for n, st in nodes.items() if st.out_of_memory}
     return ({f.rank for st in nodes.values() for f in st.failures}
             | {by_pid[pid] for st in nodes.values() for pid, _, _ in st.exit_codes if pid in by_pid}
-            | {r for r, rec in ranks.items() if rec.hb.node in oom})
+            | ({r for r, rec in ranks.items() if rec.hb.node in oom} if oom else set()))
 
 
 def ranks_said(look: Look) -> dict[str, Any]:
@@ -186,7 +190,6 @@ def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None
     follows ~1 s later); then the detectors and the node states (:func:`classify`). A fault
     seen only through ranks that lost a peer waits a moment for the culprit's own."""
     now, reg, nodes = look.now, look.registry, look.nodes
-    pids = {r: rec.hb.pid for r, rec in reg.ranks.items()}
     if look.in_place_allowed:
         ahead = look.ahead_attempt if (look.ahead_attempt or 0) > look.attempt else None
         if mem.in_place_deadline is not None and ahead is None:
@@ -198,11 +201,11 @@ def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None
                     f"(ranks {missing} silent): tearing the gang down", RUNG_TEARDOWN, False, now), None
             # else the restarted ranks are on their way: exits seen now are the old ones'
         else:
-            found = restarted_in_place(nodes, now=now, ahead_attempt=ahead, rank_pids=pids, **ranks_said(look))
+            found = restarted_in_place(nodes, now=now, ahead_attempt=ahead, rank_pids=_pids(reg), **ranks_said(look))
             if found is not None:
                 return mem, found, None
     elif any(code for st in nodes.values() for _, code, _ in st.exit_codes):
-        found = rank_ended(nodes, now=now, rank_pids=pids, **ranks_said(look))
+        found = rank_ended(nodes, now=now, rank_pids=_pids(reg), **ranks_said(look))
         if found is not None:
             return mem, found, None
     findings = detect(reg, now, look.timeouts, launched_at=look.launched_at)
@@ -223,6 +226,11 @@ def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None
         if now - since < max(policy.secondary_grace_s, policy.heartbeat_timeout_s + 1.0):
             return replace(mem, secondary_since=since), None, findings
     return replace(mem, secondary_since=None), found, findings
+
+
+def _pids(registry: Registry) -> dict[int, int]:
+    """Each rank's process, as its last heartbeat says."""
+    return {r: rec.hb.pid for r, rec in registry.ranks.items()}
 
 
 # ---------------------------------------------------------------------------- the gang's start
@@ -258,11 +266,11 @@ def started(registry: Registry, *, starting: bool, reported: bool, root_judged: 
     out: list[Running | Reported | SavesTo] = [Running(world)] if starting else []
     if reported:
         return out
-    beats = [rec.hb for rec in ranks.values()]
-    if all(hb.restore_state for hb in beats):
-        out.append(Reported(restore_report(beats)))
-    elif not root_judged and all(hb.ckpt_root for hb in beats):
-        out.append(SavesTo(restore_report(beats)))
+    # each all() stops at the first rank that has not said it yet (no list of every rank on every look)
+    if all(rec.hb.restore_state for rec in ranks.values()):
+        out.append(Reported(restore_report(rec.hb for rec in ranks.values())))
+    elif not root_judged and all(rec.hb.ckpt_root for rec in ranks.values()):
+        out.append(SavesTo(restore_report(rec.hb for rec in ranks.values())))
     return out
 
 

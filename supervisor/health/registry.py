@@ -1,13 +1,30 @@
-"""The latest heartbeat of every rank of the current attempt."""
+"""The latest heartbeat of every rank of the current attempt, and an index of when each could
+next make a finding (so that a look at a healthy gang does not visit every rank)."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from supervisor.protocol import Heartbeat
+from supervisor.protocol import PHASE_DONE, PHASES, Heartbeat
+
+if TYPE_CHECKING:
+    from supervisor.health.detect import Timeouts
 
 STEP_HISTORY = 20
+SLOT_S = 1 / 16
+"""The index keeps when waits began to this (rounded down: deadlines come early by less than
+this, never late): ranks that began within the same slot share one entry."""
+BRIEF_S = 1.0
+"""A wait (a phase, a collective) that had lasted no longer than this when its heartbeat came is
+not indexed on its own: it ends no earlier than the oldest receipt plus the shortest timeout, less
+this, which the index reads instead. Healthy ranks change phase every step: no index work for them."""
+_SLACK = 1e-9
+"""Relative margin by which the index's deadlines come early besides, so that float rounding
+never makes one later than what detect()'s own arithmetic finds."""
 
 
 @dataclass
@@ -21,23 +38,42 @@ class RankRecord:
 
 
 class Registry:
-    """Heartbeats of one attempt, by rank. Older attempts are fenced off by the caller."""
+    """Heartbeats of one attempt, by rank. Older attempts are fenced off by the caller.
+
+    Beside the records, :meth:`observe` keeps in O(1) an index of when each rank's last heartbeat
+    could next make a finding, timeouts left out: when each rank was last heard, since when each
+    waits inside a collective and since when each is in its phase (to :data:`SLOT_S`; a wait
+    shorter than :data:`BRIEF_S` is left out), and the ranks with a non-finite loss. Receipts may
+    come in any order (a node's relay dates its ranks' heartbeats back to when they were sent).
+    :meth:`due` reads it in O(1) amortised with the timeouts the caller holds, so a recalibration
+    costs nothing here. The index follows :meth:`observe` and :meth:`reset`: a ``ranks`` dict
+    replaced or resized by hand is indexed again at the next read; a record edited in place is
+    not seen.
+    """
 
     def __init__(self, attempt: int = 0, world_size: int = 0) -> None:
         self.attempt = attempt
         self.world_size = world_size
         self.ranks: dict[int, RankRecord] = {}
+        self._clear_index()
 
     def reset(self, attempt: int, world_size: int) -> None:
         self.attempt = attempt
         self.world_size = world_size
         self.ranks = {}
+        self._clear_index()
 
     def observe(self, hb: Heartbeat, now: float) -> bool:
         """Record ``hb``; False when it is older than what is held (reordered or replayed)."""
+        if self.ranks is not self._indexed or len(self.ranks) != self._count:
+            self._rebuild()
         rec = self.ranks.get(hb.rank)
         if rec is None:
             self.ranks[hb.rank] = RankRecord(hb=hb, received=now, first_received=now, step_changed=now)
+            self._count += 1
+            if 0 <= hb.rank < self._world:
+                self._in_world += 1
+            self._index(hb, now)
             return True
         if hb.seq <= rec.hb.seq and hb.pid == rec.hb.pid:
             return False  # reordered or replayed datagram: keep the newer state
@@ -48,6 +84,7 @@ class Registry:
                 rec.work_times.append(hb.last_data_s + hb.last_compute_s)
         rec.hb = hb
         rec.received = now
+        self._index(hb, now)
         return True
 
     def max_step(self) -> int:
@@ -55,3 +92,181 @@ class Registry:
 
     def min_step(self) -> int:
         return min((r.hb.step for r in self.ranks.values()), default=0)
+
+    # ------------------------------------------------------------------ deadlines
+    def next_deadline(self, timeouts: Timeouts) -> float:
+        """The earliest clock reading at which :func:`~supervisor.health.detect.detect` could find
+        a rank dead, waiting in a collective past ``timeouts.collective_s``, past its phase's
+        timeout or with a non-finite loss (-inf: already; inf: never), early rather than late (by
+        less than :data:`SLOT_S`; :data:`BRIEF_S` for a wait too brief to be indexed). It holds for
+        a clock at or past the latest receipt (a rank whose heartbeat already says it is past a
+        timeout has its deadline before that receipt)."""
+        self._check()
+        if self._nonfinite:
+            return -math.inf
+        oldest = self._heard.first()
+        if oldest == math.inf:
+            return math.inf
+        first = _early(oldest, timeouts.heartbeat_s)
+        # the waits not indexed (they had lasted BRIEF_S at most): none ends before the oldest
+        # receipt plus the shortest timeout, less BRIEF_S
+        shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None),
+                       default=math.inf)
+        first = min(first, _early(oldest, min(shortest, timeouts.collective_s) - BRIEF_S))
+        if self._coll.count:
+            first = min(first, _early(self._coll.first(), timeouts.collective_s))
+        for phase, starts in self._phase.items():
+            limit = timeouts.for_phase(phase)
+            if limit is not None and starts.count:
+                first = min(first, _early(starts.first(), limit))
+        return first
+
+    def due(self, now: float, timeouts: Timeouts) -> bool:
+        """Whether some rank's deadline (:meth:`next_deadline`) has come at ``now``: when not,
+        detect() finds no rank dead, waiting, past its phase's timeout or with a non-finite loss.
+        A clock read before the latest receipt counts as that receipt (a heartbeat that arrived
+        after the caller read its clock: detect() takes its silence as 0)."""
+        first = self.next_deadline(timeouts)
+        return first == -math.inf or first <= max(now, self._latest)
+
+    def all_heard(self) -> bool:
+        """Every rank of ``range(world_size)`` has been heard from (O(1))."""
+        self._check()
+        if self._world != self.world_size:
+            self._world = self.world_size
+            self._in_world = sum(1 for r in self.ranks if 0 <= r < self._world)
+        return self._in_world >= self._world
+
+    def _clear_index(self) -> None:
+        self._indexed = self.ranks  # the dict the index describes, and how many ranks it held
+        self._count = 0
+        self._heard = _Starts()  # when each rank (not done) was last heard
+        self._coll = _Starts()  # since when each rank inside a collective waits there
+        self._phase: dict[str, _Starts] = {}  # since when each rank is in its phase, by phase
+        self._slots: dict[int, list] = {}  # rank (not done) -> [heard, collective or None, phase, phase slot]
+        self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
+        self._latest = -math.inf  # the latest receipt
+        self._world = self.world_size
+        self._in_world = 0  # ranks of range(self._world) heard
+
+    def _check(self) -> None:
+        if self.ranks is not self._indexed or len(self.ranks) != self._count:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The index anew from the records (after a hand edit): O(n)."""
+        latest = self._latest
+        self._clear_index()
+        self._count = len(self.ranks)
+        self._in_world = sum(1 for r in self.ranks if 0 <= r < self._world)
+        for rec in self.ranks.values():
+            self._index(rec.hb, rec.received)
+        self._latest = max(latest, self._latest)
+
+    def _index(self, hb: Heartbeat, now: float) -> None:
+        rank = hb.rank
+        if now > self._latest:
+            self._latest = now
+        slots = self._slots.get(rank)
+        if hb.phase == PHASE_DONE:  # no deadline
+            self._nonfinite.discard(rank)
+            if slots is not None:
+                del self._slots[rank]
+                self._heard.move(slots[0], None)
+                self._coll.move(slots[1], None)
+                if slots[3] is not None:
+                    self._phase[slots[2]].move(slots[3], None)
+            return
+        if not hb.loss_ok:
+            self._nonfinite.add(rank)
+        elif self._nonfinite:
+            self._nonfinite.discard(rank)
+        heard = now // SLOT_S * SLOT_S if now - now == 0.0 else -math.inf  # (exact: SLOT_S is a power of 2)
+        coll = _slot(now, hb.coll_s) if hb.coll_inside and hb.coll_s > BRIEF_S else None
+        phase = hb.phase
+        since = _slot(now, hb.phase_s) if hb.phase_s > BRIEF_S else None
+        if slots is None:
+            self._slots[rank] = [heard, coll, phase, since]
+            self._heard.move(None, heard)
+            if coll is not None:
+                self._coll.move(None, coll)
+            if since is not None:
+                self._starts(phase).move(None, since)
+            return
+        if slots[0] != heard:
+            self._heard.move(slots[0], heard)
+            slots[0] = heard
+        if slots[1] != coll:
+            self._coll.move(slots[1], coll)
+            slots[1] = coll
+        if slots[3] != since or (since is not None and slots[2] != phase):  # (no phase slot: its phase is moot)
+            if slots[2] == phase:
+                self._starts(phase).move(slots[3], since)
+            else:
+                if slots[3] is not None:
+                    self._phase[slots[2]].move(slots[3], None)
+                if since is not None:
+                    self._starts(phase).move(None, since)
+                slots[2] = phase
+            slots[3] = since
+
+    def _starts(self, phase: str) -> _Starts:
+        starts = self._phase.get(phase)
+        if starts is None:
+            starts = self._phase[phase] = _Starts()
+        return starts
+
+
+class _Starts:
+    """When the waits of some ranks began, by :data:`SLOT_S` slot: how many ranks in each slot,
+    and a min-heap of the slots (emptied ones dropped when they reach the top)."""
+
+    __slots__ = ("count", "heap")
+
+    def __init__(self) -> None:
+        self.count: dict[float, int] = {}
+        self.heap: list[float] = []
+
+    def move(self, old: float | None, new: float | None) -> None:
+        """One rank's wait moves from slot ``old`` to slot ``new`` (None: none indexed)."""
+        count = self.count
+        if old is not None:
+            n = count[old]
+            if n == 1:
+                del count[old]
+            else:
+                count[old] = n - 1
+        if new is not None:
+            n = count.get(new)
+            if n is not None:
+                count[new] = n + 1
+                return
+            count[new] = 1
+            heapq.heappush(self.heap, new)
+            if len(self.heap) > 2 * len(count) + 64:  # emptied slots below the top: O(slots), rarely
+                self.heap = list(count)
+                heapq.heapify(self.heap)
+
+    def first(self) -> float:
+        """The earliest slot a rank is in (inf: none)."""
+        heap, count = self.heap, self.count
+        while heap and heap[0] not in count:
+            heapq.heappop(heap)
+        return heap[0] if heap else math.inf
+
+
+def _slot(received: float, elapsed: float) -> float:
+    """The slot of the moment a wait began that had lasted ``elapsed`` at ``received``: rounded
+    down, a hair early besides (see _SLACK); -inf where that is not a finite number."""
+    since = received - elapsed - _SLACK * (abs(received) + abs(elapsed) + 1.0)
+    if not math.isfinite(since):
+        return -math.inf
+    return since // SLOT_S * SLOT_S
+
+
+def _early(since: float, limit: float) -> float:
+    """``since + limit``, a hair early (see _SLACK); -inf where it is not a number."""
+    at = since + limit
+    if not math.isfinite(at):
+        return -math.inf if at != at else at
+    return at - _SLACK * (abs(since) + abs(limit) + 1.0)
