@@ -230,6 +230,11 @@ class HeartbeatConfig:
     """How often every rank reports."""
     timeout_s: float = 5.0
     """A rank silent this long is dead (SIGSTOP, frozen node, lost network)."""
+    aggregate: bool = True
+    """Each node's agent relays its ranks' heartbeats to the controller, one frame per node and
+    interval (:mod:`supervisor.platforms.node.relay`): the controller reads one datagram per node,
+    not per rank. ``false`` (``--no-aggregate``): every rank sends its own. A rank whose launcher
+    is not the supervisor's agent always sends its own."""
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval_s <= 60:

@@ -132,6 +132,7 @@ class Snapshot:
     checkpoint_interval_s: float | None = None
     rejected: dict[str, int] = field(default_factory=dict)
     received: int = 0
+    node_frames: int = 0
     excluded_nodes: int = 0
     step_rate: float = 0.0
     stop_requested: bool = False
@@ -163,7 +164,7 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
         restart_durations=[tm.durations() for tm in v.timers], budget_s=v.budget_s,
         budget_remaining_s=v.budget_remaining_s, budget_exceeded=v.budget_exceeded,
         checkpoint=dict(ck) if ck else None, checkpoint_interval_s=state.checkpoint_interval(),
-        rejected=v.rejected, received=v.received, excluded_nodes=len(v.excluded_nodes),
+        rejected=v.rejected, received=v.received, node_frames=v.node_frames, excluded_nodes=len(v.excluded_nodes),
         step_rate=max(0.0, float(v.step_rate)), stop_requested=v.stop_requested,
         run_started_unix=float(v.run_started_unix or state.started_unix),
         waiting_for_capacity_s=v.waiting_for_capacity_s, release=dict(v.release),
@@ -341,6 +342,11 @@ def families(s: Snapshot) -> Iterator[Metric]:
     received = CounterMetricFamily("supervisor_heartbeats_received", "Heartbeats accepted", labels=["job"])
     received.add_metric([job], s.received)
     yield received
+    frames = CounterMetricFamily("supervisor_heartbeat_node_frames",
+                                 "Frames from node agents' relays accepted (each carries the heartbeats of several ranks)",
+                                 labels=["job"])
+    frames.add_metric([job], s.node_frames)
+    yield frames
     yield _gauge("supervisor_excluded_nodes", "Nodes excluded from future attempts", job, s.excluded_nodes)
     rel = s.release
     info = GaugeMetricFamily("supervisor_release_info",

@@ -599,6 +599,29 @@ def test_frames_decode_or_are_a_protocol_error(body, raw):
             within(lambda: decode(frame, key), seconds=1, mib=32, errors=protocol.ProtocolError)
 
 
+_GOOD_NODE = protocol.encode_node_frames(
+    [(protocol.Heartbeat(job="j", attempt=1, rank=r, world_size=4, seq=9, step=7, phase="collective", phase_s=0.5,
+                         launch="a" * 32, node="n0", pid=100 + r, coll_seq=70 + r % 2, coll_inside=bool(r % 2),
+                         ckpt_root="/ckpt", restored="step-0000000005", restore_state="restored",
+                         restore_refused=(("step-0000000006", "truncated"),)), 0.25) for r in range(4)],
+    KEYS.heartbeat)[0]
+
+
+@fuzz(200)
+@given(body=st.one_of(mutated_json(json.loads(_GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:])),
+                      st.integers(1, 5000).map(nested)))
+@example(body=_GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:].replace(b'"held":0.25', b'"held":1e999'))
+@example(body=_GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:].replace(b'"common":{', b'"common":{"rank":9,'))
+def test_a_node_frame_decodes_or_is_a_protocol_error(body):
+    frame = framed(body, KEYS.heartbeat)
+    beats = within(lambda: protocol.decode_node_frame(frame, KEYS.heartbeat), seconds=1, mib=32,
+                   errors=protocol.ProtocolError)
+    if isinstance(beats, list):  # whatever was accepted is a heartbeat a rank could have sent on its own
+        for hb, held in beats:
+            assert 0 <= held <= protocol.MAX_HELD_S and hb.rank < hb.world_size
+            assert protocol.decode_heartbeat(protocol.encode(hb.to_payload(), KEYS.heartbeat), KEYS.heartbeat) == hb
+
+
 _GOOD_ANSWER = protocol.restore_point_answer(attempt=3, checkpoint="step-0000000002", exclude=["step-0000000003"],
                                             required=True)
 _GOOD_REFUSED = [["step-0000000003", "fails its sha256 checksum (corrupt)"], ["step-0000000002", "unreadable"]]

@@ -534,6 +534,27 @@ def test_rank_sigstopped_inside_a_step_is_killed_and_relaunched(slurm, tmp_path,
     assert_same_path(job.losses(), control, exact=False)
 
 
+@pytest.mark.parametrize("fault, kind, aggregate", [
+    ("kind=kill,rank=1,step=13,attempt=0", "rank_killed", True),
+    ("kind=skip-collective,rank=1,step=13,attempt=0", "collective_hang", True),
+    ("kind=stop,rank=1,step=13,attempt=0", "dead", False),
+    ("kind=kill,rank=1,step=13,attempt=0", "rank_killed", False),
+    ("kind=skip-collective,rank=1,step=13,attempt=0", "collective_hang", False),
+])
+def test_a_rank_s_fault_is_named_with_heartbeats_through_the_node_relay_and_without(slurm, tmp_path, control,
+                                                                                      fault, kind, aggregate):
+    """Each node's agent relays its ranks' heartbeats (one frame per node and interval) or, with
+    heartbeat.aggregate false, every rank sends its own: the fault is found and named the same."""
+    config = FAST | {"heartbeat": FAST["heartbeat"] | {"aggregate": aggregate}}
+    job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB], config=config, extra=["--env", f"SUPERVISOR_FAULT={fault}"])
+    found = job.wait_event("fault_detected", timeout=150)
+    assert found["kind"] == kind and found["ranks"] == [1], found
+    job.finish()
+    beats = job.events("job_finished")[-1]["heartbeats"]
+    assert (beats["node_frames"] > 0) is aggregate and beats["received"] > 0, beats
+    assert_same_path(job.losses(), control, exact=False)
+
+
 def test_a_script_without_the_sdk_has_its_stopped_rank_found_and_named(slurm, tmp_path):
     """A torch-only script (tests/workloads/plain_train.py: no supervisor import) on the real
     cluster: the instrumentation the agents install reports for it; a SIGSTOPped rank is found

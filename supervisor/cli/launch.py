@@ -46,7 +46,8 @@ def _launch_config(args: argparse.Namespace):
         "platform": {"kind": "local", "nodes": args.slots or nmax, "warm_agents": not args.no_warm_agents,
                      "fork_ranks": not args.no_fork_ranks, "rendezvous_backend": args.rendezvous_backend},
         "checkpoint_dir": args.checkpoint_dir, "log_dir": args.log_dir,
-        "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout},
+        "heartbeat": {"interval_s": args.heartbeat_interval, "timeout_s": args.heartbeat_timeout,
+                      "aggregate": not args.no_aggregate},
         "restart": {"budget_s": args.restart_budget, "max_restarts": args.max_restarts,
                     "allow_fresh_start": args.allow_fresh_start, "in_place_restarts": args.in_place_restarts},
         "health": {"phase_floor_s": args.hang_timeout_floor},
@@ -125,6 +126,9 @@ def _add_launch_args(p: argparse.ArgumentParser) -> None:
                    help="start every rank as a new Python interpreter, as plain torchrun does (default: a node's "
                    "Python ranks are forked from its agent with torch already imported, so neither a start nor a "
                    "restart in place pays `import torch` per rank)")
+    p.add_argument("--no-aggregate", action="store_true",
+                   help="every rank sends its own heartbeats to the supervisor (default: each node's agent relays its "
+                   "ranks' heartbeats, one frame per node and interval, so the supervisor reads one datagram per node)")
     p.add_argument("--rendezvous-backend", choices=("auto", "c10d", "static"), default="auto",
                    help="how each launch's agents form the gang: c10d (torch's dynamic rendezvous: every agent joins "
                    "one store), static (the supervisor hands each agent its node rank: no join contends), auto "

@@ -271,7 +271,9 @@ class Controller:
         if self.signals.handoff:
             return 0
         code = EXIT_CODES.get(self.phase, 1)
-        self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason)
+        self.event("job_finished", phase=self.phase.value, exit_code=code, reason=self.stop_reason,
+                   heartbeats={"received": self.wire.received, "node_frames": self.wire.node_frames,
+                               "rejected": sum(self.wire.rejected.values())})
         return code
 
     async def _linger(self) -> None:
@@ -921,7 +923,8 @@ class Controller:
             restarts=dict(rs.by_reason), timers=list(rs.timers), budget_s=self.cfg.restart.budget_s,
             budget_remaining_s=self.budget_remaining(now), budget_exceeded=bool(rs.budget_exceeded),
             checkpoint=dict(ck) if ck else None, checkpoint_times=tuple(self.watch.times),
-            rejected=dict(self.wire.rejected), received=self.wire.received, step_rate=max(0.0, float(self.heard.step_rate())),
+            rejected=dict(self.wire.rejected), received=self.wire.received, node_frames=self.wire.node_frames,
+            step_rate=max(0.0, float(self.heard.step_rate())),
             stop_requested=self.signals.requested,
             waiting_for_capacity=None if since is None else {"since_s": round(now - since, 1),
                                                               "detail": self.capacity_message},

@@ -777,6 +777,14 @@ def next_attempt(attempt: int, launch_attempt: int, in_place_allowed: int) -> in
     return max(attempt + 1, launch_attempt + in_place_allowed + 1)
 
 
+def relay_flush_s(interval_s: float, timeout_s: float) -> float:
+    """How often a node's relay sends its ranks' heartbeats up. A heartbeat waits in the relay up to
+    this long, so the controller can see a rank silent for an interval plus this: once an interval
+    while that leaves half the timeout's slack past the interval, sooner where the timeout is
+    tighter (at 2 x the interval, the least the config allows: half an interval)."""
+    return round(max(0.05, min(interval_s, (timeout_s - interval_s) / 2)), 3)
+
+
 def rendezvous_backend(configured: str, nodes: int, *, static_from: int, in_place_restarts: int = 0) -> str:
     """How the agents of a launch of ``nodes`` nodes form the gang: ``c10d`` or ``static``.
 

@@ -30,6 +30,7 @@ from supervisor.controller.decide import (
     evidence_awaited,
     in_place_ok,
     next_attempt,
+    relay_flush_s,
     rendezvous_backend,
 )
 from supervisor.controller.job_state import Heard
@@ -404,6 +405,8 @@ class Executor:
             Env.LOG_DIR: str(rank_log_dir),
             Env.CHECKPOINT_DIR: str(c.ckpt_root),
             Env.HEARTBEAT_INTERVAL: str(c.cfg.heartbeat.interval_s),
+            Env.AGGREGATE: (f"{relay_flush_s(c.cfg.heartbeat.interval_s, c.cfg.heartbeat.timeout_s):g}"
+                            if c.cfg.heartbeat.aggregate else "off"),
             Env.WATCHDOG: c.detection.timeouts.watchdog_env(),
             Env.INSTRUMENT: "on" if c.cfg.instrument.enabled else "off",
             Env.FR_BUFFER: str(c.cfg.instrument.fr_buffer),

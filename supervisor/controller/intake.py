@@ -19,8 +19,10 @@ from supervisor.protocol import (
     Keys,
     ProtocolError,
     decode_heartbeat,
+    decode_node_frame,
     derive_keys,
     encode,
+    is_node_frame,
     new_launch_id,
 )
 
@@ -55,6 +57,8 @@ class Wire:
         """This run's launch ids, the current one last: a frame of an earlier one is a stale attempt's."""
         self.control_seq = ControlSequencer()  # numbers abort/dump orders: a captured one cannot be replayed
         self.received = 0
+        self.node_frames = 0
+        """Frames from node agents' relays (each holding several ranks' heartbeats) taken in."""
         self.rejected: dict[str, int] = {}
 
     @property
@@ -165,10 +169,23 @@ class Intake(asyncio.DatagramProtocol):
         try:
             if keys is None:
                 raise ProtocolError(REJECT_UNAUTHENTICATED, "no job token yet")
-            hb = decode_heartbeat(data, keys.heartbeat)
+            if is_node_frame(data):  # a node agent's relay: its ranks' heartbeats in one frame
+                beats = decode_node_frame(data, keys.heartbeat)
+            else:
+                self._take_one(decode_heartbeat(data, keys.heartbeat), addr, 0.0)
+                return
         except ProtocolError as exc:
             wire.reject(exc.reason)
             return
+        wire.node_frames += 1
+        for hb, held in beats:  # each fenced, checked and recorded as if it had come on its own
+            self._take_one(hb, addr, held)
+
+    def _take_one(self, hb, addr, held: float) -> None:
+        """One authenticated heartbeat, sent ``held`` seconds ago (by its node's relay; 0: by the
+        rank itself): fenced by launch and attempt, then recorded as received when it was sent."""
+        c = self.c
+        wire = c.wire
         if hb.launch != c.launch_id:
             # not this launch's: an earlier launch of this run (its ranks on their way out), or a
             # launch this controller never made (another run's frame with the same token: replayed)
@@ -186,7 +203,7 @@ class Intake(asyncio.DatagramProtocol):
             wire.reject("schema")
             return
         wire.received += 1
-        if c.registry.observe(hb, c.clock()):
+        if c.registry.observe(hb, c.clock() - held):
             c.heard.addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
             if c.signals.wants_heartbeats:
                 c.wake()

@@ -61,6 +61,8 @@ class JobView:
     """When each checkpoint the controller saw published was created (the interval's evidence)."""
     rejected: dict[str, int] = dataclasses.field(default_factory=dict)
     received: int = 0
+    node_frames: int = 0
+    """Frames from node agents' relays taken in (each carries several ranks' heartbeats)."""
     step_rate: float = 0.0
     stop_requested: bool = False
     waiting_for_capacity: dict[str, Any] | None = None
@@ -157,7 +159,7 @@ def render_status(v: JobView, *, offset: int | None = None, limit: int | None = 
         "findings": [f.to_dict() for f in v.findings],
         "timeouts": v.timeouts, "budget_s": budget, "budget_remaining_s": v.budget_remaining_s,
         "budget_exceeded": v.budget_exceeded, "rejected_heartbeats": v.rejected,
-        "heartbeats_received": v.received, "stop_reason": v.stop_reason,
+        "heartbeats_received": v.received, "heartbeat_node_frames": v.node_frames, "stop_reason": v.stop_reason,
         "exit_code": v.exit_code, "release": dict(v.release),
         "goodput": dict(v.goodput),
     }

@@ -471,6 +471,122 @@ def decode_control(frame: bytes, key: bytes) -> Control:
     return Control(kind=kind, reason=reason[:400], launch=launch, **values)
 
 
+# ------------------------------------------------------------------------------ node frames
+NODE_SHARED = ("job", "attempt", "launch", "world_size", "node")
+"""The fields every heartbeat of one node frame shares, written once per frame."""
+NODE_FRAME_PREFIX = b'{"type":"node"'
+"""How a node frame's payload begins (``type`` is written first): the intake tells the two kinds
+of heartbeat frame apart by it, after the MAC."""
+MAX_HELD_S = 60.0
+"""The longest a node's agent may say it held a heartbeat (``held``) before sending it on."""
+MAX_NODE_BEATS = 1024
+
+
+PER_RANK = ("rank", "seq", "pid", "held")
+"""Fields a node frame never factors into ``common``: they differ from rank to rank by nature."""
+
+
+def encode_node_frames(beats: "list[tuple[Heartbeat, float]]", key: bytes) -> list[bytes]:
+    """Heartbeats of one node's ranks, each with how long the agent held it (seconds), in as few
+    frames of at most :data:`MAX_DATAGRAM` bytes as they fit in (greedily, in order). A frame
+    holds heartbeats that agree on :data:`NODE_SHARED`, written once; a field every one of them
+    has with the same value is written once too (``common``: the checkpoint root, the restored
+    checkpoint, the step, ...); each heartbeat then carries only the rest, and only where it
+    differs from its default. Under the heartbeat key, as a rank's own heartbeat is; a single
+    heartbeat too large for a frame is refused as it would be on its own."""
+    groups: dict[tuple, tuple[dict, list[dict]]] = {}
+    for hb, held in beats:
+        shared = {k: getattr(hb, k) for k in NODE_SHARED}
+        item = {k: v for k, v in hb.to_payload().items() if k not in shared and k != "type"
+                and not (k in _DEFAULTS and v == _DEFAULTS[k] and k not in _REQUIRED)}
+        item["held"] = round(min(max(held, 0.0), MAX_HELD_S), 3)
+        groups.setdefault(tuple(shared.values()), (shared, []))[1].append(item)
+    frames: list[bytes] = []
+    for shared, items in groups.values():
+        first = items[0]
+        common = {k: v for k, v in first.items() if k not in PER_RANK
+                  and all(k in other and other[k] == v for other in items[1:])}
+        head = {"type": "node", **shared, "common": common, "beats": []}
+        prefix = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()[:-2]  # ends in "beats":[
+        room = MAX_DATAGRAM - len(MAGIC) - MAC_BYTES - len(prefix) - 2  # less the closing "]}"
+        parts: list[bytes] = []
+        size = 0
+        for item in items:
+            part = json.dumps({k: v for k, v in item.items() if k not in common}, separators=(",", ":"),
+                              allow_nan=False).encode()
+            if len(part) > room:
+                raise ProtocolError(REJECT_OVERSIZED, f"one heartbeat of rank {item['rank']} does not fit a frame")
+            if parts and (size + len(parts) + len(part) > room or len(parts) >= MAX_NODE_BEATS):
+                frames.append(_node_frame(prefix, parts, key))
+                parts, size = [], 0
+            parts.append(part)
+            size += len(part)
+        frames.append(_node_frame(prefix, parts, key))
+    return frames
+
+
+def _node_frame(prefix: bytes, parts: list[bytes], key: bytes) -> bytes:
+    body = prefix + b",".join(parts) + b"]}"
+    frame = MAGIC + _mac(key, body) + body
+    if len(frame) > MAX_DATAGRAM:  # encode_node_frames sized it: a bug if not
+        raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes > {MAX_DATAGRAM}")
+    return frame
+
+
+def is_node_frame(frame: bytes) -> bool:
+    """Whether ``frame``'s payload is a node frame (not yet authenticated: only a hint)."""
+    return frame.startswith(NODE_FRAME_PREFIX, len(MAGIC) + MAC_BYTES)
+
+
+_NODE_BEAT = msgspec.defstruct(  # a heartbeat less the frame's fields; an absent field is its default
+    "_WireNodeBeat",
+    [(name, _wire_type(*spec), _DEFAULTS.get(name, msgspec.UNSET)) for name, spec in _WIRE_FIELDS.items()
+     if name not in NODE_SHARED]
+    + [("held", Annotated[float, msgspec.Meta(ge=0, le=MAX_HELD_S)], 0.0)],
+    kw_only=True, gc=False,
+)
+_NODE_COMMON = msgspec.defstruct(  # the fields all of a frame's heartbeats share: each checked once
+    "_WireNodeCommon",
+    [(name, _wire_type(*spec), msgspec.UNSET) for name, spec in _WIRE_FIELDS.items()
+     if name not in NODE_SHARED and name not in PER_RANK],
+    kw_only=True, gc=False,
+)
+_NODE = msgspec.defstruct(
+    "_WireNode",
+    [("type", Literal["node"])] + [(name, _wire_type(*_WIRE_FIELDS[name])) for name in NODE_SHARED]
+    + [("common", _NODE_COMMON, msgspec.field(default_factory=_NODE_COMMON)),
+       ("beats", Annotated[list[_NODE_BEAT], msgspec.Meta(min_length=1, max_length=MAX_NODE_BEATS)])],
+    kw_only=True, gc=False,
+)
+_NODE_DECODER = msgspec.json.Decoder(_NODE)
+_REQUIRED_PER_BEAT = tuple(name for name in _REQUIRED if name not in NODE_SHARED)
+
+
+def decode_node_frame(frame: bytes, key: bytes) -> list[tuple[Heartbeat, float]]:
+    """Authenticate (the heartbeat key) and check one node frame: its heartbeats, each with how
+    long the node's agent held it, every one checked as a rank's own frame would be (one bad
+    heartbeat refuses the frame: one agent made all of it)."""
+    body = _authenticated_body(frame, key)
+    try:
+        wire = _NODE_DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(REJECT_SCHEMA, str(exc)[:120]) from None
+    except msgspec.DecodeError:
+        raise ProtocolError(REJECT_MALFORMED, "payload is not JSON") from None
+    over = {k: v for k, v in _to_dict(wire.common).items() if v is not msgspec.UNSET}
+    over.update((name, getattr(wire, name)) for name in NODE_SHARED)
+    out = []
+    for beat in wire.beats:
+        values = _to_dict(beat)
+        values.update(over)
+        for name in _REQUIRED_PER_BEAT:  # required of a heartbeat: in the beat or in common
+            if values[name] is msgspec.UNSET:
+                raise ProtocolError(REJECT_SCHEMA, f"missing {name}")
+        held = values.pop("held")
+        out.append((_build(values), held))
+    return out
+
+
 # ------------------------------------------------------------------------------ launches
 LAUNCH_ID_CHARS = 32
 

@@ -64,6 +64,13 @@ class Env:
     for every launch; a rank restarted in place by its agent keeps its launch's."""
     NODE = "SUPERVISOR_NODE"
     HEARTBEAT_ADDR = "SUPERVISOR_HEARTBEAT_ADDR"
+    HEARTBEAT_UPSTREAM = "SUPERVISOR_HEARTBEAT_UPSTREAM"
+    """Set by a node agent that relays its ranks' heartbeats (:mod:`supervisor.platforms.node.relay`):
+    the controller's address, while ``SUPERVISOR_HEARTBEAT_ADDR`` names the relay on the node."""
+    AGGREGATE = "SUPERVISOR_AGGREGATE"
+    """``off``: every rank sends its own heartbeats to the controller (``heartbeat.aggregate:
+    false``); a number: each node's agent relays them, a frame per node this often (seconds:
+    :func:`supervisor.controller.decide.relay_flush_s`); unset: a frame per heartbeat interval."""
     API = "SUPERVISOR_API"
     TOKEN = "SUPERVISOR_TOKEN"
     TOKEN_FILE = "SUPERVISOR_TOKEN_FILE"

@@ -51,6 +51,7 @@ from typing import Sequence
 
 from supervisor import preflight as _preflight
 from supervisor.files import write_atomic
+from supervisor.platforms.node import relay
 from supervisor.protocol import EXIT_PREFLIGHT, Env
 
 FORK_ENV = "SUPERVISOR_FORK_RANKS"
@@ -446,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if os.environ.get(Env.RANK_EXITS):
         _report_rank_exits(os.environ[Env.RANK_EXITS])
     os.environ[Env.AGENT_PID] = str(os.getpid())  # the instrumentation starts in this agent's children only
+    relay.start_from_env(os.environ)  # the ranks' heartbeats go up through this agent, one frame per interval
 
     @record
     def launch() -> None:

@@ -1,0 +1,300 @@
+"""Heartbeats aggregated per node (issue 28): each node's agent relays its ranks' heartbeats in
+one authenticated frame per interval, so the controller reads one datagram per node.
+
+The frame is a protocol contract (one definition, both sides); the relay runs for real on
+loopback sockets; end to end, real torchrun jobs on the local platform count the node frames the
+controller took in, and the faults the supervisor detects (a SIGSTOPped rank, a killed one, a
+skipped collective, a frozen node) are found and named the same with aggregation off.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+
+from supervisor.controller.decide import relay_flush_s
+from supervisor.platforms.node.relay import Relay, start_from_env, urgent
+from supervisor.protocol import (
+    MAX_DATAGRAM,
+    Env,
+    Heartbeat,
+    ProtocolError,
+    control_message,
+    decode_heartbeat,
+    decode_node_frame,
+    derive_keys,
+    encode,
+    encode_node_frames,
+    is_node_frame,
+)
+from supervisor.protocol.frames import MAGIC, MAC_BYTES, _mac
+
+KEYS = derive_keys(b"ab" * 32)
+LAUNCH = "0123456789abcdef" * 2
+
+
+def beat(rank: int, *, world: int = 8, seq: int = 1, node: str = "gpu-node-00017", attempt: int = 2,
+         launch: str = LAUNCH, **kw) -> Heartbeat:
+    """A heartbeat as heavy as a training rank's gets (every field the SDK fills, long paths)."""
+    fields = dict(step=123_456, phase="collective", phase_s=0.0123, pid=400_000 + rank, coll_seq=987_654,
+                  coll_op="allreduce", coll_inside=True, coll_s=0.0021, last_data_s=0.0013, last_compute_s=0.2031,
+                  last_collective_s=0.0507, last_step_s=0.2612, ckpt_step=123_000, ckpt_s=1.25, ckpt_persist_s=9.5,
+                  ckpt_root="/mnt/shared/checkpoints/a-long-team-name/llama-70b-pretrain-run-17",
+                  restore_state="restored", restored="step-0000123000", restore_s=3.2, steps_done=456,
+                  first_step_s=1.1, source="sdk", coll_group="0", coll_groups="0=987654/987653 1=12/12")
+    fields.update(kw)
+    return Heartbeat(job="llama-70b-pretrain", attempt=attempt, rank=rank, world_size=world, seq=seq,
+                     launch=launch, node=node, **fields)
+
+
+# ------------------------------------------------------------------------------ the frame
+def test_eight_heavy_heartbeats_fit_one_frame_and_read_back_equal():
+    # each rank's own timings, pids, collective and checkpoint progress differ; paths and names are shared
+    beats = [(beat(r, phase_s=0.01 + r / 1000, coll_s=0.002 + r / 997, coll_seq=987_654 + r % 2,
+                   last_data_s=0.001 + r / 991, last_compute_s=0.2 + r / 983, last_collective_s=0.05 + r / 977,
+                   last_step_s=0.26 + r / 971, ckpt_s=1.25 + r / 7, first_step_s=1.1 + r / 13, restore_s=3.2 + r / 11,
+                   coll_groups=f"0={987_654 + r}/{987_653 + r} 1=12/12"), 0.25 * r / 8) for r in range(8)]
+    (frame,) = encode_node_frames(beats, KEYS.heartbeat)
+    assert len(frame) <= MAX_DATAGRAM and is_node_frame(frame)
+    back = decode_node_frame(frame, KEYS.heartbeat)
+    assert [hb for hb, _ in back] == [hb for hb, _ in beats]
+    assert [held for _, held in back] == [round(h, 3) for _, h in beats]
+    # one rank's own frame is no node frame
+    assert not is_node_frame(encode(beats[0][0].to_payload(), KEYS.heartbeat))
+
+
+def test_more_ranks_than_a_frame_holds_split_into_frames_under_the_limit():
+    # each rank times its own phases: those fields differ from rank to rank (the rest goes in common)
+    beats = [(beat(r, world=64, phase_s=0.01 + r / 1000, coll_s=0.002 + r / 997, last_data_s=0.001 + r / 991,
+                   last_compute_s=0.2 + r / 983, last_collective_s=0.05 + r / 977, last_step_s=0.26 + r / 971), 0.1)
+             for r in range(64)]
+    frames = encode_node_frames(beats, KEYS.heartbeat)
+    assert len(frames) > 1 and all(len(f) <= MAX_DATAGRAM for f in frames)
+    back = [hb for f in frames for hb, _ in decode_node_frame(f, KEYS.heartbeat)]
+    assert back == [hb for hb, _ in beats]
+
+
+def test_heartbeats_of_another_attempt_or_launch_travel_in_frames_of_their_own():
+    beats = [(beat(0), 0.0), (beat(1, attempt=3), 0.0), (beat(2, launch="f" * 32), 0.0), (beat(3), 0.0)]
+    frames = encode_node_frames(beats, KEYS.heartbeat)
+    groups = [{(hb.attempt, hb.launch) for hb, _ in decode_node_frame(f, KEYS.heartbeat)} for f in frames]
+    assert len(frames) == 3 and all(len(g) == 1 for g in groups)
+
+
+def frame_of(body: dict, key: bytes = KEYS.heartbeat) -> bytes:
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return MAGIC + _mac(key, raw) + raw
+
+
+GOOD = {"type": "node", "job": "j", "attempt": 0, "launch": LAUNCH, "world_size": 2, "node": "n0",
+        "beats": [{"rank": 0, "seq": 1, "step": 0, "phase": "init", "phase_s": 0.0, "held": 0.1}]}
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({}, None),
+    ({"beats": []}, "schema"),
+    ({"beats": [GOOD["beats"][0] | {"rank": 2}]}, "schema"),            # rank >= world_size: the frame goes
+    ({"beats": [GOOD["beats"][0] | {"held": 61.0}]}, "schema"),         # held longer than an agent may
+    ({"beats": [GOOD["beats"][0] | {"phase": "sleeping"}]}, "schema"),
+    ({"beats": [{"rank": 0, "step": 0, "phase": "init", "phase_s": 0.0}]}, "schema"),  # no seq
+    ({"attempt": -1}, "schema"),
+    ({"launch": None}, "schema"),
+])
+def test_a_node_frame_is_checked_like_each_of_its_heartbeats(change, reason):
+    frame = frame_of(GOOD | change)
+    if reason is None:
+        ((hb, held),) = decode_node_frame(frame, KEYS.heartbeat)
+        assert (hb.rank, hb.node, hb.launch, held) == (0, "n0", LAUNCH, 0.1)
+        return
+    with pytest.raises(ProtocolError) as err:
+        decode_node_frame(frame, KEYS.heartbeat)
+    assert err.value.reason == reason
+
+
+def test_a_node_frame_under_another_key_or_cut_or_oversized_is_refused():
+    frame = frame_of(GOOD)
+    for bad, reason in [(frame_of(GOOD, KEYS.control), "unauthenticated"), (frame[:-5], "unauthenticated"),
+                        (frame[: len(MAGIC) + MAC_BYTES], "malformed"), (frame + b" " * MAX_DATAGRAM, "oversized")]:
+        with pytest.raises(ProtocolError) as err:
+            decode_node_frame(bad, KEYS.heartbeat)
+        assert err.value.reason == reason
+
+
+@pytest.mark.parametrize("change, now", [
+    ({}, False), ({"phase": "compute"}, False), ({"phase": "checkpoint"}, False), ({"dump_seq": 4}, True),
+    ({"loss_ok": False}, True),
+    ({"outcome": "finished", "phase": "done"}, True), ({"error": "RuntimeError: x", "phase": "failed"}, True),
+    ({"step": 124_000, "seq": 9, "phase_s": 0.5}, False), ({"pid": 1}, True), ({"attempt": 3}, True),
+])
+def test_what_goes_up_at_once(change, now):
+    last = beat(0)
+    assert urgent(beat(0, **change), last) is now
+    assert urgent(last, None)  # a rank's first heartbeat
+    assert urgent(beat(0, steps_done=1), beat(0, steps_done=0))  # its first completed step
+
+
+@pytest.mark.parametrize("interval, timeout, flush", [
+    (1.0, 5.0, 1.0),     # the defaults: once an interval
+    (0.5, 3.0, 0.5),
+    (1.0, 2.0, 0.5),     # the tightest timeout the config allows: a rank is seen silent 1.5 s at most, not 2
+    (1.0, 2.5, 0.75),
+    (0.05, 0.1, 0.05),   # never below 50 ms
+])
+def test_the_relay_flushes_so_that_a_live_rank_never_reads_as_silent_past_the_timeout(interval, timeout, flush):
+    got = relay_flush_s(interval, timeout)
+    assert got == flush
+    assert interval + got < timeout or got == 0.05  # the longest a live rank's heartbeat looks old
+
+
+# ------------------------------------------------------------------------------ the relay
+@pytest.fixture
+def loop():
+    """A controller's socket, a relay (interval 0.3 s) sending to it, and rank sockets to the relay."""
+    ctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ctl.bind(("127.0.0.1", 0))
+    ctl.settimeout(5)
+    relay = Relay(ctl.getsockname(), KEYS, 0.3).start()
+    host, port = relay.address.rsplit(":", 1)
+    ranks = []
+    for _ in range(3):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((host, int(port)))
+        s.settimeout(5)
+        ranks.append(s)
+    yield ctl, relay, ranks
+    relay.close()
+    for s in [ctl, *ranks]:
+        s.close()
+
+
+def receive(ctl, n: int) -> tuple[list[tuple[Heartbeat, float]], tuple]:
+    got, addr = [], None
+    while len(got) < n:
+        data, addr = ctl.recvfrom(MAX_DATAGRAM + 1)
+        got += decode_node_frame(data, KEYS.heartbeat)
+    return got, addr
+
+
+def test_the_relay_sends_first_heartbeats_at_once_then_one_frame_per_interval(loop):
+    ctl, relay, ranks = loop
+    t0 = time.monotonic()
+    for r, s in enumerate(ranks):
+        s.send(encode(beat(r, world=3, phase="init").to_payload(), KEYS.heartbeat))
+    got, _ = receive(ctl, 3)  # first heartbeats: at once (the controller's "running"), not an interval later
+    assert sorted(hb.rank for hb, _ in got) == [0, 1, 2] and all(held < 0.2 for _, held in got)
+    first_frames = relay.frames_sent
+    for r, s in enumerate(ranks):
+        s.send(encode(beat(r, world=3, phase="init", seq=2, step=123_457).to_payload(), KEYS.heartbeat))
+    t1 = time.monotonic()
+    frames = []
+    while sum(len(f) for f in frames) < 3:
+        frames.append(decode_node_frame(ctl.recv(MAX_DATAGRAM + 1), KEYS.heartbeat))
+    waited = time.monotonic() - t1
+    # held until the interval's frame (one, or two where the three straddled its end): nothing new to say
+    assert len(frames) <= 2 and sorted(hb.seq for f in frames for hb, _ in f) == [2, 2, 2]
+    # held: how long the relay kept each, so the controller times silence from the rank's send
+    assert all(0 <= held <= waited + 0.05 for f in frames for _, held in f)
+    assert waited < 0.3 + 1.0 and time.monotonic() - t0 < 5
+    assert relay.frames_sent == first_frames + len(frames) and relay.beats_sent == 6
+
+
+def test_a_phase_change_goes_up_before_the_interval_ends(loop):
+    ctl, relay, ranks = loop
+    ranks[0].send(encode(beat(0, world=3).to_payload(), KEYS.heartbeat))
+    receive(ctl, 1)
+    t0 = time.monotonic()
+    ranks[0].send(encode(beat(0, world=3, seq=2, phase="failed", error="RuntimeError: boom").to_payload(),
+                         KEYS.heartbeat))
+    (hb, held), = receive(ctl, 1)[0]
+    assert hb.phase == "failed" and hb.error == "RuntimeError: boom"
+    assert time.monotonic() - t0 < 0.25 and held < 0.1  # the interval is 0.3 s
+
+
+def test_control_frames_reach_the_rank_they_name_and_forgeries_reach_none(loop):
+    ctl, relay, ranks = loop
+    for r, s in enumerate(ranks):
+        s.send(encode(beat(r, world=3).to_payload(), KEYS.heartbeat))
+    _, relay_addr = receive(ctl, 3)
+    forged = encode(control_message("abort", attempt=2, rank=1, seq=7), KEYS.heartbeat)  # not the control key
+    ctl.sendto(forged, relay_addr)
+    order = encode(control_message("abort", attempt=2, rank=1, seq=8) | {"launch": LAUNCH}, KEYS.control)
+    ctl.sendto(order, relay_addr)
+    assert ranks[1].recv(MAX_DATAGRAM + 1) == order  # as it came: the rank checks it itself
+    ctl.sendto(encode(control_message("dump", attempt=2, rank=2, seq=9), KEYS.control), relay_addr)
+    assert ranks[2].recv(MAX_DATAGRAM + 1).startswith(MAGIC)
+    deadline = time.monotonic() + 5
+    while relay.controls_passed < 2 or relay.rejected.get("unauthenticated", 0) < 1:
+        assert time.monotonic() < deadline, (relay.controls_passed, relay.rejected)
+        time.sleep(0.01)
+    ranks[1].settimeout(0)
+    with pytest.raises(BlockingIOError):  # the forgery was never passed on: only the order came
+        ranks[1].recv(MAX_DATAGRAM + 1)
+
+
+def test_a_heartbeat_under_the_wrong_key_is_counted_and_never_sent_up(loop):
+    ctl, relay, ranks = loop
+    ranks[0].send(encode(beat(0, world=3).to_payload(), KEYS.control))
+    ranks[1].send(b"SV2" + b"x" * 40)
+    ranks[2].send(encode(beat(2, world=3).to_payload(), KEYS.heartbeat))
+    (hb, _), = receive(ctl, 1)[0]
+    assert hb.rank == 2 and relay.rejected == {"unauthenticated": 2}
+
+
+def test_the_agent_starts_a_relay_only_where_it_has_a_controller_and_aggregation_is_on(tmp_path):
+    ctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    ctl.bind(("127.0.0.1", 0))
+    addr = "%s:%d" % ctl.getsockname()
+    token = tmp_path / "token"
+    token.write_text("ab" * 32)
+    base = {Env.HEARTBEAT_ADDR: addr, Env.TOKEN_FILE: str(token), Env.HEARTBEAT_INTERVAL: "0.5"}
+    env = dict(base)
+    relay = start_from_env(env)
+    try:
+        assert relay is not None and env[Env.HEARTBEAT_UPSTREAM] == addr and env[Env.HEARTBEAT_ADDR] == relay.address
+        assert start_from_env(dict(env)) is None  # the ranks of a nested agent keep the relay they have
+    finally:
+        relay.close()
+        ctl.close()
+    for env in ({**base, Env.AGGREGATE: "off"}, {Env.TOKEN_FILE: str(token)}, {Env.HEARTBEAT_ADDR: addr}):
+        before = dict(env)
+        assert start_from_env(env) is None and env == before
+
+
+# ------------------------------------------------------------------------------ end to end
+JOB = ["--steps", "30", "--checkpoint-every", "5", "--step-sleep", "0.05"]
+
+
+@pytest.mark.slow
+def test_a_job_s_heartbeats_come_in_node_frames_and_each_rank_is_still_seen(supervisor_run):
+    run = supervisor_run(JOB, nnodes="2", extra=["--nproc-per-node", "2"])
+    assert run.wait() == 0, run.output()[-3000:]
+    end = run.events("job_finished")[-1]
+    beats = end["heartbeats"]
+    # 4 ranks on 2 nodes: every heartbeat came in a node frame, several to a frame (a rank's first
+    # heartbeat, first step and last words go up at once, alone or not)
+    assert 0 < beats["node_frames"] < beats["received"], beats
+    assert beats["rejected"] == 0 and end["phase"] == "completed"
+    assert run.wait_event("running", attempt=0)["world_size"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, kind, rung_action, slots", [
+    ("kind=stop,rank=1,step=13,attempt=0", "dead", "kill_node", 2),
+    ("kind=kill,rank=1,step=13,attempt=0", "rank_killed", None, 2),
+    ("kind=skip-collective,rank=1,step=13,attempt=0", "collective_hang", "abort_ranks", 2),
+    ("kind=node-stop,rank=1,step=13,attempt=0", "dead", "kill_node", 3),  # the frozen node is left out: a spare
+])
+def test_with_aggregation_off_each_fault_is_found_and_named_as_before(supervisor_run, fault, kind, rung_action, slots):
+    run = supervisor_run(JOB, fault=fault, slots=slots, extra=["--no-aggregate"])
+    assert run.wait() == 0, run.output()[-3000:]
+    found = run.wait_event("fault_detected")
+    assert found["kind"] == kind and found["ranks"] == [1] and found["nodes"] == ["node1"], found
+    if rung_action:
+        assert run.wait_event("action", action=rung_action)
+    end = run.events("job_finished")[-1]
+    assert end["phase"] == "completed" and end["heartbeats"]["node_frames"] == 0, end
+    assert end["heartbeats"]["received"] > 0
