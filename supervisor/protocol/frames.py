@@ -386,17 +386,21 @@ _WIRE_DECODER = msgspec.json.Decoder(_WIRE)
 _to_dict = msgspec.structs.asdict
 
 
-def decode_heartbeat(frame: bytes, key: bytes) -> Heartbeat:
-    """Authenticate (``key``: :attr:`Keys.heartbeat`), parse and check one heartbeat frame (what
-    :meth:`Heartbeat.from_payload` accepts from :func:`decode_frame`, in one pass). Whose launch
-    it is, is the caller's check (one string compare)."""
-    body = _authenticated_body(frame, key)
+def _decoded(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """``body`` decoded and checked by ``decoder`` (in C), its failures as the protocol's error."""
     try:
-        wire = _WIRE_DECODER.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise ProtocolError(REJECT_SCHEMA, str(exc)[:120]) from None
     except msgspec.DecodeError:
         raise ProtocolError(REJECT_MALFORMED, "payload is not JSON") from None
+
+
+def decode_heartbeat(frame: bytes, key: bytes) -> Heartbeat:
+    """Authenticate (``key``: :attr:`Keys.heartbeat`), parse and check one heartbeat frame (what
+    :meth:`Heartbeat.from_payload` accepts from :func:`decode_frame`, in one pass). Whose launch
+    it is, is the caller's check (one string compare)."""
+    wire = _decoded(_WIRE_DECODER, _authenticated_body(frame, key))
     values = _to_dict(wire)
     del values["type"]
     return _build(values)
@@ -566,13 +570,7 @@ def decode_node_frame(frame: bytes, key: bytes) -> list[tuple[Heartbeat, float]]
     """Authenticate (the heartbeat key) and check one node frame: its heartbeats, each with how
     long the node's agent held it, every one checked as a rank's own frame would be (one bad
     heartbeat refuses the frame: one agent made all of it)."""
-    body = _authenticated_body(frame, key)
-    try:
-        wire = _NODE_DECODER.decode(body)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(REJECT_SCHEMA, str(exc)[:120]) from None
-    except msgspec.DecodeError:
-        raise ProtocolError(REJECT_MALFORMED, "payload is not JSON") from None
+    wire = _decoded(_NODE_DECODER, _authenticated_body(frame, key))
     over = {k: v for k, v in _to_dict(wire.common).items() if v is not msgspec.UNSET}
     over.update((name, getattr(wire, name)) for name in NODE_SHARED)
     out = []
