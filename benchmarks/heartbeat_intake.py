@@ -3,7 +3,7 @@
     python benchmarks/heartbeat_intake.py [--ranks 16384 4096 1024] [--rate 1.0] [--seconds 12]
                                           [--timeout 5] [--generators 1] [--killed 200]
                                           [--tick detect|full] [--rcvbuf BYTES] [--rounds 2]
-                                          [--no-scrapes] [--profile]
+                                          [--no-scrapes] [--no-full-pass] [--profile]
                                           [--out docs/benchmarks/heartbeat_intake.md]
 
 Target (the issue): 16,384 simulated ranks at 1 Hz, controller CPU under 50 % of one core, p99
@@ -23,6 +23,11 @@ Processes (``fork``; every clock is ``time.monotonic``, CLOCK_MONOTONIC, shared 
   ``Controller._tick()`` (calibrate, straggler scores, detect, classify; no-op platform) with
   ``_recover`` replaced by a recorder so that no fault tears the simulated gang down.
   CPU is ``getrusage(RUSAGE_SELF)`` user + system over the steady window.
+* *the full pass* (default; ``--no-full-pass`` skips it): the same controller with ``detect()``
+  replaced by ``detect_full()``, which visits every rank on every tick (what every tick did before
+  the registry indexed the ranks' deadlines, issue 28), so the incremental tick and the full pass
+  are compared in the same run, with the same traffic: each tick's time, on the ticks where
+  nothing was found (a healthy gang: the incremental tick answers without a pass) and on all.
 * *with scrapes* (default; ``--no-scrapes`` skips it): the same controller also serves the real
   ``/metrics`` app (``supervisor.controller.http.build_app``) on 127.0.0.1, and a *scraper*
   process GETs it like Prometheus does: every ``scrape_interval`` of the shipped
@@ -90,7 +95,9 @@ from supervisor import config as sv_config  # noqa: E402
 from supervisor.controller.daemon import CALIBRATE_S, TICK_S, Controller  # noqa: E402
 from supervisor.controller.intake import Intake, grow_receive_buffer  # noqa: E402
 from supervisor.controller.http import EXPORTER, build_app  # noqa: E402  (loaded as the daemon has it)
+from supervisor.controller import reconcile  # noqa: E402
 from supervisor.health import Kind, Registry, Timeouts, calibrate, detect, straggler_scores  # noqa: E402
+from supervisor.health.detect import detect_full  # noqa: E402
 from supervisor.platforms.base import Platform  # noqa: E402
 from supervisor import protocol  # noqa: E402
 from supervisor.protocol import frames as wire  # noqa: E402
@@ -128,12 +135,12 @@ def shipped_scrape() -> tuple[float, float]:
 
 
 # ------------------------------------------------------------------------ frames
-def heartbeat(rank: int, world: int, k: int) -> Heartbeat:
+def heartbeat(rank: int, world: int, k: int, per_node: int = 8) -> Heartbeat:
     """Beat ``k`` of ``rank``: the shape and size of what the worker SDK sends."""
     phase = ("data", "compute", "collective")[(rank + k) % 3]
     return Heartbeat(
         job=JOB, attempt=0, rank=rank, world_size=world, seq=k + 1, step=1000 + k, phase=phase, launch=LAUNCH,
-        phase_s=round(0.0123 + (rank % 7) * 0.001, 4), node=f"node-{rank // 8:05d}", pid=200000 + rank,
+        phase_s=round(0.0123 + (rank % 7) * 0.001, 4), node=f"node-{rank // per_node:05d}", pid=200000 + rank,
         coll_seq=3 * (1000 + k) + (phase == "collective"), coll_op="all_reduce",
         coll_inside=phase == "collective", coll_s=0.021 if phase == "collective" else 0.0,
         last_data_s=0.0121, last_compute_s=round(0.21 + (rank % 13) * 0.001, 4), last_collective_s=0.0517,
@@ -141,10 +148,38 @@ def heartbeat(rank: int, world: int, k: int) -> Heartbeat:
     )
 
 
-def build_schedule(ranks: int, rate: float, total_s: float, kill_at: dict[int, float], generators: int):
-    """Per generator: (send times relative to t0, frames, rank of each frame), in send order."""
+def held_s(rank: int, per_node: int, rate: float) -> float:
+    """How long a node's relay held ``rank``'s heartbeat before its frame left: the node's ranks
+    beat at their own moments within the interval (spread evenly here)."""
+    return round((rank % per_node + 0.5) / per_node / rate, 3)
+
+
+def build_schedule(ranks: int, rate: float, total_s: float, kill_at: dict[int, float], generators: int,
+                   per_node: int = 0):
+    """Per generator: (send times relative to t0, frames, who is in each frame), in send order.
+    ``per_node`` 0: a frame per heartbeat, its rank; else a node relay's frame per node and beat
+    (``protocol.encode_node_frames``: the node's ranks not killed yet, each held ``held_s``),
+    ``(rank, held)`` pairs."""
     beats = int(total_s * rate) + 1
     gens = [([], [], []) for _ in range(generators)]
+    if per_node:
+        nodes = -(-ranks // per_node)
+        for k in range(beats):
+            for n in range(nodes):
+                t = (k + n / nodes) / rate
+                if t > total_s:
+                    break
+                members = [r for r in range(n * per_node, min(ranks, (n + 1) * per_node))
+                           if not (r in kill_at and t - held_s(r, per_node, rate) >= kill_at[r])]
+                if not members:
+                    continue
+                held = [(r, held_s(r, per_node, rate)) for r in members]
+                times, frames, owners = gens[n % generators]
+                for frame in protocol.encode_node_frames([(heartbeat(r, ranks, k, per_node), h) for r, h in held], KEY):
+                    times.append(t)
+                    frames.append(frame)
+                    owners.append(tuple(held))
+        return gens
     for k in range(beats):
         for r in range(ranks):
             t = (k + r / ranks) / rate
@@ -251,7 +286,7 @@ def controller_proc(conn, mode: str, ranks: int, rate: float, timeout_s: float, 
 async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: str, rcvbuf: int, profile: bool,
                  breakdown: bool) -> None:
     loop = asyncio.get_running_loop()
-    ours = mode in ("intake", "scrape")
+    ours = mode in ("intake", "scrape", "fullpass")
     factory = (lambda: Intake(c)) if ours else BareCounter
     transport, proto = await loop.create_datagram_endpoint(factory, local_addr=("127.0.0.1", 0))
     c.intake = proto if ours else None
@@ -286,14 +321,17 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
     go = conn.recv()  # nothing is sent to us before this answer
     win_start, win_end, stop_at, killed = go["win_start"], go["win_end"], go["stop_at"], go["killed"]
 
-    def handled() -> int:
-        return proto.n if mode == "bare" else c.wire.received + sum(c.wire.rejected.values())
+    def handled() -> int:  # datagrams: a node frame is one (its heartbeats are counted in c.wire.received)
+        if mode == "bare":
+            return proto.n
+        return (c.wire.node_frames if c.wire.node_frames else c.wire.received) + sum(c.wire.rejected.values())
 
     snaps: dict[str, Any] = {}
     prof = cProfile.Profile() if profile else None
 
     def snap(name: str) -> None:
-        snaps[name] = (time.monotonic(), cpu_s(), handled())
+        snaps[name] = (time.monotonic(), cpu_s(), handled(), c.wire.received if proto is not None and mode != "bare"
+                       else handled())
         snaps[name + "_wait"] = runqueue_wait_s()
         if prof is not None:
             prof.enable() if name == "start" else prof.disable()
@@ -314,6 +352,8 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
     episodes: dict[int, list[float]] = {}  # rank -> when each of its spells as `dead` began
     dead_before: set[int] = set()
     tick_s: list[float] = []
+    tick_quiet: list[bool] = []  # per tick of tick_s: nothing was found
+    detect_s: list[tuple[float, float, bool]] = []  # every detect() call: (when, seconds, nothing found)
     tick_late: list[float] = []
     faults: list[str] = []
     if ours:
@@ -324,6 +364,17 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
             faults.append(fault.kind)
 
         c._recover = recorder  # type: ignore[method-assign]
+        # the tick's detect() (the full pass for the configuration as before issue 28), timed on each call;
+        # _tick() calls it through the reconcile module: replaced there, in this (forked) process only
+        found = detect_full if mode == "fullpass" else detect
+
+        def look(*args, **kwargs):
+            t = time.perf_counter()
+            out = found(*args, **kwargs)
+            detect_s.append((time.monotonic(), time.perf_counter() - t, not out))
+            return out
+
+        reconcile.detect = look
         planned = None
         while loop.time() < stop_at:
             now = c.clock()
@@ -333,10 +384,11 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
                 await c._tick()
                 findings = c.detection.findings
             else:
-                findings = detect(c.registry, now, timeouts, launched_at=c.launched_at)
+                findings = look(c.registry, now, timeouts, launched_at=c.launched_at)
             done = c.clock()
             if win_start <= now <= win_end:
                 tick_s.append(done - now)
+                tick_quiet.append(not findings)
             dead_now = {r for f in findings if f.kind is Kind.DEAD for r in f.ranks}
             for r in dead_now - dead_before:
                 episodes.setdefault(r, []).append(done)
@@ -350,7 +402,8 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
         "port": port, "handled_total": handled(), "kernel_drops": udp_drops(port),
         "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF),
         "rejected": dict(c.wire.rejected), "episodes": episodes,
-        "tick_s": tick_s, "tick_late": tick_late, "faults_recorded": len(faults),
+        "tick_s": tick_s, "tick_quiet": tick_quiet, "tick_late": tick_late, "faults_recorded": len(faults),
+        "detect_s": [(dt, quiet) for at, dt, quiet in detect_s if win_start <= at <= win_end],
         "registry_size": len(c.registry.ranks), "gc_pauses": gc_pauses,
     }
     transport.close()
@@ -360,8 +413,9 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
         result["renders"] = [r for r in renders if win_start <= r[0] <= win_end]
         result["scrape_shape"] = scrape_shape(c, exporter)
     if "start" in snaps and "end" in snaps:
-        (t0, (u0, s0), h0), (t1, (u1, s1), h1) = snaps["start"], snaps["end"]
-        result.update(window_s=t1 - t0, user_s=u1 - u0, sys_s=s1 - s0, handled_window=h1 - h0)
+        (t0, (u0, s0), h0, b0), (t1, (u1, s1), h1, b1) = snaps["start"], snaps["end"]
+        result.update(window_s=t1 - t0, user_s=u1 - u0, sys_s=s1 - s0, handled_window=h1 - h0,
+                      beats_window=b1 - b0)
         if snaps["start_wait"] is not None and snaps["end_wait"] is not None:
             result["wait_s"] = snaps["end_wait"] - snaps["start_wait"]
     if prof is not None:
@@ -498,7 +552,7 @@ def render_costs(costs: dict[int, list[tuple[str, float]]], rows: list[dict], ar
     lines = ["| ranks | step | CPU µs per heartbeat | % of a core at ranks x rate |", "|---|---|---|---|"]
     for ranks, items in costs.items():
         rate = ranks * args.rate
-        by = {(r["ranks"], r["mode"]): r for r in rows}
+        by = {(r["ranks"], r["mode"]): r for r in rows if not r["per_node"]}
         bare = by.get((ranks, "bare"))
         ours = by.get((ranks, "intake"))
         if bare:
@@ -526,7 +580,7 @@ def generator_proc(conn, port: int, times: list[float], frames: list[bytes], own
     t0, win_start, win_end = conn.recv()
     sendto = sock.sendto
     n = len(frames)
-    i = sent = failed = sent_window = 0
+    i = sent = failed = sent_window = beats_window = 0
     last_sent: dict[int, float] = {}
     cpu0 = cpu1 = None
     while time.monotonic() < t0:
@@ -544,8 +598,16 @@ def generator_proc(conn, port: int, times: list[float], frames: list[bytes], own
             else:
                 sent += 1
                 sent_window += in_window
-                if owners[i] in killed:
-                    last_sent[owners[i]] = now
+                who = owners[i]
+                if type(who) is int:
+                    beats_window += in_window
+                    if who in killed:
+                        last_sent[who] = now
+                else:  # a node frame: each rank spoke when its relay took its heartbeat
+                    beats_window += in_window * len(who)
+                    for rank, held in who:
+                        if rank in killed:
+                            last_sent[rank] = now - held
             i += 1
         if cpu0 is None and now >= win_start:
             cpu0 = cpu_s()
@@ -556,7 +618,8 @@ def generator_proc(conn, port: int, times: list[float], frames: list[bytes], own
     cpu1 = cpu1 or cpu_s()
     cpu0 = cpu0 or cpu1
     sock.close()
-    conn.send({"sent": sent, "failed": failed, "sent_window": sent_window, "last_sent": last_sent,
+    conn.send({"sent": sent, "failed": failed, "sent_window": sent_window, "beats_window": beats_window,
+               "last_sent": last_sent,
                "cpu_s": (cpu1[0] - cpu0[0]) + (cpu1[1] - cpu0[1])})
 
 
@@ -592,10 +655,11 @@ def scraper_proc(conn, http_port: int, interval_s: float, timeout_s: float) -> N
 
 
 # ------------------------------------------------------------------------ one run
-def run_once(mode: str, args, ranks: int, gens, kill_at: dict[int, float], profile: bool) -> dict[str, Any]:
+def run_once(mode: str, args, ranks: int, gens, kill_at: dict[int, float], profile: bool,
+             per_node: int = 0) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     c_parent, c_child = ctx.Pipe()
-    breakdown = mode == "intake" and not profile and args.breakdown
+    breakdown = mode == "intake" and not profile and args.breakdown and not per_node
     ctrl = ctx.Process(target=controller_proc, daemon=True, args=(
         c_child, mode, ranks, args.rate, args.timeout, args.tick, args.rcvbuf, profile, breakdown))
     ctrl.start()
@@ -659,14 +723,18 @@ def run_once(mode: str, args, ranks: int, gens, kill_at: dict[int, float], profi
         "dropped": sent - res["handled_total"], "kernel_drops": res["kernel_drops"],
         "gen_cpu_pct": 100.0 * sum(g["cpu_s"] for g in g_res) / args.seconds,
         "rejected": res["rejected"], "lags": lags, "killed": len(kill_at), "detected": len(detected),
-        "false_dead": sorted(false_dead), "tick_s": res["tick_s"], "tick_late": res["tick_late"],
+        "false_dead": sorted(false_dead), "tick_s": res["tick_s"], "tick_quiet": res["tick_quiet"],
+        "detect_s": res["detect_s"],
+        "tick_late": res["tick_late"],
         "faults_recorded": res["faults_recorded"], "profile": res.get("profile"),
         "breakdown": res.get("breakdown"), "registry_size": res["registry_size"],
-        "us_per_hb": 1e6 * (res["user_s"] + res["sys_s"]) / max(1, res["handled_window"]),
+        # per heartbeat, not per datagram: a node frame carries several (the bare counter sees datagrams only)
+        "us_per_hb": 1e6 * (res["user_s"] + res["sys_s"]) / max(1, res["beats_window"] if mode != "bare" else
+                                                                 sum(g["beats_window"] for g in g_res)),
         "gc_s": sum(t for _, t in res["gc_pauses"]), "gc_max_s": max((t for _, t in res["gc_pauses"]), default=0.0),
         "gc_full": sum(1 for g, _ in res["gc_pauses"] if g == 2),
         "wait_pct": 100.0 * res.get("wait_s", float("nan")) / res["window_s"],
-        "offered_per_s": sum(g["sent_window"] for g in g_res) / args.seconds,
+        "offered_per_s": sum(g["beats_window"] for g in g_res) / args.seconds,
         "host_busy_pct": 100.0 * (host1[0] - host0[0]) / max(1e-9, host1[1] - host0[1]),
         "load": (load0 + load1) / 2,
         "scrapes": in_window, "renders": res.get("renders", []), "scrape_shape": res.get("scrape_shape"),
@@ -692,6 +760,9 @@ def git_state() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[16384, 4096, 1024], help="one row per value")
+    p.add_argument("--node-ranks", type=int, nargs="*", default=[131072],
+                   help="rows whose heartbeats come in node relays' frames (--per-node ranks each), in the same run")
+    p.add_argument("--per-node", type=int, default=8, help="ranks per node in the --node-ranks rows")
     p.add_argument("--rate", type=float, default=1.0, help="heartbeats per rank per second")
     p.add_argument("--seconds", type=float, default=12.0, help="measured steady window per run")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds before the window (every rank heard)")
@@ -709,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-breakdown", dest="breakdown", action="store_false", help="skip the tick cost table")
     p.add_argument("--no-scrapes", dest="scrapes", action="store_false",
                    help="skip the configuration with Prometheus-style scrapes of /metrics")
+    p.add_argument("--no-full-pass", dest="full_pass", action="store_false",
+                   help="skip the configuration whose every tick visits every rank (detect_full)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "heartbeat_intake.md")
     args = p.parse_args(argv)
     if args.seconds < args.timeout + 2 / args.rate + 2:
@@ -725,22 +798,24 @@ def main(argv: list[str] | None = None) -> int:
     costs: dict[int, list[tuple[str, float]]] = {}
     profiles: dict[int, str] = {}
     started = time.strftime("%Y-%m-%d %H:%M")
-    for ranks in args.ranks:
+    for ranks, per_node in [(r, 0) for r in args.ranks] + [(r, args.per_node) for r in args.node_ranks]:
         n_kill = min(args.killed, ranks // 10)
         lo, hi = args.warmup + 1.0 / args.rate, args.warmup + args.seconds - args.timeout - 1.0 / args.rate - 1.0
         kill_at = {r: rng.uniform(lo, hi) for r in rng.sample(range(ranks), n_kill)}
         t = time.perf_counter()
-        gens = build_schedule(ranks, args.rate, total_s, kill_at, args.generators)
+        gens = build_schedule(ranks, args.rate, total_s, kill_at, args.generators, per_node)
         n_frames = sum(len(g[1]) for g in gens)
         size = statistics.median(len(f) for f in gens[0][1][:1000])
-        print(f"[{ranks} ranks] encoded {n_frames:,} frames ({size:.0f} B each) in {time.perf_counter() - t:.1f} s",
-              flush=True)
-        modes = ("bare", "intake", "scrape") if args.scrapes else ("bare", "intake")
+        shape = f"node frames of {per_node} ranks" if per_node else "a frame per heartbeat"
+        print(f"[{ranks} ranks, {shape}] encoded {n_frames:,} frames ({size:.0f} B each) in "
+              f"{time.perf_counter() - t:.1f} s", flush=True)
+        modes = (("bare", "intake") + (("fullpass",) if args.full_pass and not per_node else ())
+                 + (("scrape",) if args.scrapes else ()))
         per_mode: dict[str, list[dict]] = {m: [] for m in modes}
         for rnd in range(args.rounds):
             order = modes if rnd % 2 == 0 else tuple(reversed(modes))
             for mode in order:
-                r = run_once(mode, args, ranks, gens, kill_at, profile=False)
+                r = run_once(mode, args, ranks, gens, kill_at, profile=False, per_node=per_node)
                 r["round"] = rnd
                 per_mode[mode].append(r)
                 runs.append(r)
@@ -762,25 +837,31 @@ def main(argv: list[str] | None = None) -> int:
             profiles[ranks] = r["profile"]
             print(f"--- cProfile of the controller over the window ({ranks} ranks; CPU {r['cpu_pct']:.1f}% with the "
                   f"profiler on) ---\n{r['profile']}", flush=True)
-        if args.breakdown and args.generators == 1:
+        if args.breakdown and args.generators == 1 and not per_node:
             costs[ranks] = step_costs(ranks, args.rate, args.timeout, gens[0][1])
         del gens
         bare, ours = per_mode["bare"], per_mode["intake"]
         scraped = per_mode.get("scrape", [])
+        full = per_mode.get("fullpass", [])
         b_cpu = statistics.median(x["cpu_pct"] for x in bare)
         o_cpu = statistics.median(x["cpu_pct"] for x in ours)
-        for x in ours + scraped:
+        for x in ours + full + scraped:
             if x["rejected"]:
                 notes.append(f"{ranks} ranks: rejected {x['rejected']}")
             if x["registry_size"] != ranks:
                 notes.append(f"{ranks} ranks: registry held {x['registry_size']} ranks at the end")
-        breakdowns[ranks] = ours[-1]["breakdown"]
+        if not per_node:
+            breakdowns[ranks] = ours[-1]["breakdown"]
         tick_name = "detect()" if args.tick == "detect" else "_tick()"
-        configs = [("bare", "bare asyncio UDP counter (baseline)", bare),
-                   ("intake", f"ours: Intake + Registry + {tick_name} every 0.2 s", ours)]
+        via = f" — node frames, {per_node} ranks each (issue 28)" if per_node else ""
+        configs = [("bare", "bare asyncio UDP counter (baseline)" + via, bare),
+                   ("intake", f"ours: Intake + Registry + {tick_name} every 0.2 s" + via, ours)]
+        if full:
+            configs.append(("fullpass", f"ours, {tick_name} with a full pass over the ranks every 0.2 s "
+                                        "(detect_full(): before issue 28)", full))
         if scraped:
             configs.append(("scrape", f"ours + Prometheus-style scrapes of /metrics every {args.scrape_interval:g} s "
-                                      "(gzip)", scraped))
+                                      "(gzip)" + via, scraped))
         for mode, label, rs in configs:
             cpu = statistics.median(x["cpu_pct"] for x in rs)
             is_ours = mode != "bare"
@@ -789,9 +870,11 @@ def main(argv: list[str] | None = None) -> int:
             killed = sum(x["killed"] for x in rs)
             false_dead = sorted({r for x in rs for r in x["false_dead"]})
             ticks = [t for x in rs for t in x["tick_s"]]
+            quiet = [t for x in rs for t, q in zip(x["tick_s"], x["tick_quiet"]) if q]
+            looks = [t for x in rs for t, q in x["detect_s"] if q]
             late = [t for x in rs for t in x["tick_late"]]
             row = {
-                "ranks": ranks, "label": label, "rate": args.rate, "mode": mode,
+                "ranks": ranks, "label": label, "rate": args.rate, "mode": mode, "per_node": per_node,
                 "handled_per_s": statistics.median(x["handled_per_s"] for x in rs),
                 "sent": sum(x["sent"] for x in rs), "dropped": sum(x["dropped"] for x in rs),
                 "kernel_drops": sum(x["kernel_drops"] or 0 for x in rs), "rcvbuf": rs[0]["rcvbuf"],
@@ -811,6 +894,11 @@ def main(argv: list[str] | None = None) -> int:
                         "detected": detected, "killed": killed, "false_dead": len(false_dead),
                         "tick_med_ms": 1e3 * statistics.median(ticks) if ticks else float("nan"),
                         "tick_max_ms": 1e3 * max(ticks, default=float("nan")),
+                        "tick_p99_ms": 1e3 * pct(ticks, .99), "ticks_n": len(ticks), "quiet_n": len(quiet),
+                        "quiet_med_ms": 1e3 * statistics.median(quiet) if quiet else float("nan"),
+                        "detect_quiet_med_ms": 1e3 * statistics.median(looks) if looks else float("nan"),
+                        "detect_med_ms": 1e3 * statistics.median(t for x in rs for t, _ in x["detect_s"])
+                        if any(x["detect_s"] for x in rs) else float("nan"),
                         "late_p99_ms": 1e3 * pct(late, .99),
                         "gc_max_ms": 1e3 * max(x["gc_max_s"] for x in rs)}
                 # CPU is judged at the offered rate: a controller that dropped heartbeats did less work
@@ -826,22 +914,23 @@ def main(argv: list[str] | None = None) -> int:
     env = (f"Python {_platform.python_version()}, {os.cpu_count()} CPUs ({_platform.processor() or _platform.machine()}), "
            f"{args.generators} generator process(es), {args.rounds} round(s), {args.seconds:g} s window after "
            f"{args.warmup:g} s warm-up, timeout {args.timeout:g} s, tick {args.tick}, git {git_state()}, {started}")
-    main_table = render_main(rows)
+    main_table = "\n\n".join(t for t in (render_main(rows), render_aggregation(rows)) if t)
     scrape_table = render_scrapes(rows, args)
     tick_table = render_breakdown(breakdowns, args)
     cost_table = render_costs(costs, rows, args)
+    full_table = render_full_pass(rows, args)
     print()
     print(env)
     print(main_table)
-    for extra in (scrape_table, cost_table, tick_table):
+    for extra in (full_table, scrape_table, cost_table, tick_table):
         if extra:
             print()
             print(extra)
     for n in notes:
         print("note:", n)
     argv_str = " ".join(sys.argv[1:]) if argv is None else " ".join(argv)
-    write_doc(args, env, main_table, scrape_table, tick_table, cost_table, render_runs(runs), reading(rows, breakdowns),
-              notes, profiles, argv_str)
+    write_doc(args, env, main_table, full_table, scrape_table, tick_table, cost_table, render_runs(runs),
+              reading(rows, breakdowns), notes, profiles, argv_str)
     print(f"\nwrote {args.out}")
     return 0
 
@@ -872,12 +961,59 @@ def render_main(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_aggregation(rows: list[dict]) -> str:
+    """What node frames buy: each node-frame row against the largest per-rank row of the same run."""
+    per_rank = [r for r in rows if not r["per_node"] and r["mode"] in ("intake", "scrape")]
+    nodes = [r for r in rows if r["per_node"] and r["mode"] in ("intake", "scrape")]
+    if not per_rank or not nodes:
+        return ""
+    lines = ["What aggregation buys (same run, same controller): CPU per heartbeat with a frame per heartbeat "
+             "against node frames, and what each path would take at 131,072 ranks x 1 Hz.", "",
+             "| configuration | ranks | datagrams/s | CPU µs per heartbeat | CPU % of a core at 131,072 ranks x 1 Hz "
+             "(µs x 131,072 / 10^4) | ratio (per-rank / node frames) |", "|---|---|---|---|---|---|"]
+    for n in nodes:
+        base = max((r for r in per_rank if r["mode"] == n["mode"]), key=lambda r: r["ranks"], default=None)
+        if base is None:
+            continue
+        for r in (base, n):
+            ratio = f"{base['us_per_hb'] / r['us_per_hb']:.2f}x" if r is n else "1.00x"
+            lines.append(f"| {r['label']} | {r['ranks']:,} | {r['handled_per_s']:,.0f} | {r['us_per_hb']:.1f} | "
+                         f"{r['us_per_hb'] * 131_072 / 1e4:.0f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def render_full_pass(rows: list[dict], args) -> str:
+    """The incremental tick against the full pass, both measured in this run with the same traffic."""
+    by = {(r["ranks"], r["mode"]): r for r in rows if not r["per_node"]}
+    pairs = [(by[k], by[(k[0], "fullpass")]) for k in by if k[1] == "intake" and (k[0], "fullpass") in by]
+    if not pairs:
+        return ""
+
+    def both(inc: dict, full: dict, key: str, digits: int = 3) -> str:
+        a, b = inc[key], full[key]
+        ratio = f"{b / a:,.1f}x" if a > 0 and math.isfinite(b / a) else "-"
+        return f"{a:.{digits}f} / {b:.{digits}f} | {ratio}"
+
+    tick = "detect()" if args.tick == "detect" else "Controller._tick()"
+    lines = ["| ranks | ticks that found nothing (of all): incremental / full pass | on those, detect() median ms: "
+             f"incremental / full pass | ratio | on those, the whole tick ({tick}) median ms | ratio | all ticks, "
+             "detect() median ms | ratio | all ticks, the whole tick median ms | ratio | controller CPU % of a core "
+             "(intake and ticks) | ratio |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for inc, full in pairs:
+        lines.append(
+            f"| {inc['ranks']:,} | {inc['quiet_n']} ({inc['ticks_n']}) / {full['quiet_n']} ({full['ticks_n']}) | "
+            f"{both(inc, full, 'detect_quiet_med_ms')} | {both(inc, full, 'quiet_med_ms', 2)} | "
+            f"{both(inc, full, 'detect_med_ms')} | {both(inc, full, 'tick_med_ms', 2)} | {both(inc, full, 'cpu', 1)} |")
+    return "\n".join(lines)
+
+
 def render_runs(runs: list[dict]) -> str:
     lines = ["| ranks | round | configuration | controller CPU % | waiting for a CPU % | handled/s | dropped | "
              "host busy % (load) | longest GC pause (ms) | lag p99 (s) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         lag = f"{pct(r['lags'], .99):.3f}" if r["mode"] != "bare" else "-"
-        name = {"bare": "baseline", "intake": "ours", "scrape": "ours + scrapes"}[r["mode"]]
+        name = {"bare": "baseline", "intake": "ours", "fullpass": "ours, full pass",
+                "scrape": "ours + scrapes"}[r["mode"]]
         lines.append(f"| {r['ranks']:,} | {r['round']} | {name} | "
                      f"{r['cpu_pct']:.1f} | {r['wait_pct']:.0f} | {r['handled_per_s']:,.0f} | {r['dropped']:,} | "
                      f"{r['host_busy_pct']:.0f} ({r['load']:.1f}) | {r['gc_max_s'] * 1e3:.0f} | {lag} |")
@@ -890,7 +1026,8 @@ def reading(rows: list[dict], breakdowns: dict[int, Any]) -> list[str]:
     for r in rows:
         if not r["is_ours"]:
             continue
-        head = f"{r['ranks']:,} ranks{', with scrapes' if r['mode'] == 'scrape' else ''}: {r['verdict']}."
+        nodes = f" in node frames of {r['per_node']}" if r["per_node"] else ""
+        head = f"{r['ranks']:,} ranks{nodes}{', with scrapes' if r['mode'] == 'scrape' else ''}: {r['verdict']}."
         if r["mode"] == "scrape":
             head += (f" {r['series']:,} series per scrape (target < {SERIES_TARGET:,}: "
                      f"{'PASS' if r['series'] < SERIES_TARGET else 'MISS'}), {r['scrape_bytes']:,.0f} B gzipped; "
@@ -937,8 +1074,8 @@ def render_breakdown(breakdowns: dict[int, Any], args) -> str:
     return "\n".join(lines)
 
 
-def write_doc(args, env: str, main_table: str, scrape_table: str, tick_table: str, cost_table: str, runs_table: str,
-              read: list[str], notes, profiles, argv_str: str) -> None:
+def write_doc(args, env: str, main_table: str, full_table: str, scrape_table: str, tick_table: str, cost_table: str,
+              runs_table: str, read: list[str], notes, profiles, argv_str: str) -> None:
     cmd = "python benchmarks/heartbeat_intake.py" + (f" {argv_str}" if argv_str else "")
     parts = [
         "# Heartbeat intake at scale\n",
@@ -975,6 +1112,19 @@ def write_doc(args, env: str, main_table: str, scrape_table: str, tick_table: st
     ]
     if read:
         parts += ["Reading:\n", "".join(f"- {line}\n" for line in read)]
+    if full_table:
+        parts += [
+            "### The incremental tick against the full pass\n",
+            "The same controller, the same traffic, in this run: once as shipped (the registry indexes each "
+            "rank's next deadline as its heartbeats arrive, and `detect()` answers at once while none has "
+            "come), once with `detect()` replaced by `detect_full()`, which visits every rank on every tick "
+            "(every tick before issue 28). Each `detect()` call is timed on its own, and the whole tick around "
+            "it (wall time: with `--tick full` it includes the heartbeats the loop reads while the tick awaits "
+            "the platform). Ticks that found nothing are those of a healthy gang; once a killed rank is found "
+            "dead, every tick finds it again (the recorder stands in for the recovery that would reset the "
+            "registry) and both configurations make the full pass. Ratio = full pass / incremental.\n",
+            full_table + "\n",
+        ]
     if scrape_table:
         parts += [
             "### /metrics under Prometheus-style scrapes\n",
