@@ -79,6 +79,7 @@ _FLAGS = (
     ("health.phase_floor_s", "--hang-timeout-floor", "hang_timeout_floor"), ("http.port", "--port", "port"),
     ("metrics_linger_s", "--metrics-linger", "metrics_linger"), ("port", "--port", "port"),
     ("release.probation_steps", "--probation-steps", "probation_steps"),
+    ("platform.rendezvous_backend", "--rendezvous-backend", "rendezvous_backend"),
     ("restart.in_place_restarts", "--in-place-restarts", "in_place_restarts"),
 )
 

@@ -777,12 +777,18 @@ def next_attempt(attempt: int, launch_attempt: int, in_place_allowed: int) -> in
     return max(attempt + 1, launch_attempt + in_place_allowed + 1)
 
 
-def relay_flush_s(interval_s: float, timeout_s: float) -> float:
-    """How often a node's relay sends its ranks' heartbeats up. A heartbeat waits in the relay up to
-    this long, so the controller can see a rank silent for an interval plus this: once an interval
-    while that leaves half the timeout's slack past the interval, sooner where the timeout is
-    tighter (at 2 x the interval, the least the config allows: half an interval)."""
-    return round(max(0.05, min(interval_s, (timeout_s - interval_s) / 2)), 3)
+RELAY_MIN_FLUSH_S = 0.05
+
+
+def relay_flush_s(interval_s: float, timeout_s: float) -> float | None:
+    """How often a node's relay sends its ranks' heartbeats up (None: no relay). A heartbeat waits
+    in the relay up to this long, so the controller can see a live rank silent for an interval plus
+    this: once an interval while that leaves half the timeout's slack past the interval, sooner
+    where the timeout is tighter (at 2 x the interval, the least the config allows: half an
+    interval), never more often than every :data:`RELAY_MIN_FLUSH_S`: where the timeout leaves no
+    room for that, every rank sends its own heartbeats."""
+    flush = min(interval_s, (timeout_s - interval_s) / 2)
+    return round(flush, 3) if flush >= RELAY_MIN_FLUSH_S else None
 
 
 def rendezvous_backend(configured: str, nodes: int, *, static_from: int, in_place_restarts: int = 0) -> str:

@@ -179,7 +179,9 @@ class Executor:
         reg = c.registry
         self.awaited = evidence_awaited(rec.fault, {r: (rec_.hb.phase, rec_.received) for r, rec_ in reg.ranks.items()
                                                     if r in self.asked},
-                                        now=c.clock(), fresh_s=2 * c.cfg.heartbeat.interval_s)
+                                        # an interval of slack past the last beat; a relayed one is dated back
+                                        # to its send, so a live rank's reads older by up to the relay's flush
+                                        now=c.clock(), fresh_s=2 * c.cfg.heartbeat.interval_s + (self.relay_flush_s or 0.0))
 
     async def _write_evidence(self, rec: Recovery) -> None:
         c = self.c
@@ -389,6 +391,12 @@ class Executor:
         c.recovery = None  # launched (or restarted in place): the recovery is over, in the same write
         c.save_state()
 
+    @property
+    def relay_flush_s(self) -> float | None:
+        """How often the node relays send their ranks' heartbeats up (None: each rank sends its own)."""
+        hb = self.c.cfg.heartbeat
+        return relay_flush_s(hb.interval_s, hb.timeout_s) if hb.aggregate else None
+
     def launch_spec(self, nodes: list[str]) -> LaunchSpec:
         c = self.c
         rank_log_dir = c.log_dir / "ranks"
@@ -405,8 +413,7 @@ class Executor:
             Env.LOG_DIR: str(rank_log_dir),
             Env.CHECKPOINT_DIR: str(c.ckpt_root),
             Env.HEARTBEAT_INTERVAL: str(c.cfg.heartbeat.interval_s),
-            Env.AGGREGATE: (f"{relay_flush_s(c.cfg.heartbeat.interval_s, c.cfg.heartbeat.timeout_s):g}"
-                            if c.cfg.heartbeat.aggregate else "off"),
+            Env.AGGREGATE: f"{self.relay_flush_s or 'off'}",
             Env.WATCHDOG: c.detection.timeouts.watchdog_env(),
             Env.INSTRUMENT: "on" if c.cfg.instrument.enabled else "off",
             Env.FR_BUFFER: str(c.cfg.instrument.fr_buffer),

@@ -447,7 +447,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if os.environ.get(Env.RANK_EXITS):
         _report_rank_exits(os.environ[Env.RANK_EXITS])
     os.environ[Env.AGENT_PID] = str(os.getpid())  # the instrumentation starts in this agent's children only
-    relay.start_from_env(os.environ)  # the ranks' heartbeats go up through this agent, one frame per interval
+    node_relay = relay.start_from_env(os.environ)  # the ranks' heartbeats go up through this agent
+    if node_relay is not None:
+        atexit.register(node_relay.close)  # what the ranks said last goes up before the agent ends
 
     @record
     def launch() -> None:

@@ -46,10 +46,12 @@ from supervisor.protocol import (
     decode_frame,
     decode_heartbeat,
     derive_keys,
+    encode,
     encode_node_frames,
 )
 
 log = logging.getLogger("supervisor.relay")
+LOG_EVERY_S = 30.0
 
 URGENT_FIELDS = ("dump_seq", "restore_state", "restored", "outcome", "error", "loss_ok", "watchdog",
                  "stack_file", "trace_file")
@@ -92,6 +94,9 @@ class Relay:
         self.rejected: dict[str, int] = {}
         self.controls_passed = 0
         self.send_errors = 0
+        self.errors = 0
+        self._logged_counts = (0, 0)
+        self._logged_at = -LOG_EVERY_S
         self._stop = threading.Event()
         family = socket.AF_INET6 if ":" in upstream[0] else socket.AF_INET
         self._up = socket.socket(family, socket.SOCK_DGRAM)
@@ -102,6 +107,7 @@ class Relay:
         for sock in (self._up, self._local):
             os.set_inheritable(sock.fileno(), False)
         self._thread = threading.Thread(target=self._run, name="supervisor-relay", daemon=True)
+        self._pid = os.getpid()
 
     @property
     def address(self) -> str:
@@ -117,11 +123,22 @@ class Relay:
         return self
 
     def close(self) -> None:
+        """Stop, sending up first what the ranks said last (their last words: the agent is ending).
+        Only in the agent that started it (a rank forked from the agent inherits the object)."""
+        if os.getpid() != self._pid:
+            return
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval_s + 1)
-        self._up.close()
-        self._local.close()
+        if not self._thread.is_alive():  # else it still uses the sockets: leave them to the process's end
+            try:
+                self._read_ranks()
+                self.flush()
+            except Exception as exc:  # noqa: BLE001 - closing must not fail the agent's exit
+                log.warning("event=relay_last_flush_failed error=%s: %s", type(exc).__name__, exc)
+            self._up.close()
+            self._local.close()
+        self._log_counts(force=True)
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -132,18 +149,34 @@ class Relay:
                 ready, _, _ = select.select([self._local, self._up], [], [], wait)
             except (OSError, ValueError):  # closed under us: the agent is ending
                 return
-            now_urgent = False
-            if self._local in ready:
-                now_urgent = self._read_ranks()
-            if self._up in ready:
-                self._read_controller()
-            if now_urgent or self.clock() >= next_flush:
-                self.flush()
-                if not now_urgent or self.clock() >= next_flush:
-                    next_flush = self.clock() + self.interval_s
+            try:
+                now_urgent = False
+                if self._local in ready:
+                    now_urgent = self._read_ranks()
+                if self._up in ready:
+                    self._read_controller()
+                if now_urgent or self.clock() >= next_flush:
+                    self.flush()
+                    if not now_urgent or self.clock() >= next_flush:
+                        next_flush = self.clock() + self.interval_s
+                self._log_counts()
+            except Exception as exc:  # noqa: BLE001 - a bug here must not silence the node: say it, go on
+                self.errors += 1
+                if self.errors in (1, 10) or self.errors % 1000 == 0:
+                    log.exception("event=relay_error count=%d error=%s", self.errors, type(exc).__name__)
+                time.sleep(0.01)
 
     def _reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def _log_counts(self, force: bool = False) -> None:
+        """What was refused or could not be sent, on the agent's log at most every LOG_EVERY_S."""
+        counts = (sum(self.rejected.values()), self.send_errors)
+        now = self.clock()
+        if counts != self._logged_counts and (force or now - self._logged_at >= LOG_EVERY_S):
+            log.warning("event=relay_counts rejected=%s send_errors=%d frames_sent=%d beats_sent=%d",
+                        dict(self.rejected), self.send_errors, self.frames_sent, self.beats_sent)
+            self._logged_counts, self._logged_at = counts, now
 
     def _read_ranks(self) -> bool:
         """Take what the ranks sent; whether any of it must go up at once."""
@@ -159,8 +192,9 @@ class Relay:
                 self._reject(exc.reason)
                 continue
             held = self.held.get(hb.rank)
-            if held is not None and held[0].pid == hb.pid and hb.seq <= held[0].seq:
-                continue  # reordered on the way: keep the newer
+            newest = held[0] if held is not None else self.last_sent.get(hb.rank)
+            if newest is not None and (hb.attempt < newest.attempt or (newest.pid == hb.pid and hb.seq <= newest.seq)):
+                continue  # reordered on the way, or the rank's earlier process (restarted in place): keep the newer
             self.held[hb.rank] = (hb, self.clock())
             self.rank_addr[hb.rank] = addr
             found = found or urgent(hb, self.last_sent.get(hb.rank))
@@ -196,9 +230,13 @@ class Relay:
         self.held = {}
         try:
             frames = encode_node_frames(beats, self.keys.heartbeat)
-        except ProtocolError as exc:  # a heartbeat too large for any frame: what the rank's own send would do
-            self._reject(exc.reason)
-            return
+        except ProtocolError:  # a heartbeat too large for a frame: it goes alone, as the rank's own frame
+            frames = []
+            for beat in beats:
+                try:
+                    frames += encode_node_frames([beat], self.keys.heartbeat)
+                except ProtocolError:
+                    frames.append(encode(beat[0].to_payload(), self.keys.heartbeat))  # fits: the rank sent it so
         self.frames_sent += len(frames)  # counted before they leave: whoever reads a frame sees it counted
         self.beats_sent += len(beats)
         for hb, _ in beats:
@@ -219,22 +257,28 @@ class Relay:
 
 
 def start_from_env(env: MutableMapping[str, str]) -> Relay | None:
-    """A relay for this node's ranks, started, with ``env`` pointing them at it; None (and
-    ``env`` unchanged: each rank sends on its own) where the agent has no controller to report
-    to, aggregation is off (``SUPERVISOR_AGGREGATE=off``) or the relay cannot start."""
+    """A relay for this node's ranks, started, with ``env`` pointing them at it, where the
+    controller asked for one (``SUPERVISOR_AGGREGATE`` set to how often to send: a controller that
+    reads node frames); None (``env`` unchanged: each rank sends its own) otherwise, where the agent
+    has no controller to report to, or where the relay cannot start."""
     addr = env.get(Env.HEARTBEAT_ADDR, "")
-    if not addr or env.get(Env.AGGREGATE, "on") == "off" or env.get(Env.HEARTBEAT_UPSTREAM):
+    if not addr or env.get(Env.HEARTBEAT_UPSTREAM):
         return None  # an upstream set already: a relay of this agent's own is running (or an outer one)
+    try:
+        every = float(env.get(Env.AGGREGATE, ""))
+    except ValueError:
+        return None  # "off", or unset: a controller that does not read node frames (an older one)
+    if not 0.05 <= every <= 60.0:
+        return None
     try:
         token = _token(env)
         host, sep, port = addr.rpartition(":")
         if not token or not sep or not port.isdigit():
             return None  # the ranks' own session reports what is missing or wrong
-        flush = env.get(Env.AGGREGATE, "") or env.get(Env.HEARTBEAT_INTERVAL, "") or "1"
-        every = float(flush if flush[0].isdigit() else env.get(Env.HEARTBEAT_INTERVAL, "1") or 1)
-        relay = Relay((host.strip("[]"), int(port)), derive_keys(token), min(max(every, 0.05), 60.0)).start()
-    except (OSError, ValueError) as exc:
-        log.warning("event=relay_not_started error=%s (each rank sends its own heartbeats)", exc)
+        relay = Relay((host.strip("[]"), int(port)), derive_keys(token), every).start()
+    except Exception as exc:  # noqa: BLE001 - no relay is no reason to fail the agent: the ranks send their own
+        log.warning("event=relay_not_started error=%s: %s (each rank sends its own heartbeats)",
+                    type(exc).__name__, exc)
         return None
     env[Env.HEARTBEAT_UPSTREAM] = addr
     env[Env.HEARTBEAT_ADDR] = relay.address
