@@ -25,7 +25,7 @@ def test_every_kind_names_a_builder_and_its_section_a_dataclass_the_config_reads
     with pytest.raises(ConfigError, match=r"platform.kind: 'pbs' is not one of local, slurm, kubernetes"):
         from_dict({"command": ["x"], "platform": {"kind": "pbs"}})
     with pytest.raises(ConfigError, match=r"platform.pbs: unknown key \(known: fork_ranks, host, kind, kubernetes, "
-                                          r"nodes, slurm, warm_agents\)"):
+                                          r"nodes, rendezvous_backend, slurm, static_rendezvous_nodes, warm_agents\)"):
         from_dict({"command": ["x"], "platform": {"pbs": {}}})
 
 
