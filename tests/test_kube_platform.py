@@ -44,6 +44,7 @@ def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, contr
     assert launched["nodes"] == ["fake-node-0", "fake-node-1"] and launched["world_size"] == 2
     done = finished(run)
     assert done["phase"] == "completed"
+    assert done["heartbeats"]["node_frames"] > 0  # each pod's agent relayed its ranks' heartbeats
     assert_same_path(run, control)
     pods = cluster.pods(**{"elastic-supervisor/job": JOB_NAME})
     # the release's objects: named with a hash of its ConfigMap's uid, labelled with the uid
