@@ -545,7 +545,10 @@ def test_a_rank_s_fault_is_named_with_heartbeats_through_the_node_relay_and_with
                                                                                       fault, kind, aggregate):
     """Each node's agent relays its ranks' heartbeats (one frame per node and interval) or, with
     heartbeat.aggregate false, every rank sends its own: the fault is found and named the same."""
-    config = FAST | {"heartbeat": FAST["heartbeat"] | {"aggregate": aggregate}}
+    # a killed rank is named from its agent's word once Slurm reports the step's end: on a loaded host that can
+    # come after a 3 s silence (then the rank is named too, as dead), so the kill runs with a 10 s timeout
+    timeout = {"timeout_s": 10} if kind == "rank_killed" else {}
+    config = FAST | {"heartbeat": FAST["heartbeat"] | {"aggregate": aggregate} | timeout}
     job = Submitted(slurm, tmp_path, [PY, TRAIN, *JOB], config=config, extra=["--env", f"SUPERVISOR_FAULT={fault}"])
     found = job.wait_event("fault_detected", timeout=150)
     assert found["kind"] == kind and found["ranks"] == [1], found
