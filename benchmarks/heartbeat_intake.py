@@ -330,8 +330,7 @@ async def _serve(conn, c: Controller, mode: str, timeout_s: float, tick_mode: st
     prof = cProfile.Profile() if profile else None
 
     def snap(name: str) -> None:
-        snaps[name] = (time.monotonic(), cpu_s(), handled(), c.wire.received if proto is not None and mode != "bare"
-                       else handled())
+        snaps[name] = (time.monotonic(), cpu_s(), handled(), handled() if mode == "bare" else c.wire.received)
         snaps[name + "_wait"] = runqueue_wait_s()
         if prof is not None:
             prof.enable() if name == "start" else prof.disable()

@@ -108,6 +108,7 @@ class Relay:
             os.set_inheritable(sock.fileno(), False)
         self._thread = threading.Thread(target=self._run, name="supervisor-relay", daemon=True)
         self._pid = os.getpid()
+        self._up_connected = False
 
     @property
     def address(self) -> str:
@@ -117,6 +118,7 @@ class Relay:
     def start(self) -> "Relay":
         try:
             self._up.connect(self.upstream)  # only the controller's datagrams come back on it
+            self._up_connected = True
         except OSError as exc:  # an address not resolvable yet: sendto each time instead
             log.warning("event=relay_upstream_unconnected upstream=%s:%s error=%s", *self.upstream, exc)
         self._thread.start()
@@ -241,19 +243,11 @@ class Relay:
         self.beats_sent += len(beats)
         for hb, _ in beats:
             self.last_sent[hb.rank] = hb
-        connected = self._connected()
         for frame in frames:
             try:
-                self._up.send(frame) if connected else self._up.sendto(frame, self.upstream)
+                self._up.send(frame) if self._up_connected else self._up.sendto(frame, self.upstream)
             except OSError:
                 self.send_errors += 1  # the controller away: the next interval's frame replaces this one
-
-    def _connected(self) -> bool:
-        try:
-            self._up.getpeername()
-            return True
-        except OSError:
-            return False
 
 
 def start_from_env(env: MutableMapping[str, str]) -> Relay | None:
