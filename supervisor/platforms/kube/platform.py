@@ -68,6 +68,7 @@ from supervisor.platforms.base import (
     free_port,
 )
 from supervisor.platforms.kube.client import KubeApi, Watcher, api_client, own_namespace
+from supervisor.platforms.kube import pod_template
 from supervisor.platforms.kube.pod_reading import Condition, ContainerFacts, PodFacts, Reading, read_pod
 from supervisor.protocol import TOKEN_MAX_CHARS, Env, token_problem
 
@@ -91,6 +92,9 @@ LAUNCH_LABEL = "elastic-supervisor/launch"
 Terminating, a dead controller's half-made gang) is never mistaken for ours."""
 NAME_TRIES = 8
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+APP_NAME = "elastic-supervisor-worker"
+"""The worker pods' ``app.kubernetes.io/name``: never the controller's (``elastic-supervisor``),
+whose Service and Deployment select by it and ``app.kubernetes.io/instance``."""
 TOKEN_KEY = "token"
 EVENT_MESSAGE_MAX = 1000
 """Kubernetes caps an Event's message at 1 KiB; the whole record is in events.jsonl."""
@@ -235,6 +239,8 @@ class Settings:
     token_secret: str = ""
     token_key: str = TOKEN_KEY
     token_file: str = ""
+    instance: str = ""
+    """The pods' ``app.kubernetes.io/instance`` (the chart's release); empty: the job's name."""
 
 
 class KubernetesPlatform(Platform):
@@ -440,8 +446,28 @@ class KubernetesPlatform(Platform):
                 return False  # gone already (deleted as we asked), or never seen: take a new name
             await asyncio.sleep(0.05)
 
+    def worker_pod(self, spec: LaunchSpec, slot: str, endpoint: str = "") -> dict:
+        """The pod :meth:`launch` creates for ``slot`` of ``spec``'s attempt: the generated pod with
+        ``worker.pod_template`` merged over it (:mod:`.pod_template`). ``endpoint``: the store's
+        ``host:port`` the pod dials; empty: the first pod's name under the rendezvous Service, as
+        launch makes it. The first slot's pod serves the store. Needs no cluster: the chart's tests
+        build a pod from a rendered config with it."""
+        is_host = slot == spec.nodes[0]
+        port = spec.rdzv_endpoint.rsplit(":", 1)[1]
+        if not endpoint and not is_host:
+            endpoint = self._endpoint_of(None, port, name=self._name_of(spec, spec.nodes[0]))
+        return self._pod_body(spec, slot, port if is_host else endpoint, is_host)
+
+    def _name_of(self, spec: LaunchSpec, slot: str) -> str:
+        p = self.pods.get(slot)
+        return p.name if p is not None and p.attempt == spec.attempt else self._pod_name(spec.attempt, slot)
+
+    def _app_labels(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": APP_NAME, "app.kubernetes.io/instance": dns_label(self.s.instance or self.job),
+                "app.kubernetes.io/component": "worker"}
+
     def _pod_body(self, spec: LaunchSpec, slot: str, endpoint: str, is_host: bool) -> dict:
-        name = self.pods[slot].name
+        name = self._name_of(spec, slot)
         if is_host:
             # the store's own pod dials itself: by its name, or by its IP, which Kubernetes puts in
             # its command ($(POD_IP) from the downward API) before the pod is known to anyone else
@@ -456,7 +482,7 @@ class KubernetesPlatform(Platform):
                                                                                     "key": self.token_key}}})
         env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         w = self.s.worker
-        container: dict[str, Any] = {"name": "agent", "image": spec.image or self.s.image, "command": argv,
+        container: dict[str, Any] = {"name": pod_template.AGENT, "image": spec.image or self.s.image, "command": argv,
                                      "env": env_list}
         pod_spec: dict[str, Any] = {
             "restartPolicy": "Never", "hostname": name, "subdomain": self.service,
@@ -467,14 +493,15 @@ class KubernetesPlatform(Platform):
         if volumes:
             pod_spec["volumes"], container["volumeMounts"] = volumes, mounts
         self._place(slot, container, pod_spec)
-        labels = dict(w.labels if w is not None else {}) | self.labels | {
+        labels = dict(w.labels if w is not None else {}) | self.labels | self._app_labels() | {
             ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot), LAUNCH_LABEL: self._launch_id}
         annotations = dict(w.annotations if w is not None else {}) | {
             "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
         meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
         if self._owner:
             meta["ownerReferences"] = self._owner
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+        return pod_template.apply(pod, w.pod_template if w is not None else None)
 
     def _place(self, slot: str, container: dict, pod_spec: dict) -> None:
         """What makes a pod land where the slot's worker lands and ask for what it asks (a worker
@@ -847,10 +874,13 @@ class KubernetesPlatform(Platform):
                 ROLE_LABEL: PROBE_ROLE, SLOT_LABEL: dns_label(slot)}, "annotations": {"elastic-supervisor/slot": slot}}
             if self._owner:
                 meta["ownerReferences"] = self._owner
+            w = self.s.worker
+            meta["labels"] |= dict(w.labels if w is not None else {}) | self._app_labels()
+            pod = pod_template.apply({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec},
+                                     pod_template.placement(w.pod_template if w is not None else None, "probe"))
             self.probes[slot] = name
             self.pod_watch.forget([name])
-            await self.api.call(self.api.core.create_namespaced_pod, self.ns,
-                                {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}, ok=(409,))
+            await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
             log.info("event=capacity_probe pod=%s slot=%s (the gang grows back once the scheduler places it)", name, slot)
 
     def capacity_returned(self) -> list[str]:
@@ -1052,24 +1082,30 @@ def read_mounted_token(path: Path) -> bytes:
 def from_config(cfg, log_dir: Path) -> KubernetesPlatform:
     """The platform of a JobConfig with ``platform.kind: kubernetes`` (lists its pods now)."""
     k = cfg.platform.kubernetes
+    settings = settings_from_config(cfg, k.namespace or own_namespace())
+    api = KubeApi(api_client(k.kubeconfig, k.context), timeout_s=k.api_timeout_s, retry_s=k.api_retry_s)
+    if settings.owner_configmap:
+        settings.owner_uid = owner_uid(api, settings.namespace, settings.owner_configmap, wait_s=k.api_retry_s)
+    return KubernetesPlatform(api, settings).start(wait_s=k.api_retry_s)
+
+
+def settings_from_config(cfg, namespace: str) -> Settings:
+    """The platform's settings from a JobConfig's ``platform.kubernetes``, in ``namespace``, with
+    no cluster asked (``owner_uid`` is read at start by :func:`from_config`)."""
+    k = cfg.platform.kubernetes
     if not k.worker.image:
         raise PlatformError("platform.kubernetes.worker.image: required (the worker image: python, torch, the "
                             "training code and elastic-supervisor)")
-    namespace = k.namespace or own_namespace()
     address = k.controller_address or (f"{k.service}.{namespace}.svc" if k.service else "")
-    settings = Settings(
+    return Settings(
         namespace=namespace, job=cfg.job, image=k.worker.image, python=k.python, worker=k.worker, volumes=k.volumes,
         rdzv_port=k.rdzv_port, rdzv_address=k.rendezvous, controller_address=address, read_nodes=k.node_reads,
         slots=k.slots or cfg.nodes.max, pods_per_node=k.pods_per_node, node_selector=dict(k.worker.node_selector),
         termination_grace_s=k.termination_grace_s, delete_confirm_s=k.delete_confirm_s,
         leader_election=k.leader_election, lease=k.lease, lease_duration_s=k.lease_duration_s,
         renew_deadline_s=k.renew_deadline_s, owner_configmap=k.owner_config_map, token_secret=k.token_secret.name,
-        token_key=k.token_secret.key, token_file=k.token_file, join_timeout_s=join_timeout_s(cfg),
+        token_key=k.token_secret.key, token_file=k.token_file, join_timeout_s=join_timeout_s(cfg), instance=k.instance,
     )
-    api = KubeApi(api_client(k.kubeconfig, k.context), timeout_s=k.api_timeout_s, retry_s=k.api_retry_s)
-    if settings.owner_configmap:
-        settings.owner_uid = owner_uid(api, namespace, settings.owner_configmap, wait_s=k.api_retry_s)
-    return KubernetesPlatform(api, settings).start(wait_s=k.api_retry_s)
 
 
 def join_timeout_s(cfg) -> float:

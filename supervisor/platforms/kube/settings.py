@@ -4,10 +4,12 @@ chart renders it; no kubernetes client here."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import ConfigError
+from supervisor.platforms.kube.pod_template import OWNED_PREFIX, owned_label, problems
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,12 @@ class WorkerConfig:
     """A memory-backed ``/dev/shm`` of this size (DataLoader workers, NCCL); empty: none."""
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    pod_template: Any = None
+    """A pod template fragment, ``{metadata: {labels, annotations}, spec: {...}}``, merged over
+    each worker pod the controller generates (affinity, topology spread, scheduler, host network,
+    security contexts, volumes and mounts, env and envFrom, init containers and sidecars ...; the
+    worker container is the one named ``agent``). What the controller owns is refused here,
+    naming the field; :mod:`supervisor.platforms.kube.pod_template` says what and how it merges."""
 
     def __post_init__(self) -> None:
         if self.image_pull_policy not in ("Always", "IfNotPresent", "Never"):
@@ -63,6 +71,15 @@ class WorkerConfig:
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"platform.kubernetes.worker.{name}: must be a "
                                   f"{'list' if kind[0] is list else 'mapping'}")
+        for key in self.labels:
+            if owned_label(key):
+                raise ConfigError(f"platform.kubernetes.worker.labels.{key}: owned by the controller")
+        for key in self.annotations:
+            if key.startswith(OWNED_PREFIX):
+                raise ConfigError(f"platform.kubernetes.worker.annotations.{key}: owned by the controller")
+        if self.pod_template is not None:
+            for where, why in problems(self.pod_template):
+                raise ConfigError(f"platform.kubernetes.worker.pod_template{'.' + where if where else ''}: {why}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,10 @@ class KubernetesConfig:
     """List and watch Nodes (needs that RBAC): the slots are then the Ready, schedulable nodes (one
     pod pinned to each), a lost node shrinks the gang or hands its slot to a spare, and a node
     going NotReady stops its pod at once. Without it the slots are ``slots`` pod indexes."""
+    instance: str = ""
+    """The ``app.kubernetes.io/instance`` label of the worker pods (the chart's release name);
+    empty: the job's name. Their ``app.kubernetes.io/name`` is ``elastic-supervisor-worker``,
+    never the controller's, whose Service and Deployment select by those two labels."""
     rendezvous: str = "dns"
     """``dns``: agents dial the first pod by its name under the headless Service; ``ip``: by its
     ``status.podIP`` (clusters without pod DNS)."""
@@ -132,6 +153,9 @@ class KubernetesConfig:
         for name in ("slots", "termination_grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"platform.kubernetes.{name}: must be >= 0")
+        if self.instance and not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", self.instance):
+            raise ConfigError(f"platform.kubernetes.instance: {self.instance!r} is not a label value (63 characters "
+                              "at most, alphanumerics, '-', '_', '.')")
         if self.pods_per_node < 1:
             raise ConfigError("platform.kubernetes.pods_per_node: must be >= 1")
         for name in ("delete_confirm_s", "api_timeout_s", "api_retry_s"):
@@ -140,6 +164,10 @@ class KubernetesConfig:
         if self.lease_duration_s < 2 or not 0 < self.renew_deadline_s < self.lease_duration_s:
             raise ConfigError("platform.kubernetes.renew_deadline_s: must be above 0 and under lease_duration_s "
                               "(>= 2)")
+        mounts = [v.mount_path for v in (self.volumes.checkpoints, self.volumes.logs) if v.claim_name and v.mount_path]
+        mounts += ["/dev/shm"] if self.worker.shm_size else []
+        for where, why in problems(self.worker.pod_template or {}, mount_paths=mounts):
+            raise ConfigError(f"platform.kubernetes.worker.pod_template.{where}: {why}")
         if self.token_secret.name and not self.token_file:
             raise ConfigError("platform.kubernetes.token_file: required with token_secret.name (where the controller "
                               "has the Secret mounted)")
