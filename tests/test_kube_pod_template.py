@@ -1,0 +1,355 @@
+"""``platform.kubernetes.worker.pod_template`` (issue 29): the pod the controller builds with a
+template merged over it, through the controller's own pod-building code
+(``KubernetesPlatform.worker_pod``, no cluster asked); what the controller owns refused by the
+config naming the field; the ``restricted`` Pod Security defaults; every pod built valid for
+Kubernetes 1.30 and the newest (kubernetes-validate, strict)."""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+from kubernetes import client
+
+from supervisor.config import ConfigError, from_dict
+from supervisor.platforms.base import LaunchSpec
+from supervisor.platforms.kube.client import KubeApi
+from supervisor.platforms.kube.platform import KubernetesPlatform, settings_from_config
+
+KUBE_VERSIONS = ("1.30", kubernetes_validate.latest_version())
+ENV_SECRET = {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}}
+
+
+def job(worker: dict | None = None, **k8s) -> dict:
+    return {"job": "llama", "command": ["python", "train.py"], "nodes": {"min": 2, "max": 2}, "nproc_per_node": 8,
+            "env": {"NCCL_DEBUG": "WARN"},
+            "platform": {"kind": "kubernetes", "kubernetes": {
+                "namespace": "training", "service": "llama-elastic-supervisor", "instance": "llama",
+                "token_secret": {"name": "llama-token", "key": "token"}, "token_file": "/run/token",
+                "volumes": {"checkpoints": {"claim_name": "ckpt", "mount_path": "/checkpoints"},
+                            "logs": {"claim_name": "logs", "mount_path": "/logs"}},
+                "worker": {"image": "registry.example/train:v3", "shm_size": "8Gi", **(worker or {})}, **k8s}}}
+
+
+def spec(attempt: int = 0) -> LaunchSpec:
+    return LaunchSpec(attempt=attempt, nodes=["node-a", "node-b"], nnodes_min=2, nnodes_max=2, nproc_per_node=8,
+                      command=["python", "train.py"], env={"SUPERVISOR_JOB": "llama", "NCCL_DEBUG": "WARN"},
+                      rdzv_endpoint="ignored:29400", rdzv_id="llama-0")
+
+
+def platform(raw: dict, excluded=()) -> KubernetesPlatform:
+    cfg = from_dict(raw)
+    p = KubernetesPlatform(KubeApi(client.ApiClient(), timeout_s=1, retry_s=1),
+                           settings_from_config(cfg, cfg.platform.kubernetes.namespace))
+    if excluded:
+        p.exclude(list(excluded))
+    return p
+
+
+def pod(template: dict | None = None, slot: str = "node-b", excluded=(), worker: dict | None = None, **k8s) -> dict:
+    w = dict(worker or {}) | ({"pod_template": template} if template is not None else {})
+    return platform(job(w, **k8s), excluded).worker_pod(spec(), slot)
+
+
+def agent(p: dict) -> dict:
+    return next(c for c in p["spec"]["containers"] if c["name"] == "agent")
+
+
+def env(container: dict) -> dict:
+    return {e["name"]: e for e in container["env"]}
+
+
+def validate(p: dict) -> None:
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(p, version, strict=True)
+
+
+BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
+                 "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+def pss_violations(p: dict, level: str = "restricted") -> list[str]:
+    """The Pod Security Standards (v1.30) checks a pod fails at ``level`` (baseline or restricted)."""
+    spec = p["spec"]
+    out = []
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            out.append(key)
+    containers = (spec.get("initContainers") or []) + spec["containers"]
+    psc = spec.get("securityContext") or {}
+    for c in containers:
+        sc = c.get("securityContext") or {}
+        caps = sc.get("capabilities") or {}
+        if sc.get("privileged"):
+            out.append(f"{c['name']}: privileged")
+        if set(caps.get("add") or []) - BASELINE_CAPS:
+            out.append(f"{c['name']}: capabilities.add {caps['add']}")
+        if any(port.get("hostPort") for port in c.get("ports") or []):
+            out.append(f"{c['name']}: hostPort")
+    out += [f"volume {v['name']}: hostPath" for v in spec.get("volumes") or [] if "hostPath" in v]
+    if level == "baseline":
+        return out
+    for v in spec.get("volumes") or []:
+        if not set(v) - {"name"} <= RESTRICTED_VOLUMES:
+            out.append(f"volume {v['name']}: type {sorted(set(v) - {'name'})}")
+    for c in containers:
+        sc = c.get("securityContext") or {}
+        caps = sc.get("capabilities") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation")
+        if "ALL" not in (caps.get("drop") or []):
+            out.append(f"{c['name']}: capabilities.drop ALL")
+        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            out.append(f"{c['name']}: capabilities.add {caps['add']} (restricted)")
+        if not (sc.get("runAsNonRoot") is True or psc.get("runAsNonRoot") is True and sc.get("runAsNonRoot") is not False):
+            out.append(f"{c['name']}: runAsNonRoot")
+        if 0 in (sc.get("runAsUser"), psc.get("runAsUser")):
+            out.append(f"{c['name']}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccompProfile")
+    return out
+
+
+# ------------------------------------------------------------------ the pod without a template
+
+def test_the_generated_pod_is_restricted_labelled_and_valid():
+    p = pod()
+    validate(p)
+    assert pss_violations(p) == []
+    assert p["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert agent(p)["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    labels = p["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == "llama"
+    # never the controller's name: its Service, Deployment and NetworkPolicy select by name + instance
+    assert labels["app.kubernetes.io/name"] == "elastic-supervisor-worker"
+    assert labels["app.kubernetes.io/component"] == "worker"
+    assert p["spec"]["terminationGracePeriodSeconds"] == 30
+
+
+def test_termination_grace_is_the_setting():
+    assert pod(termination_grace_s=120)["spec"]["terminationGracePeriodSeconds"] == 120
+
+
+# ------------------------------------------------------------------ merge semantics, table-tested
+
+GPU_TEMPLATE = {
+    "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "gpu-queue"}, "annotations": {"team": "llm"}},
+    "spec": {
+        "schedulerName": "volcano", "runtimeClassName": "nvidia", "priorityClassName": "training",
+        "hostIPC": True,
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "DoNotSchedule",
+                                       "labelSelector": {"matchLabels": {"elastic-supervisor/job": "llama"}}}],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname",
+             "labelSelector": {"matchLabels": {"elastic-supervisor/job": "llama"}}}]}},
+        "volumes": [{"name": "infiniband", "hostPath": {"path": "/dev/infiniband", "type": "Directory"}},
+                    {"name": "hugepages", "emptyDir": {"medium": "HugePages-2Mi"}},
+                    {"name": "datasets", "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True}}],
+        "initContainers": [
+            {"name": "fetch-tokenizer", "image": "busybox:1.36", "command": ["sh", "-c", "true"]},
+            {"name": "log-shipper", "image": "fluent-bit:3", "restartPolicy": "Always"}],
+        "containers": [
+            {"name": "agent", "resources": {"limits": {"nvidia.com/gpu": 8, "hugepages-2Mi": "1Gi", "memory": "900Gi"},
+                                            "requests": {"memory": "900Gi"}},
+             "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+             "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, ENV_SECRET,
+                     {"name": "NCCL_IB_HCA", "valueFrom": {"configMapKeyRef": {"name": "nccl", "key": "hca"}}}],
+             "envFrom": [{"secretRef": {"name": "s3-credentials"}}],
+             "volumeMounts": [{"name": "infiniband", "mountPath": "/dev/infiniband"},
+                              {"name": "hugepages", "mountPath": "/hugepages"},
+                              {"name": "datasets", "mountPath": "/data", "readOnly": True}]},
+            {"name": "dcgm-exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5",
+             "ports": [{"containerPort": 9400, "name": "metrics"}]}],
+    },
+}
+
+
+def test_a_gpu_template_reaches_the_pod_as_written_with_the_controllers_fields_kept():
+    p = pod(GPU_TEMPLATE, worker={"tolerations": [{"key": "pool", "operator": "Equal", "value": "a100"}],
+                                  "labels": {"team": "llm"}})
+    validate(p)
+    meta, s = p["metadata"], p["spec"]
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue" and meta["labels"]["team"] == "llm"
+    assert meta["labels"]["elastic-supervisor/job"] == "llama" and meta["annotations"]["team"] == "llm"
+    assert meta["annotations"]["elastic-supervisor/slot"] == "node-b"
+    for key in ("schedulerName", "runtimeClassName", "priorityClassName", "hostIPC", "topologySpreadConstraints"):
+        assert s[key] == GPU_TEMPLATE["spec"][key], key
+    assert s["affinity"]["podAntiAffinity"] == GPU_TEMPLATE["spec"]["affinity"]["podAntiAffinity"]
+    # tolerations: the template's are added to workers.tolerations
+    assert s["tolerations"] == [{"key": "pool", "operator": "Equal", "value": "a100"},
+                                GPU_TEMPLATE["spec"]["tolerations"][0]]
+    # volumes by name: the controller's first, the template's added
+    assert [v["name"] for v in s["volumes"]] == ["checkpoints", "logs", "dshm", "infiniband", "hugepages", "datasets"]
+    # containers by name: the agent stays first (kubectl's default, the fake kubelet's one), the sidecar added
+    assert [c["name"] for c in s["containers"]] == ["agent", "dcgm-exporter"]
+    assert [c["name"] for c in s["initContainers"]] == ["fetch-tokenizer", "log-shipper"]
+    assert s["initContainers"][1]["restartPolicy"] == "Always"  # a native sidecar
+    a = agent(p)
+    assert a["command"][:3] == ["python", "-m", "supervisor.platforms.node.forking_agent"]
+    assert a["image"] == "registry.example/train:v3"
+    assert a["resources"]["limits"] == {"nvidia.com/gpu": 8, "hugepages-2Mi": "1Gi", "memory": "900Gi"}
+    e = env(a)
+    assert e["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}  # config.env's, replaced by name
+    assert e["WANDB_API_KEY"] == ENV_SECRET and e["NCCL_IB_HCA"]["valueFrom"]["configMapKeyRef"]["name"] == "nccl"
+    assert e["SUPERVISOR_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "llama-token", "key": "token"}
+    names = [v["name"] for v in a["env"]]
+    assert names.index("SUPERVISOR_NODE") < names.index("WANDB_API_KEY")  # theirs after ours: $(VAR) sees ours
+    assert a["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+    assert [m["mountPath"] for m in a["volumeMounts"]] == ["/checkpoints", "/logs", "/dev/shm", "/dev/infiniband",
+                                                           "/hugepages", "/data"]
+    # asks for more than restricted (hostIPC, IPC_LOCK, a hostPath): says so, the rest stays restricted
+    assert a["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
+                                    "allowPrivilegeEscalation": False}
+    assert sorted(pss_violations(p, "baseline")) == ["agent: capabilities.add ['IPC_LOCK']", "hostIPC",
+                                                     "volume infiniband: hostPath"]
+    assert all(c["securityContext"]["allowPrivilegeEscalation"] is False for c in s["initContainers"] + s["containers"])
+
+
+@pytest.mark.parametrize("template,check", [
+    # scalars replaced, maps merged
+    ({"spec": {"automountServiceAccountToken": True}}, lambda p: p["spec"]["automountServiceAccountToken"] is True),
+    ({"spec": {"nodeSelector": {"gpu": "h100"}}},
+     lambda p: p["spec"]["nodeSelector"] == {"pool": "gpu", "gpu": "h100"}),
+    # null removes a key
+    ({"spec": {"automountServiceAccountToken": None}}, lambda p: "automountServiceAccountToken" not in p["spec"]),
+    # a container's map merged (resources), other lists replaced (a sidecar's args)
+    ({"spec": {"containers": [{"name": "agent", "resources": {"requests": {"cpu": "90"}}}]}},
+     lambda p: agent(p)["resources"] == {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "90"}}),
+    ({"spec": {"imagePullSecrets": [{"name": "regcred"}, {"name": "other"}]}},
+     lambda p: p["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]),
+    # a volumeMount merged by mountPath: readOnly added to the controller's checkpoints mount is refused
+    # (owned); a new one is added
+    ({"spec": {"volumes": [{"name": "scratch", "emptyDir": {}}],
+               "containers": [{"name": "agent", "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}]}},
+     lambda p: agent(p)["volumeMounts"][-1] == {"name": "scratch", "mountPath": "/scratch"}),
+    # hostNetwork: cluster DNS kept for the rendezvous names, unless the template says otherwise
+    ({"spec": {"hostNetwork": True}},
+     lambda p: p["spec"]["hostNetwork"] is True and p["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"),
+    ({"spec": {"hostNetwork": True, "dnsPolicy": "Default"}}, lambda p: p["spec"]["dnsPolicy"] == "Default"),
+    # security: what the template sets is kept, the rest stays restricted
+    ({"spec": {"securityContext": {"runAsNonRoot": False, "fsGroup": 1000}}},
+     lambda p: p["spec"]["securityContext"] == {"runAsNonRoot": False, "fsGroup": 1000,
+                                                "seccompProfile": {"type": "RuntimeDefault"}}),
+    ({"spec": {"containers": [{"name": "agent", "securityContext": {"privileged": True}}]}},
+     lambda p: agent(p)["securityContext"] == {"privileged": True, "capabilities": {"drop": ["ALL"]}}),
+    ({"spec": {"containers": [{"name": "agent", "securityContext": {"capabilities": {"drop": ["NET_RAW"]}}}]}},
+     lambda p: agent(p)["securityContext"]["capabilities"] == {"drop": ["NET_RAW"]}),
+], ids=["scalar", "map", "null", "container-map", "pull-secrets", "mount", "host-network", "host-network-dns",
+        "pod-security", "privileged", "drop"])
+def test_merge(template, check):
+    p = pod(template, worker={"node_selector": {"pool": "gpu"}, "resources": {"limits": {"nvidia.com/gpu": 8}},
+                              "image_pull_secrets": [{"name": "regcred"}]})
+    assert check(p), p
+    validate(p)
+
+
+def test_a_templates_node_affinity_narrows_the_slots_pinning_and_never_undoes_it():
+    template = {"spec": {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]}]},
+            {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H200"]}]}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["a"]}]}}]}}}}
+    pinned = {"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b"]}
+    p = pod(template, node_reads=True)
+    node = p["spec"]["affinity"]["nodeAffinity"]
+    terms = node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [t["matchExpressions"][-1] for t in terms] == [pinned, pinned]  # ANDed into every term
+    assert [t["matchExpressions"][0]["values"] for t in terms] == [["H100"], ["H200"]]
+    assert node["preferredDuringSchedulingIgnoredDuringExecution"] == template["spec"]["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    validate(p)
+    excluded = pod(template, excluded=["bad-node"])["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(t["matchExpressions"][-1] == {"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                             "values": ["bad-node"]} for t in excluded)
+    # without a pinning of its own, the template's affinity as written
+    assert pod(template)["spec"]["affinity"] == template["spec"]["affinity"]
+
+
+def test_the_template_is_not_changed_and_each_pod_is_its_own():
+    template = copy.deepcopy(GPU_TEMPLATE)
+    p = platform(job({"pod_template": template}))
+    a, b = p.worker_pod(spec(), "node-a"), p.worker_pod(spec(), "node-b")
+    assert template == GPU_TEMPLATE
+    a["spec"]["volumes"].append({"name": "x"})
+    assert len(b["spec"]["volumes"]) == 6
+    assert a["spec"]["hostname"] != b["spec"]["hostname"]
+
+
+# ------------------------------------------------------------------ owned fields refused
+
+OWNED = [
+    ({"spec": {"restartPolicy": "Always"}}, "pod_template.spec.restartPolicy: owned by the controller"),
+    ({"spec": {"nodeName": "n1"}}, "pod_template.spec.nodeName: owned by the controller"),
+    ({"spec": {"hostname": "h"}}, "pod_template.spec.hostname: owned by the controller"),
+    ({"spec": {"subdomain": "s"}}, "pod_template.spec.subdomain: owned by the controller"),
+    ({"spec": {"terminationGracePeriodSeconds": 60}},
+     "pod_template.spec.terminationGracePeriodSeconds: set platform.kubernetes.termination_grace_s"),
+    ({"metadata": {"name": "mine"}}, "pod_template.metadata.name: owned by the controller"),
+    ({"metadata": {"finalizers": ["x"]}}, "pod_template.metadata.finalizers: only labels and annotations"),
+    ({"metadata": {"labels": {"elastic-supervisor/job": "x"}}},
+     "pod_template.metadata.labels.elastic-supervisor/job: owned by the controller"),
+    ({"metadata": {"labels": {"app.kubernetes.io/instance": "x"}}},
+     "pod_template.metadata.labels.app.kubernetes.io/instance: owned by the controller"),
+    ({"metadata": {"annotations": {"elastic-supervisor/rdzv": "x"}}},
+     "pod_template.metadata.annotations.elastic-supervisor/rdzv: owned by the controller"),
+    ({"metadata": {"labels": {"rank": 1}}}, "pod_template.metadata.labels.rank: must be a string"),
+    ({"spec": {"containers": [{"name": "agent", "command": ["bash"]}]}},
+     "pod_template.spec.containers[0].command: owned by the controller"),
+    ({"spec": {"containers": [{"name": "agent", "args": ["--x"]}]}},
+     "pod_template.spec.containers[0].args: owned by the controller"),
+    ({"spec": {"containers": [{"name": "agent", "image": "other:1"}]}},
+     "pod_template.spec.containers[0].image: set platform.kubernetes.worker.image"),
+    ({"spec": {"containers": [{"name": "agent", "env": [{"name": "SUPERVISOR_TOKEN", "value": "x"}]}]}},
+     "pod_template.spec.containers[0].env[0].name: SUPERVISOR_TOKEN is owned by the controller"),
+    ({"spec": {"containers": [{"name": "agent", "env": [{"name": "POD_IP", "value": "1.2.3.4"}]}]}},
+     "pod_template.spec.containers[0].env[0].name: POD_IP is owned by the controller"),
+    ({"spec": {"containers": [{"name": "agent", "volumeMounts": [{"name": "x", "mountPath": "/checkpoints"}]}]}},
+     "pod_template.spec.containers[0].volumeMounts[0].mountPath: /checkpoints is owned by the controller"),
+    ({"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
+     "pod_template.spec.volumes[0].name: 'dshm' is owned by the controller"),
+    ({"spec": {"initContainers": [{"name": "agent", "image": "x"}]}},
+     "pod_template.spec.initContainers[0].name: 'agent' is the worker container's name"),
+    ({"spec": {"containers": [{"image": "sidecar:1"}]}},
+     "pod_template.spec.containers[0].name: required (the items are merged by name)"),
+    ({"spec": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}},
+     "pod_template.spec.volumes: name 'a' appears twice"),
+    ({"spec": {"ephemeralContainers": []}}, "pod_template.spec.ephemeralContainers: cannot be set"),
+    ({"kind": "Pod"}, "pod_template.kind: unknown key"),
+    ({"spec": []}, "pod_template.spec: must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("template,message", OWNED, ids=[m.split(": ")[0].removeprefix("pod_template.")
+                                                         for _, m in OWNED])
+def test_owned_fields_are_refused_naming_the_field(template, message):
+    with pytest.raises(ConfigError) as exc:
+        from_dict(job({"pod_template": template}))
+    assert str(exc.value).startswith(f"platform.kubernetes.worker.{message}"), str(exc.value)
+
+
+@pytest.mark.parametrize("worker,message", [
+    ({"labels": {"elastic-supervisor/attempt": "9"}}, "platform.kubernetes.worker.labels.elastic-supervisor/attempt"),
+    ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "platform.kubernetes.worker.labels.app.kubernetes.io/managed-by"),
+    ({"annotations": {"elastic-supervisor/slot": "x"}}, "platform.kubernetes.worker.annotations.elastic-supervisor/slot"),
+])
+def test_owned_labels_are_refused_in_worker_labels_too(worker, message):
+    with pytest.raises(ConfigError, match=f"^{message}: owned by the controller"):
+        from_dict(job(worker))
+
+
+def test_a_mount_path_is_owned_only_where_the_controller_mounts_something():
+    free = {"spec": {"volumes": [{"name": "own-shm", "emptyDir": {"medium": "Memory"}}],
+                     "containers": [{"name": "agent", "volumeMounts": [{"name": "own-shm", "mountPath": "/dev/shm"}]}]}}
+    with pytest.raises(ConfigError, match="/dev/shm is owned by the controller"):
+        from_dict(job({"pod_template": free}))
+    p = pod(free, worker={"shm_size": ""})
+    assert {"name": "own-shm", "mountPath": "/dev/shm"} in agent(p)["volumeMounts"]
+    validate(p)
