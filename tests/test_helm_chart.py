@@ -30,9 +30,13 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes import client as kubernetes_client
 from cloudcoil.models.prometheus_operator import v1 as prom_v1
 
 from supervisor import config as job_config
+from supervisor.platforms.base import LaunchSpec
+from supervisor.platforms.kube.client import KubeApi
+from supervisor.platforms.kube.platform import KubernetesPlatform, settings_from_config
 
 from helm_rbac import allows, rendered_rbac
 
@@ -45,6 +49,84 @@ FULLNAME = f"{RELEASE}-elastic-supervisor"
 KUBE_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 CHART_OWNED_CONFIG = {"platform", "checkpoint_dir", "log_dir", "http", "intake"}
 """JobConfig fields the chart sets itself (cluster-dependent); the schema refuses them in values."""
+
+GPU_FLEET = yaml.safe_load("""
+config:
+  job: llama-70b
+  command: [python, /app/train.py]
+  nodes: {min: 32, max: 32}
+  nproc_per_node: 8
+workers:
+  image: {repository: registry.example/llama-train, tag: v7}
+  resources:
+    limits: {nvidia.com/gpu: 8, rdma/ib: 1, hugepages-2Mi: 2Gi, memory: 1600Gi}
+    requests: {cpu: "180", memory: 1600Gi}
+  nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+  priorityClassName: training-high
+  terminationGracePeriodSeconds: 180
+  podTemplate:
+    metadata:
+      labels: {kueue.x-k8s.io/queue-name: gpu-h100, team: llm}
+      annotations: {cluster-autoscaler.kubernetes.io/safe-to-evict: "false"}
+    spec:
+      schedulerName: default-scheduler
+      runtimeClassName: nvidia
+      hostNetwork: true
+      dnsPolicy: ClusterFirstWithHostNet
+      hostIPC: true
+      tolerations:
+        - {key: rdma, operator: Exists, effect: NoSchedule}
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions: [{key: node.kubernetes.io/instance-type, operator: In, values: [p5.48xlarge]}]
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            - topologyKey: kubernetes.io/hostname
+              labelSelector: {matchLabels: {elastic-supervisor/job: llama-70b}}
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: topology.kubernetes.io/zone
+          whenUnsatisfiable: DoNotSchedule
+          labelSelector: {matchLabels: {elastic-supervisor/job: llama-70b}}
+      securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000}
+      volumes:
+        - {name: infiniband, hostPath: {path: /dev/infiniband, type: Directory}}
+        - {name: hugepages, emptyDir: {medium: HugePages-2Mi}}
+        - {name: datasets, persistentVolumeClaim: {claimName: datasets, readOnly: true}}
+      initContainers:
+        - name: warm-cache
+          image: registry.example/tools:1
+          command: [sh, -c, "cp -r /data/tokenizer /cache/"]
+          volumeMounts: [{name: datasets, mountPath: /data, readOnly: true}]
+        - name: log-shipper
+          image: fluent/fluent-bit:3.0
+          restartPolicy: Always
+          resources: {requests: {cpu: 100m, memory: 128Mi}}
+      containers:
+        - name: agent
+          securityContext: {capabilities: {add: [IPC_LOCK]}}
+          env:
+            - {name: NCCL_IB_HCA, value: mlx5}
+            - name: WANDB_API_KEY
+              valueFrom: {secretKeyRef: {name: wandb, key: api-key}}
+            - name: NCCL_SOCKET_IFNAME
+              valueFrom: {configMapKeyRef: {name: nccl, key: ifname}}
+          envFrom:
+            - secretRef: {name: s3-credentials}
+          volumeMounts:
+            - {name: infiniband, mountPath: /dev/infiniband}
+            - {name: hugepages, mountPath: /hugepages}
+            - {name: datasets, mountPath: /data, readOnly: true}
+persistence:
+  checkpoints: {existingClaim: ckpt-rwx, subPath: llama-70b}
+  logs: {existingClaim: logs-rwx, subPath: llama-70b}
+rbac: {nodeReads: true}
+""")
+"""What a GPU team running a 256-GPU job writes (docs/kubernetes.md shows the same)."""
 
 # the engine's own records into Python logging, warnings up: not "found symbolic link" (INFO,
 # files/supervisor-alerts.yml) on stderr at every load
@@ -76,6 +158,7 @@ VALUE_SETS: dict[str, dict] = {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
     },
+    "gpu_fleet": GPU_FLEET,
 }
 
 
@@ -498,7 +581,7 @@ def test_job_config_loads_with_config_py(chart, value_set):
     assert raw["platform"]["kind"] == "kubernetes"
     assert set(raw["platform"]["kubernetes"]) == {
         "namespace", "service", "owner_config_map", "lease", "token_secret", "token_file", "node_reads",
-        "rendezvous", "volumes", "worker"}
+        "instance", "termination_grace_s", "rendezvous", "volumes", "worker"}
     k8s = job_config.from_dict(copy.deepcopy(raw)).platform.kubernetes  # the platform reads what the chart writes
     assert k8s.token_secret.name and k8s.token_file.endswith("/" + k8s.token_secret.key)
     assert k8s.worker.image and k8s.service == FULLNAME and k8s.namespace == NAMESPACE
@@ -520,6 +603,81 @@ def test_job_config_loads_with_config_py(chart, value_set):
         assert raw["platform"]["kubernetes"]["rendezvous"] == "ip"
     else:  # config.py's own defaults, not copies in the chart
         assert cfg.restart == job_config.RestartConfig() and cfg.health == job_config.HealthConfig()
+
+
+# ------------------------------------------------------------------ the worker pods the controller builds
+
+def sample_worker_pods(objs: list[dict]) -> list[dict]:
+    """The first and second pods of attempt 0, as the controller builds them from the rendered
+    job config (its own pod-building code; no cluster asked)."""
+    cfg = job_config.from_dict(rendered_job_config(objs))
+    settings = settings_from_config(cfg, cfg.platform.kubernetes.namespace)
+    platform = KubernetesPlatform(KubeApi(kubernetes_client.ApiClient(), timeout_s=1, retry_s=1), settings)
+    slots = ["gpu-node-0", "gpu-node-1"]
+    spec = LaunchSpec(attempt=0, nodes=slots, nnodes_min=2, nnodes_max=2, nproc_per_node=cfg.nproc_per_node,
+                      command=list(cfg.command), env=dict(cfg.env), rdzv_endpoint="x:29400", rdzv_id="r")
+    return [platform.worker_pod(spec, slot) for slot in slots]
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_worker_pods_built_from_the_rendered_config_validate_strict(chart, value_set):
+    values = VALUE_SETS[value_set]
+    for pod in sample_worker_pods(objects(render(chart, values))):
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(pod, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"worker pod {pod['metadata']['name']} on Kubernetes {version}: {exc}")
+        labels = pod["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/name"] != "elastic-supervisor"  # the controller's Service selects that
+        grace = values.get("workers", {}).get("terminationGracePeriodSeconds", 30)
+        assert pod["spec"]["terminationGracePeriodSeconds"] == grace
+        if "podTemplate" not in values.get("workers", {}):  # restricted, as the chart's own pod
+            assert pod["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+            assert pod["spec"]["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                                       "capabilities": {"drop": ["ALL"]}}
+            assert not pod["spec"].get("hostNetwork")
+
+
+def test_a_gpu_teams_template_reaches_the_worker_pod_as_written(chart):
+    objs = objects(render(chart, GPU_FLEET))
+    service = one(objs, "Service")
+    template = GPU_FLEET["workers"]["podTemplate"]
+    first, second = sample_worker_pods(objs)
+    for pod in (first, second):
+        meta, spec = pod["metadata"], pod["spec"]
+        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-h100"
+        assert meta["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+        # the controller's Service never selects a worker pod
+        assert not service["spec"]["selector"].items() <= meta["labels"].items()
+        for key in ("schedulerName", "runtimeClassName", "hostNetwork", "dnsPolicy", "hostIPC",
+                    "topologySpreadConstraints"):
+            assert spec[key] == template["spec"][key], key
+        assert spec["priorityClassName"] == "training-high" and spec["restartPolicy"] == "Never"
+        assert spec["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000, "runAsNonRoot": True,
+                                           "seccompProfile": {"type": "RuntimeDefault"}}
+        assert spec["tolerations"] == GPU_FLEET["workers"]["tolerations"] + template["spec"]["tolerations"]
+        assert spec["affinity"]["podAntiAffinity"] == template["spec"]["affinity"]["podAntiAffinity"]
+        # rbac.nodeReads: each pod pinned to its slot's node, ANDed with the template's instance type
+        (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert term["matchExpressions"][0]["values"] == ["p5.48xlarge"]
+        assert term["matchExpressions"][1] == {"key": "kubernetes.io/hostname", "operator": "In",
+                                               "values": [meta["annotations"]["elastic-supervisor/slot"]]}
+        assert [v["name"] for v in spec["volumes"]] == ["checkpoints", "logs", "dshm", "infiniband", "hugepages",
+                                                        "datasets"]
+        assert [c["name"] for c in spec["initContainers"]] == ["warm-cache", "log-shipper"]
+        (agent,) = spec["containers"]
+        assert agent["name"] == "agent" and agent["image"] == "registry.example/llama-train:v7"
+        assert agent["resources"]["limits"]["nvidia.com/gpu"] == "8" and agent["resources"]["limits"]["rdma/ib"] == "1"
+        env = {e["name"]: e for e in agent["env"]}
+        assert env["WANDB_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
+        assert env["SUPERVISOR_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == f"{FULLNAME}-token"
+        assert agent["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+        assert {"name": "infiniband", "mountPath": "/dev/infiniband"} in agent["volumeMounts"]
+        assert agent["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
+                                            "allowPrivilegeEscalation": False}
+    assert first["spec"]["hostname"] != second["spec"]["hostname"]
 
 
 # ------------------------------------------------------------------ the schema refuses bad values
@@ -545,7 +703,88 @@ BAD_VALUES = [
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory"),
     ({"rbac": {"nodeReads": "yes"}}, "/rbac/nodeReads"),
     ({"metrics": {"serviceMonitor": {"interval": "2 seconds"}}}, "/metrics/serviceMonitor/interval"),
+    # issue 29: the worker pods' values, typed and bounded
+    ({"workers": {"resources": {"limits": {"nvidia.com/gpu": -8}}}}, "/workers/resources/limits/nvidia.com~1gpu"),
+    ({"workers": {"resources": {"limits": {"nvidia.com/gpu": 1.5}}}}, "/workers/resources/limits/nvidia.com~1gpu"),
+    ({"workers": {"resources": {"limits": {"nvidia.com/gpu": "1.5"}}}}, "/workers/resources/limits/nvidia.com~1gpu"),
+    ({"workers": {"resources": {"requests": {"cpu": -2}}}}, "/workers/resources/requests/cpu"),
+    ({"workers": {"tolerations": [{"key": "gpu", "operator": "Exist"}]}}, "/workers/tolerations/0/operator"),
+    ({"workers": {"tolerations": [{"key": "gpu", "effect": "NoScheduled"}]}}, "/workers/tolerations/0/effect"),
+    ({"workers": {"terminationGracePeriodSeconds": -1}}, "/workers/terminationGracePeriodSeconds"),
+    ({"workers": {"terminationGracePeriodSeconds": 1.5}}, "/workers/terminationGracePeriodSeconds"),
+    ({"workers": {"podLabels": {"elastic-supervisor/attempt": "1"}}}, "/workers/podLabels/elastic-supervisor~1attempt"),
+    ({"workers": {"podTemplate": {"spec": {"tolerations": [{"operator": "Exists", "effect": "NoExecut"}]}}}},
+     "/workers/podTemplate/spec/tolerations/0/effect"),
+    ({"workers": {"podTemplate": {"spec": {"containers": [
+        {"name": "agent", "resources": {"limits": {"nvidia.com/gpu": -8}}}]}}}},
+     "/workers/podTemplate/spec/containers/0/resources/limits/nvidia.com~1gpu"),
+    ({"workers": {"podTemplate": {"spec": {"tolerration": []}}}}, "additional properties 'tolerration'"),
+    ({"workers": {"podTemplate": {"spec": {"containers": [{"name": "agent", "volumeMount": []}]}}}},
+     "additional properties 'volumeMount'"),
+    ({"workers": {"podTemplate": {"spec": {"topologySpreadConstraints": [
+        {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedul"}]}}}},
+     "/workers/podTemplate/spec/topologySpreadConstraints/0/whenUnsatisfiable"),
+    ({"workers": {"podTemplate": {"spec": {"topologySpreadConstraints": [
+        {"maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]}}}},
+     "/workers/podTemplate/spec/topologySpreadConstraints/0/maxSkew"),
+    ({"workers": {"podTemplate": {"spec": {"volumes": [{"name": "hp", "emptyDir": {"medium": "Hugepages-2Mi"}}]}}}},
+     "/workers/podTemplate/spec/volumes/0/emptyDir/medium"),
+    ({"workers": {"podTemplate": {"spec": {"volumes": [{"name": "ib", "hostpath": {"path": "/dev/infiniband"}}]}}}},
+     "additional properties 'hostpath'"),
+    ({"workers": {"podTemplate": {"spec": {"volumes": [{"name": "ib"}]}}}}, "/workers/podTemplate/spec/volumes/0"),
+    ({"workers": {"podTemplate": {"spec": {"hostNetwork": "true"}}}}, "/workers/podTemplate/spec/hostNetwork"),
+    ({"workers": {"podTemplate": {"spec": {"dnsPolicy": "ClusterFirstWithHostNetwork"}}}},
+     "/workers/podTemplate/spec/dnsPolicy"),
+    ({"workers": {"podTemplate": {"spec": {"securityContext": {"runAsUser": -1}}}}},
+     "/workers/podTemplate/spec/securityContext/runAsUser"),
+    ({"workers": {"podTemplate": {"spec": {"containers": [
+        {"name": "agent", "securityContext": {"seccompProfile": {"type": "Default"}}}]}}}},
+     "/workers/podTemplate/spec/containers/0/securityContext/seccompProfile/type"),
+    ({"workers": {"podTemplate": {"spec": {"containers": [{"name": "agent", "env": [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf"}}}]}]}}}},
+     "/workers/podTemplate/spec/containers/0/env/0/valueFrom/secretKeyRef"),
+    ({"workers": {"podTemplate": {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Within", "values": ["a"]}]}]}}}}}}},
+     "operator"),
+    ({"workers": {"podTemplate": {"kind": "Pod"}}}, "additional properties 'kind'"),
 ]
+
+OWNED_VALUES = [
+    ({"spec": {"restartPolicy": "Always"}}, "/workers/podTemplate/spec/restartPolicy"),
+    ({"spec": {"nodeName": "gpu-17"}}, "/workers/podTemplate/spec/nodeName"),
+    ({"spec": {"hostname": "mine"}}, "/workers/podTemplate/spec/hostname"),
+    ({"spec": {"subdomain": "mine"}}, "/workers/podTemplate/spec/subdomain"),
+    ({"spec": {"terminationGracePeriodSeconds": 60}}, "/workers/podTemplate/spec/terminationGracePeriodSeconds"),
+    ({"metadata": {"name": "mine"}}, "/workers/podTemplate/metadata': additional properties 'name'"),
+    ({"metadata": {"labels": {"elastic-supervisor/job": "x"}}}, "/workers/podTemplate/metadata/labels/elastic-supervisor~1job"),
+    ({"metadata": {"labels": {"app.kubernetes.io/instance": "x"}}},
+     "/workers/podTemplate/metadata/labels/app.kubernetes.io~1instance"),
+    ({"metadata": {"annotations": {"elastic-supervisor/rdzv": "x"}}},
+     "/workers/podTemplate/metadata/annotations/elastic-supervisor~1rdzv"),
+    ({"spec": {"containers": [{"name": "agent", "command": ["bash"]}]}}, "/workers/podTemplate/spec/containers/0/command"),
+    ({"spec": {"containers": [{"name": "agent", "args": ["-x"]}]}}, "/workers/podTemplate/spec/containers/0/args"),
+    ({"spec": {"containers": [{"name": "agent", "image": "other:1"}]}}, "/workers/podTemplate/spec/containers/0/image"),
+    ({"spec": {"containers": [{"name": "agent", "env": [{"name": "SUPERVISOR_TOKEN", "value": "0"}]}]}},
+     "/workers/podTemplate/spec/containers/0/env/0/name"),
+    ({"spec": {"containers": [{"name": "agent", "env": [{"name": "POD_IP", "value": "1.2.3.4"}]}]}},
+     "/workers/podTemplate/spec/containers/0/env/0/name"),
+    ({"spec": {"initContainers": [{"name": "agent", "image": "x"}]}}, "/workers/podTemplate/spec/initContainers/0/name"),
+    ({"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}, "/workers/podTemplate/spec/volumes/0/name"),
+    ({"spec": {"ephemeralContainers": []}}, "/workers/podTemplate/spec/ephemeralContainers"),
+]
+
+
+@pytest.mark.parametrize("template,field", OWNED_VALUES, ids=[f for _, f in OWNED_VALUES])
+def test_what_the_controller_owns_is_refused_at_install(chart, template, field):
+    """The schema refuses a template field the controller owns, naming it; the controller's config
+    parsing refuses it too (tests/test_kube_pod_template.py), so it is never silently dropped."""
+    with pytest.raises(helm_python.HelmValuesError) as exc:
+        render(chart, {"workers": {"podTemplate": template}})
+    assert field in str(exc.value)
+    raw = rendered_job_config(objects(render(chart, {})))
+    raw["platform"]["kubernetes"]["worker"]["pod_template"] = template
+    with pytest.raises(job_config.ConfigError, match="platform.kubernetes.worker.pod_template"):
+        job_config.from_dict(raw)
 
 
 @pytest.mark.parametrize("values,field", BAD_VALUES, ids=[f for _, f in BAD_VALUES])
@@ -561,6 +800,16 @@ def test_schema_refuses_bad_values_naming_the_field(chart, values, field):
     ({"config": {"nodes": {"min": 3, "max": 2}}}, "config.nodes.max: 2 is below config.nodes.min 3"),
     ({"config": {"heartbeat": {"interval_s": 2, "timeout_s": 3}}}, "config.heartbeat.timeout_s"),
     ({"service": {"httpPort": 9000, "heartbeatPort": 9000}}, "service.heartbeatPort"),
+    ({"persistence": {"checkpoints": {"existingClaim": "ckpt"}}, "workers": {"podTemplate": {"spec": {"containers": [
+        {"name": "agent", "volumeMounts": [{"name": "x", "mountPath": "/checkpoints"}]}]}}}},
+     "workers.podTemplate.spec.containers[0].volumeMounts[0].mountPath: /checkpoints is owned by the controller "
+     "(persistence.checkpoints.mountPath)"),
+    ({"workers": {"podTemplate": {"spec": {"containers": [
+        {"name": "agent", "volumeMounts": [{"name": "x", "mountPath": "/dev/shm"}]}]}}}},
+     "/dev/shm is owned by the controller (workers.shmSize)"),
+    ({"workers": {"podTemplate": {"spec": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}}}},
+     'workers.podTemplate.spec.volumes[1].name: "a" appears twice'),
+    ({"nameOverride": "elastic-supervisor-worker"}, "nameOverride"),
 ])
 def test_cross_field_checks(chart, values, message):
     """What the schema cannot say (a field against another) fails the render, naming the field."""

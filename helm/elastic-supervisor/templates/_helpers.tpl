@@ -85,6 +85,35 @@ checks at startup, this only says it at install time.
 {{- if lt $timeout (mulf 2 $interval) -}}
 {{- fail (printf "config.heartbeat.timeout_s: %v must be >= 2 x interval_s (%v)" $timeout (mulf 2 $interval)) -}}
 {{- end -}}
+{{- if eq (include "es.name" .) "elastic-supervisor-worker" -}}
+{{- fail "nameOverride: elastic-supervisor-worker is the worker pods' app.kubernetes.io/name; the controller's Service would select them" -}}
+{{- end -}}
+{{- $p := .Values.persistence -}}
+{{- $owned := dict -}}
+{{- range $key := list "checkpoints" "logs" -}}
+{{- $v := index $p $key -}}
+{{- if $v.existingClaim -}}{{- $_ := set $owned $v.mountPath (printf "persistence.%s.mountPath" $key) -}}{{- end -}}
+{{- end -}}
+{{- if .Values.workers.shmSize -}}{{- $_ := set $owned "/dev/shm" "workers.shmSize" -}}{{- end -}}
+{{- $tspec := (default dict (default dict .Values.workers.podTemplate).spec) -}}
+{{- range $i, $c := (default list $tspec.containers) -}}
+{{- if eq $c.name "agent" -}}
+{{- range $j, $m := (default list $c.volumeMounts) -}}
+{{- if hasKey $owned $m.mountPath -}}
+{{- fail (printf "workers.podTemplate.spec.containers[%d].volumeMounts[%d].mountPath: %s is owned by the controller (%s)" $i $j $m.mountPath (get $owned $m.mountPath)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $key := list "containers" "initContainers" "volumes" -}}
+{{- $seen := dict -}}
+{{- range $i, $item := (default list (get $tspec $key)) -}}
+{{- if hasKey $seen $item.name -}}
+{{- fail (printf "workers.podTemplate.spec.%s[%d].name: %q appears twice (the items are merged by name)" $key $i $item.name) -}}
+{{- end -}}
+{{- $_ := set $seen $item.name true -}}
+{{- end -}}
+{{- end -}}
 {{- if eq (int .Values.service.httpPort) (int .Values.service.heartbeatPort) -}}
 {{- fail (printf "service.heartbeatPort: %v is the HTTP port too; give them different numbers" .Values.service.heartbeatPort) -}}
 {{- end -}}
@@ -130,7 +159,8 @@ ends in a hash of the whole name (never a truncation that two releases could sha
       "priority_class_name" $w.priorityClassName
       "shm_size" $w.shmSize
       "labels" (default dict $w.podLabels)
-      "annotations" (default dict $w.podAnnotations) -}}
+      "annotations" (default dict $w.podAnnotations)
+      "pod_template" (default dict $w.podTemplate) -}}
 {{- $volumes := dict
       "checkpoints" (dict "claim_name" $p.checkpoints.existingClaim "sub_path" $p.checkpoints.subPath "mount_path" $p.checkpoints.mountPath)
       "logs" (dict "claim_name" $p.logs.existingClaim "sub_path" $p.logs.subPath "mount_path" $p.logs.mountPath) -}}
@@ -142,6 +172,8 @@ ends in a hash of the whole name (never a truncation that two releases could sha
       "token_secret" (dict "name" (include "es.tokenSecretName" .) "key" .Values.token.secretKey)
       "token_file" (printf "%s/%s" (include "es.tokenDir" .) .Values.token.secretKey)
       "node_reads" .Values.rbac.nodeReads
+      "instance" .Release.Name
+      "termination_grace_s" (int $w.terminationGracePeriodSeconds)
       "rendezvous" $w.rendezvous
       "volumes" $volumes
       "worker" $worker -}}
