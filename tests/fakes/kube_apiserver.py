@@ -119,6 +119,11 @@ class ResourceType:
     """DELETE answers with the object (pods, services); other types answer with a Status."""
     fields: tuple[str, ...] = ()
     """Field-selector labels beyond metadata.name and metadata.namespace."""
+    custom: bool = False
+    """A custom resource (its CRD's schema is not checked)."""
+    generation: bool = False
+    """``metadata.generation`` kept (1 at create, +1 for each change outside ``status``); every
+    custom resource keeps it too."""
 
     @property
     def api_version(self) -> str:
@@ -130,7 +135,7 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
-RESOURCES: dict[str, ResourceType] = {rt.plural: rt for rt in (
+RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("pods", "Pod", status_subresource=True, graceful=True, return_deleted=True,
                  fields=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
                          "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
@@ -147,7 +152,43 @@ RESOURCES: dict[str, ResourceType] = {rt.plural: rt for rt in (
     ResourceType("leases", "Lease", group="coordination.k8s.io"),
     ResourceType("nodes", "Node", namespaced=False, status_subresource=True,
                  fields=("spec.unschedulable",)),
-)}
+    ResourceType("namespaces", "Namespace", namespaced=False, status_subresource=True,
+                 return_deleted=True, fields=("status.phase",)),
+    ResourceType("resourcequotas", "ResourceQuota", status_subresource=True, return_deleted=True),
+    ResourceType("priorityclasses", "PriorityClass", group="scheduling.k8s.io", namespaced=False),
+    ResourceType("poddisruptionbudgets", "PodDisruptionBudget", group="policy",
+                 status_subresource=True, generation=True),
+    # custom resources (no schema: their CRDs' OpenAPI is not checked), as their CRDs declare them
+    ResourceType("podgroups", "PodGroup", group="scheduling.volcano.sh", version="v1beta1",
+                 status_subresource=True, custom=True),
+    ResourceType("podgroups", "PodGroup", group="scheduling.x-k8s.io", version="v1alpha1",
+                 status_subresource=True, custom=True),
+    ResourceType("workloads", "Workload", group="kueue.x-k8s.io", version="v1beta1",
+                 status_subresource=True, custom=True),
+    ResourceType("localqueues", "LocalQueue", group="kueue.x-k8s.io", version="v1beta1",
+                 status_subresource=True, custom=True),
+    ResourceType("clusterqueues", "ClusterQueue", group="kueue.x-k8s.io", version="v1beta1",
+                 namespaced=False, status_subresource=True, custom=True),
+    ResourceType("resourceflavors", "ResourceFlavor", group="kueue.x-k8s.io", version="v1beta1",
+                 namespaced=False, custom=True),
+)
+RESOURCES: dict[str, ResourceType] = {rt.qualified: rt for rt in RESOURCE_TYPES}
+"""Every type by its qualified resource (``pods``, ``podgroups.scheduling.volcano.sh``) and, where
+no two groups share it, by its plural alone (``leases``, ``workloads``)."""
+RESOURCES.update({rt.plural: rt for rt in RESOURCE_TYPES
+                  if sum(o.plural == rt.plural for o in RESOURCE_TYPES) == 1})
+_BY_GROUP: dict[tuple[str, str], ResourceType] = {(rt.group, rt.plural): rt for rt in RESOURCE_TYPES}
+
+
+
+def _resource(name: str) -> ResourceType:
+    """A type by its plural or qualified resource name (``RESOURCES``); ``KeyError`` names both."""
+    try:
+        return RESOURCES[name]
+    except KeyError:
+        raise KeyError(f"no resource {name!r} (a plural two groups share needs its group: "
+                       f"{sorted(k for k in RESOURCES if '.' in k)})") from None
+
 
 _BOOL_FIELDS = {"spec.hostNetwork", "spec.unschedulable"}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"   # generateName suffixes, as the apiserver picks them
@@ -185,6 +226,11 @@ def _details(rt: ResourceType, name: str) -> JSON:
 
 def _not_found(rt: ResourceType, name: str) -> ApiError:
     return ApiError(404, f'{rt.qualified} "{name}" not found', details=_details(rt, name))
+
+
+def _forbidden(rt: ResourceType, name: str, message: str) -> ApiError:
+    """apierrors.NewForbidden, as admission plugins answer: ``pods "x" is forbidden: <why>``."""
+    return ApiError(403, f'{rt.qualified} "{name}" is forbidden: {message}', details=_details(rt, name))
 
 
 def _conflict(rt: ResourceType, name: str, message: str) -> ApiError:
@@ -600,6 +646,10 @@ _ERROR_TYPES = {"Required": ("FieldValueRequired", "Required value"),
 _NO_VALUE = object()
 
 
+class _GoValue(str):
+    """A bad value already printed as Go's ``%#v`` prints it (``[]string{"x"}``)."""
+
+
 @dataclass(frozen=True)
 class FieldError:
     type: str           # a key of _ERROR_TYPES
@@ -616,6 +666,8 @@ class FieldError:
             elif isinstance(v, bool):
                 text += f": {'true' if v else 'false'}"
             elif isinstance(v, (int, float)):
+                text += f": {v}"
+            elif isinstance(v, _GoValue):
                 text += f": {v}"
             elif isinstance(v, str):
                 text += ": " + json.dumps(v, ensure_ascii=False)
@@ -816,7 +868,7 @@ def decode_check(rt: "ResourceType", obj: JSON, mode: str = "Strict") -> tuple[l
 # --- semantic validation: what pkg/apis/core/validation checks beyond the schema ------------------
 
 _STANDARD_FINALIZERS = {"kubernetes", "orphan", "foregroundDeletion"}
-_NAME_RULES: dict[str, Callable[[str], list[str]]] = {"services": is_dns1035_label}
+_NAME_RULES: dict[str, Callable[[str], list[str]]] = {"services": is_dns1035_label, "namespaces": is_dns1123_label}
 """metadata.name rules by resource; every other kind here: DNS-1123 subdomain."""
 _RESTART_POLICIES = ["Always", "Never", "OnFailure"]
 _PULL_POLICIES = ["Always", "IfNotPresent", "Never"]
@@ -1179,6 +1231,32 @@ def semantic_errors(rt: "ResourceType", obj: JSON, old: JSON | None = None) -> l
         transitions = spec.get("leaseTransitions")
         if transitions is not None and transitions < 0:
             errs.append(FieldError("Invalid", "spec.leaseTransitions", transitions, "must be greater than or equal to 0"))
+    elif rt.plural == "priorityclasses":
+        _priority_class(obj, old, errs)
+    elif rt.plural == "resourcequotas":
+        for res, raw in ((obj.get("spec") or {}).get("hard") or {}).items():
+            try:
+                q = parse_quantity(raw)
+            except QuantityError as exc:
+                raise ApiError(400, f'ResourceQuota in version "v1" cannot be handled as a ResourceQuota: {exc}') from None
+            if q < 0:
+                errs.append(FieldError("Invalid", f"spec.hard[{res}]", str(raw), "must be greater than or equal to 0"))
+            elif (res in ("pods", "services", "configmaps", "secrets", "resourcequotas") or res.startswith("count/")
+                  or (res.startswith("requests.") and is_extended_resource(res[len("requests."):]))) and q.denominator != 1:
+                errs.append(FieldError("Invalid", f"spec.hard[{res}]", str(raw), "must be an integer"))
+    elif rt.plural == "poddisruptionbudgets":
+        spec = obj.get("spec") or {}
+        for key in ("minAvailable", "maxUnavailable"):
+            value = spec.get(key)
+            if isinstance(value, int) and value < 0:
+                errs.append(FieldError("Invalid", f"spec.{key}", value, "must be greater than or equal to 0"))
+            elif isinstance(value, str):
+                m = re.fullmatch(r"([0-9]+)%", value)
+                if not m:
+                    errs.append(FieldError("Invalid", f"spec.{key}", value, "a valid percent string must be a numeric "
+                                                                            "string followed by an ending '%'"))
+                elif int(m.group(1)) > 100:
+                    errs.append(FieldError("Invalid", f"spec.{key}", value, "must not be greater than 100%"))
     elif rt.plural == "events":
         involved = obj.get("involvedObject") or {}
         ns = (obj.get("metadata") or {}).get("namespace") or ""
@@ -1186,6 +1264,28 @@ def semantic_errors(rt: "ResourceType", obj: JSON, old: JSON | None = None) -> l
         if not obj.get("eventTime") and (inv_ns != ns if inv_ns else ns not in ("", "default")):
             errs.append(FieldError("Invalid", "involvedObject.namespace", inv_ns, "does not match event.namespace"))
     return errs
+
+
+def _priority_class(obj: JSON, old: JSON | None, errs: list[FieldError]) -> None:
+    """ValidatePriorityClass and ValidatePriorityClassUpdate."""
+    name = (obj.get("metadata") or {}).get("name") or ""
+    value = obj.get("value", 0)
+    if name.startswith("system-"):
+        known = SYSTEM_PRIORITY_CLASSES.get(name)
+        why = (f"{name} is not a known system priority class" if known is None
+               else f"value of {name} PriorityClass must be {known}" if value != known
+               else f"globalDefault of {name} PriorityClass must be false" if obj.get("globalDefault") else "")
+        if why:
+            errs.append(FieldError("Forbidden", "metadata.name", detail="priority class names with 'system-' prefix "
+                                                                        f"are reserved for system use only. error: {why}"))
+    elif isinstance(value, int) and value > HIGHEST_USER_DEFINABLE_PRIORITY:
+        errs.append(FieldError("Forbidden", "value", detail="maximum allowed value of a user defined priority is "
+                                                            f"{HIGHEST_USER_DEFINABLE_PRIORITY}"))
+    if old is not None:
+        if value != old.get("value", 0):
+            errs.append(FieldError("Forbidden", "value", detail="may not be changed in an update."))
+        if obj.get("preemptionPolicy") != old.get("preemptionPolicy"):
+            errs.append(FieldError("Invalid", "preemptionPolicy", obj.get("preemptionPolicy"), "field is immutable"))
 
 
 # --- per-type rules -----------------------------------------------------------------------------
@@ -1307,7 +1407,470 @@ def _prepare_for_create(rt: ResourceType, obj: JSON) -> None:
     elif rt.plural == "secrets":
         _fold_string_data(obj)
         obj.setdefault("type", "Opaque")
+    elif rt.plural == "namespaces":
+        _namespace_defaults(obj)
+    elif rt.plural == "resourcequotas":
+        obj["status"] = {}        # the quota controller fills it in
+    elif rt.plural == "poddisruptionbudgets":
+        obj["status"] = {"disruptionsAllowed": 0, "currentHealthy": 0, "desiredHealthy": 0, "expectedPods": 0}
+    elif rt.plural == "priorityclasses":
+        obj.setdefault("preemptionPolicy", "PreemptLowerPriority")
     # nodes keep the status they are created with (the kubelet registers a Ready node)
+
+
+def _namespace_defaults(obj: JSON) -> None:
+    """A namespace's spec.finalizers and phase, and the NamespaceDefaultLabelName label (1.21+)."""
+    obj.setdefault("spec", {}).setdefault("finalizers", ["kubernetes"])
+    obj["status"] = {**(obj.get("status") or {}), "phase": (obj.get("status") or {}).get("phase") or "Active"}
+    name = obj["metadata"].get("name")
+    if name:
+        obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+
+
+# --- quantities as the API prints them (resource.Quantity.String) -------------------------------
+
+def _quantity_format(value: Any) -> str:
+    """A quantity's format as resource.ParseQuantity records it: BinarySI, DecimalSI or DecimalExponent."""
+    text = str(value)
+    if re.search(r"[KMGTPE]i$", text):
+        return "BinarySI"
+    if re.search(r"[eE][-+]?[0-9]+$", text):
+        return "DecimalExponent"
+    return "DecimalSI"
+
+
+def format_quantity(value: Fraction, fmt: str = "DecimalSI") -> str:
+    """``value`` in its canonical form (``1536Mi``, ``1500m``, ``2``), as Quantity.String writes it."""
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if fmt == "BinarySI" and value >= 1024 and value.denominator == 1:
+        n, exp = int(value), 0
+        while n % 1024 == 0 and exp < 6:
+            n, exp = n // 1024, exp + 1
+        return f"{sign}{n}{['', 'Ki', 'Mi', 'Gi', 'Ti', 'Pi', 'Ei'][exp]}"
+    nanos = -((-value * 10 ** 9) // 1)            # rounded up to a nano, as the API rounds
+    n, exp = int(nanos), -9
+    while n % 1000 == 0 and exp < 18:
+        n, exp = n // 1000, exp + 3
+    if fmt == "DecimalExponent":
+        return f"{sign}{n}" + (f"e{exp}" if exp else "")
+    return f"{sign}{n}" + {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}[exp]
+
+
+def _q(value: Any) -> tuple[Fraction, str]:
+    """(amount, format) of a quantity string or number, or of an (amount, format) pair."""
+    if isinstance(value, tuple):
+        return value
+    return parse_quantity(value), _quantity_format(value)
+
+
+class _Usage:
+    """A ResourceList being summed: exact amounts, each with the format of its first non-zero term."""
+
+    def __init__(self) -> None:
+        self.amounts: dict[str, Fraction] = {}
+        self.formats: dict[str, str] = {}
+
+    def add(self, name: str, value: Any) -> None:
+        amount, fmt = _q(value)
+        if not self.amounts.get(name):
+            self.formats[name] = fmt
+        self.amounts[name] = self.amounts.get(name, Fraction(0)) + amount
+
+    def merge(self, other: "_Usage") -> None:
+        for name, amount in other.amounts.items():
+            self.add(name, (amount, other.formats.get(name, "DecimalSI")))
+
+    def text(self, name: str) -> str:
+        return format_quantity(self.amounts.get(name, Fraction(0)), self.formats.get(name, "DecimalSI"))
+
+
+# --- ResourceQuota (plugin/pkg/admission/resourcequota, pkg/quota/v1/evaluator/core/pods.go) -----
+
+_QUOTA_VALIDATION_SET = {"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"}
+_POD_QUOTA_RESOURCES = {"pods", "count/pods", "cpu", "memory", "ephemeral-storage", "requests.cpu",
+                        "requests.memory", "requests.ephemeral-storage", "limits.cpu", "limits.memory",
+                        "limits.ephemeral-storage"}
+
+
+def _quota_tracks(name: str) -> bool:
+    """What the pod evaluator's MatchingResources keeps of a quota's resource names."""
+    return (name in _POD_QUOTA_RESOURCES or name.startswith(("hugepages-", "requests.hugepages-"))
+            or (name.startswith("requests.") and is_extended_resource(name[len("requests."):])))
+
+
+def _compute_usage(requests: dict[str, Any], limits: dict[str, Any]) -> _Usage:
+    """podComputeUsageHelper: the quota names a set of requests and limits count against."""
+    usage = _Usage()
+    usage.add("pods", 1)
+    for res in ("cpu", "memory", "ephemeral-storage"):
+        if res in requests:
+            usage.add(res, requests[res])
+            usage.add(f"requests.{res}", requests[res])
+        if res in limits:
+            usage.add(f"limits.{res}", limits[res])
+    for res, value in requests.items():
+        if res.startswith("hugepages-"):
+            usage.add(res, value)
+            usage.add(f"requests.{res}", value)
+        elif is_extended_resource(res):
+            usage.add(f"requests.{res}", value)
+    return usage
+
+
+def _pod_totals(spec: JSON, which: str) -> dict[str, tuple[Fraction, str]]:
+    """resourcehelper.PodRequests/PodLimits: the containers' sum, or the largest init container's."""
+    def values(c: JSON) -> dict[str, Any]:
+        return effective_requests(c) if which == "requests" else (c.get("resources") or {}).get("limits") or {}
+    total: dict[str, tuple[Fraction, str]] = {}
+    for c in spec.get("containers") or []:
+        for res, value in values(c).items():
+            amount, fmt = _q(value)
+            old = total.get(res)
+            total[res] = (old[0] + amount, old[1] if old and old[0] else fmt) if old else (amount, fmt)
+    for c in spec.get("initContainers") or []:
+        for res, value in values(c).items():
+            amount, fmt = _q(value)
+            if amount > total.get(res, (Fraction(0), ""))[0]:
+                total[res] = (amount, fmt)
+    return total
+
+
+def pod_quota_usage(pod: JSON) -> _Usage:
+    """PodUsageFunc: ``count/pods`` for every stored pod; the rest only for a pod that is not terminal."""
+    usage = _Usage()
+    usage.add("count/pods", 1)
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return usage
+    spec = pod.get("spec") or {}
+    usage.merge(_compute_usage(_pod_totals(spec, "requests"), _pod_totals(spec, "limits")))
+    return usage
+
+
+def _quota_must_specify(spec: JSON, required: set[str]) -> str | None:
+    """The pod evaluator's Constraints: each container names every cpu/memory resource a quota limits."""
+    required = required & _QUOTA_VALIDATION_SET
+    missing: dict[str, set[str]] = {}
+    for c in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        have = set(_compute_usage(effective_requests(c), (c.get("resources") or {}).get("limits") or {}).amounts)
+        for res in required - have:
+            missing.setdefault(res, set()).add(c.get("name") or "")
+    if not missing:
+        return None
+    return "must specify " + "; ".join(f"{res} for: {','.join(sorted(missing[res]))}" for res in sorted(missing))
+
+
+# --- PodSecurity (k8s.io/pod-security-admission/policy) ----------------------------------------
+
+PSA_LEVELS = ("privileged", "baseline", "restricted")
+PSA_PREFIX = "pod-security.kubernetes.io/"
+_BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                          "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+_RESTRICTED_VOLUME_OK = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image",
+                         "persistentVolumeClaim", "projected", "secret")
+_RESTRICTED_VOLUME_TYPES = ("hostPath", "gcePersistentDisk", "awsElasticBlockStore", "gitRepo", "nfs", "iscsi",
+                            "glusterfs", "rbd", "flexVolume", "cinder", "cephfs", "flocker", "fc", "azureFile",
+                            "vsphereVolume", "quobyte", "azureDisk", "photonPersistentDisk", "portworxVolume",
+                            "scaleIO", "storageos")
+
+
+def _join_quote(items: list[str]) -> str:
+    return '"' + '", "'.join(items) + '"' if items else ""
+
+
+def _plural(singular: str, plural: str, n: int) -> str:
+    return singular if n == 1 else plural
+
+
+def _containers(spec: JSON) -> list[JSON]:
+    """visitContainers: init containers, containers, ephemeral containers, in that order."""
+    return [c for key in ("initContainers", "containers", "ephemeralContainers")
+            for c in spec.get(key) or [] if isinstance(c, dict)]
+
+
+def _sc(c: JSON) -> JSON:
+    return c.get("securityContext") or {}
+
+
+def _psa_windows(spec: JSON) -> bool:
+    return ((spec.get("os") or {}).get("name")) == "windows"
+
+
+def _psa_user_namespace(spec: JSON, minor: int) -> bool:
+    return minor >= 35 and spec.get("hostUsers") is False
+
+
+def _check_capabilities_baseline(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    bad, caps = [], set()
+    for c in _containers(spec):
+        added = [a for a in ((_sc(c).get("capabilities") or {}).get("add") or []) if a not in _BASELINE_CAPABILITIES]
+        if added:
+            bad.append(c.get("name", ""))
+            caps.update(added)
+    if bad:
+        return "non-default capabilities", (f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)} must "
+                                            f"not include {_join_quote(sorted(caps))} in securityContext.capabilities.add")
+    return None
+
+
+def _check_host_namespaces(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    found = [f"{k}=true" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    return ("host namespaces", ", ".join(found)) if found else None
+
+
+def _check_host_path_volumes(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    bad = [v.get("name", "") for v in spec.get("volumes") or [] if v.get("hostPath") is not None]
+    return ("hostPath volumes", f"{_plural('volume', 'volumes', len(bad))} {_join_quote(bad)}") if bad else None
+
+
+def _check_host_ports(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    bad, ports = [], set()
+    for c in _containers(spec):
+        used = [str(p["hostPort"]) for p in c.get("ports") or [] if p.get("hostPort")]
+        if used:
+            bad.append(c.get("name", ""))
+            ports.update(used)
+    if bad:
+        return "hostPort", (f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)} "
+                            f"{_plural('uses', 'use', len(bad))} {_plural('hostPort', 'hostPorts', len(ports))} "
+                            f"{', '.join(sorted(ports))}")
+    return None
+
+
+def _check_privileged(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    bad = [c.get("name", "") for c in _containers(spec) if _sc(c).get("privileged")]
+    if bad:
+        return "privileged", (f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)} must not set "
+                              "securityContext.privileged=true")
+    return None
+
+
+def _seccomp_setters(spec: JSON, valid: Callable[[str], bool]) -> tuple[list[str], set[str], bool, list[str]]:
+    """(bad setters, bad values, pod-level profile valid, containers with no profile)."""
+    setters, values, implicit = [], set(), []
+    pod_profile = (spec.get("securityContext") or {}).get("seccompProfile")
+    pod_ok = False
+    if pod_profile is not None:
+        if not valid(pod_profile.get("type", "")):
+            setters.append("pod")
+            values.add(pod_profile.get("type", ""))
+        else:
+            pod_ok = True
+    explicit = []
+    for c in _containers(spec):
+        profile = _sc(c).get("seccompProfile")
+        if profile is not None:
+            if not valid(profile.get("type", "")):
+                explicit.append(c.get("name", ""))
+                values.add(profile.get("type", ""))
+        elif not pod_ok:
+            implicit.append(c.get("name", ""))
+    if explicit:
+        setters.append(f"{_plural('container', 'containers', len(explicit))} {_join_quote(explicit)}")
+    return setters, values, pod_ok, implicit
+
+
+def _check_seccomp_baseline(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    setters, values, _, _ = _seccomp_setters(spec, lambda t: t != "Unconfined")
+    if setters:
+        return "seccompProfile", (f"{' and '.join(setters)} must not set securityContext.seccompProfile.type to "
+                                  f"{_join_quote(sorted(values))}")
+    return None
+
+
+def _check_allow_privilege_escalation(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    if _psa_windows(spec):
+        return None
+    bad = [c.get("name", "") for c in _containers(spec) if _sc(c).get("allowPrivilegeEscalation") is not False]
+    if bad:
+        return "allowPrivilegeEscalation != false", (
+            f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)} must set "
+            "securityContext.allowPrivilegeEscalation=false")
+    return None
+
+
+def _check_capabilities_restricted(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    if _psa_windows(spec):
+        return None
+    no_drop, adding, caps = [], [], set()
+    for c in _containers(spec):
+        capabilities = _sc(c).get("capabilities")
+        if capabilities is None:
+            no_drop.append(c.get("name", ""))
+            continue
+        if "ALL" not in (capabilities.get("drop") or []):
+            no_drop.append(c.get("name", ""))
+        added = [a for a in capabilities.get("add") or [] if a != "NET_BIND_SERVICE"]
+        if added:
+            adding.append(c.get("name", ""))
+            caps.update(added)
+    details = []
+    if no_drop:
+        details.append(f"{_plural('container', 'containers', len(no_drop))} {_join_quote(no_drop)} must set "
+                       'securityContext.capabilities.drop=["ALL"]')
+    if adding:
+        details.append(f"{_plural('container', 'containers', len(adding))} {_join_quote(adding)} must not include "
+                       f"{_join_quote(sorted(caps))} in securityContext.capabilities.add")
+    return ("unrestricted capabilities", "; ".join(details)) if details else None
+
+
+def _check_restricted_volumes(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    bad, types = [], set()
+    for v in spec.get("volumes") or []:
+        if any(v.get(k) is not None for k in _RESTRICTED_VOLUME_OK):
+            continue
+        bad.append(v.get("name", ""))
+        types.add(next((k for k in _RESTRICTED_VOLUME_TYPES if v.get(k) is not None), "unknown"))
+    if bad:
+        return "restricted volume types", (
+            f"{_plural('volume', 'volumes', len(bad))} {_join_quote(bad)} {_plural('uses', 'use', len(bad))} "
+            f"{_plural('restricted volume type', 'restricted volume types', len(types))} {_join_quote(sorted(types))}")
+    return None
+
+
+def _check_run_as_non_root(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    if _psa_user_namespace(spec, minor):
+        return None
+    setters = []
+    pod_value = (spec.get("securityContext") or {}).get("runAsNonRoot")
+    if pod_value is False:
+        setters.append("pod")
+    explicit, implicit = [], []
+    for c in _containers(spec):
+        value = _sc(c).get("runAsNonRoot")
+        if value is not None:
+            if not value:
+                explicit.append(c.get("name", ""))
+        elif pod_value is not True:
+            implicit.append(c.get("name", ""))
+    if explicit:
+        setters.append(f"{_plural('container', 'containers', len(explicit))} {_join_quote(explicit)}")
+    if setters:
+        return "runAsNonRoot != true", f"{' and '.join(setters)} must not set securityContext.runAsNonRoot=false"
+    if implicit:
+        return "runAsNonRoot != true", (f"pod or {_plural('container', 'containers', len(implicit))} "
+                                        f"{_join_quote(implicit)} must set securityContext.runAsNonRoot=true")
+    return None
+
+
+def _check_run_as_user(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    if _psa_user_namespace(spec, minor):
+        return None
+    setters = ["pod"] if (spec.get("securityContext") or {}).get("runAsUser") == 0 else []
+    explicit = [c.get("name", "") for c in _containers(spec) if _sc(c).get("runAsUser") == 0]
+    if explicit:
+        setters.append(f"{_plural('container', 'containers', len(explicit))} {_join_quote(explicit)}")
+    return ("runAsUser=0", f"{' and '.join(setters)} must not set runAsUser=0") if setters else None
+
+
+def _check_seccomp_restricted(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    if _psa_windows(spec):
+        return None
+    setters, values, _, implicit = _seccomp_setters(spec, lambda t: t in ("RuntimeDefault", "Localhost"))
+    if setters:
+        return "seccompProfile", (f"{' and '.join(setters)} must not set securityContext.seccompProfile.type to "
+                                  f"{_join_quote(sorted(values))}")
+    if implicit:
+        return "seccompProfile", (f"pod or {_plural('container', 'containers', len(implicit))} "
+                                  f"{_join_quote(implicit)} must set securityContext.seccompProfile.type to "
+                                  '"RuntimeDefault" or "Localhost"')
+    return None
+
+
+# In the registry's order: baseline checks by ID, then restricted ones (which override some baseline ones).
+_PSA_BASELINE = (("capabilities_baseline", _check_capabilities_baseline), ("hostNamespaces", _check_host_namespaces),
+                 ("hostPathVolumes", _check_host_path_volumes), ("hostPorts", _check_host_ports),
+                 ("privileged", _check_privileged), ("seccompProfile_baseline", _check_seccomp_baseline))
+_PSA_RESTRICTED = (("allowPrivilegeEscalation", _check_allow_privilege_escalation),
+                   ("capabilities_restricted", _check_capabilities_restricted),
+                   ("restrictedVolumes", _check_restricted_volumes), ("runAsNonRoot", _check_run_as_non_root),
+                   ("runAsUser", _check_run_as_user), ("seccompProfile_restricted", _check_seccomp_restricted))
+_PSA_OVERRIDDEN = {"capabilities_baseline", "hostPathVolumes", "seccompProfile_baseline"}
+
+
+def pod_security_violations(level: str, version: str, pod: JSON) -> str | None:
+    """What the PodSecurity ``level`` at ``version`` (``latest``, ``v1.30``) says of ``pod``:
+    ``reason (detail), ...`` as AggregateCheckResult.ForbiddenDetail writes it, or None."""
+    if level == "privileged":
+        return None
+    minor = 10 ** 6 if version == "latest" else int(version.split(".")[1])
+    checks = list(_PSA_BASELINE)
+    if level == "restricted":
+        checks = [c for c in checks if c[0] not in _PSA_OVERRIDDEN] + list(_PSA_RESTRICTED)
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    found = [r for r in (check(meta, spec, minor) for _, check in checks) if r]
+    if not found:
+        return None
+    return ", ".join(f"{reason} ({detail})" if detail else reason for reason, detail in found)
+
+
+def pod_security_policy(labels: dict[str, str]) -> tuple[dict[str, tuple[str, str]], list[FieldError]]:
+    """api.PolicyToEvaluate: {mode: (level, version)} for enforce, audit and warn, and label errors."""
+    errs: list[FieldError] = []
+    policy = {mode: ("privileged", "latest") for mode in ("enforce", "audit", "warn")}
+    for mode in policy:
+        level, version = policy[mode]
+        key = f"{PSA_PREFIX}{mode}"
+        if key in labels:
+            level = labels[key]
+            if level not in PSA_LEVELS:
+                errs.append(FieldError("Invalid", f"metadata.labels[{key}]", level,
+                                       "must be one of " + ", ".join(PSA_LEVELS)))
+                level = "restricted" if mode == "enforce" else "privileged"
+        if f"{key}-version" in labels:
+            version = labels[f"{key}-version"]
+            if version != "latest" and not re.fullmatch(r"v1\.(0|[1-9][0-9]*)", version):
+                errs.append(FieldError("Invalid", f"metadata.labels[{key}-version]", version,
+                                       'must be "latest" or "v1.x"'))
+                version = "latest"
+        policy[mode] = (level, version)
+    enforce_key, warn_key = f"{PSA_PREFIX}enforce", f"{PSA_PREFIX}warn"
+    if (warn_key not in labels and labels.get(enforce_key) in PSA_LEVELS
+            and PSA_LEVELS.index(policy["enforce"][0]) > PSA_LEVELS.index(policy["warn"][0])):
+        policy["warn"] = (policy["enforce"][0], policy["enforce"][1] if f"{warn_key}-version" not in labels
+                          else policy["warn"][1])
+    return policy, errs
+
+
+# --- PodDisruptionBudget (pkg/controller/disruption) ---------------------------------------------
+
+def _pod_ready(pod: JSON) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _selector_matches(selector: JSON | None, labels: dict[str, str], empty_matches_all: bool) -> bool:
+    """metav1.LabelSelectorAsSelector: a nil selector matches nothing; an empty one everything for
+    the disruption controller (policy/v1), nothing for the eviction handler."""
+    if selector is None:
+        return False
+    if not (selector.get("matchLabels") or selector.get("matchExpressions")):
+        return empty_matches_all
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def _scaled(value: Any, total: int, round_up: bool) -> int:
+    """intstr.GetScaledValueFromIntOrPercent."""
+    if isinstance(value, int):
+        return value
+    pct = int(str(value).rstrip("%"))
+    amount = Fraction(pct * total, 100)
+    return int(-(-amount // 1)) if round_up else int(amount // 1)
 
 
 # --- watches ------------------------------------------------------------------------------------
@@ -1315,7 +1878,7 @@ def _prepare_for_create(rt: ResourceType, obj: JSON) -> None:
 @dataclass
 class _Change:
     rv: int
-    plural: str
+    plural: str        # the qualified resource: "pods", "podgroups.scheduling.volcano.sh"
     namespace: str
     type: str          # ADDED, MODIFIED, DELETED
     obj: JSON
@@ -1332,7 +1895,7 @@ class _Watcher:
 
     def translate(self, change: _Change) -> tuple[str, JSON] | None:
         """What this watch sees of a change, as the watch cache filters it."""
-        if change.plural != self.rt.plural:
+        if change.plural != self.rt.qualified:
             return None
         if self.namespace is not None and change.namespace != self.namespace:
             return None
@@ -1380,8 +1943,26 @@ def _is_true(value: str | None) -> bool:
 
 FIELD_VALIDATION_MODES = ("Ignore", "Warn", "Strict")
 SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
+SYSTEM_PRIORITY_CLASS_DESCRIPTIONS = {
+    "system-cluster-critical": "Used for system critical pods that must run in the cluster, but can be moved "
+                               "to another node if necessary.",
+    "system-node-critical": "Used for system critical pods that must not be moved from their current node."}
+HIGHEST_USER_DEFINABLE_PRIORITY = 1000000000
 _FIELD_VALIDATION: contextvars.ContextVar[str] = contextvars.ContextVar("field_validation", default="Strict")
 _WARNINGS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("warnings", default=None)
+_DRY_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("dry_run", default=False)
+_OPTIONS_KIND = {"create": "CreateOptions", "update": "UpdateOptions", "patch": "PatchOptions",
+                 "delete": "DeleteOptions", "deletecollection": "DeleteOptions"}
+
+
+def _dry_run(verb: str, values: list[str]) -> bool:
+    """``dryRun`` as metav1 validation checks it: only ``All``, else the options' 422 Invalid."""
+    if any(v != "All" for v in values):
+        kind = _OPTIONS_KIND[verb]
+        go = "[]string{" + ", ".join(json.dumps(v) for v in values) + "}"
+        raise invalid_error(ResourceType(kind.lower(), kind, group="meta.k8s.io"), "",
+                            [FieldError("NotSupported", "dryRun", _GoValue(go), 'supported values: "All"')])
+    return bool(values)
 
 
 class FakeKubeAPIServer:
@@ -1397,12 +1978,12 @@ class FakeKubeAPIServer:
         """Check every create/update/patch against the 1.30 schema and the API's own rules."""
         self.field_validation = field_validation
         """The mode for a request that names none (the real server's default is Warn)."""
-        self.priority_classes = {**SYSTEM_PRIORITY_CLASSES, **(priority_classes or {})}
-        """PriorityClass name -> value (the Priority admission plugin resolves spec.priorityClassName)."""
         self.history_size = history_size
         self.bookmark_interval_s = bookmark_interval_s
         self._host, self._port = host, port
         self._objects: dict[tuple[str, str, str], JSON] = {}
+        self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        """How many objects of a type one namespace holds (whether a quota or a budget is there)."""
         self._rv = first_resource_version
         self._compacted_rv = first_resource_version
         self._history: collections.deque[_Change] = collections.deque()
@@ -1419,6 +2000,13 @@ class FakeKubeAPIServer:
         self.log_source: Callable[[str, str], str | None] | None = None
         """``(namespace, pod) -> text`` for ``pods/NAME/log`` (the fake kubelet keeps the output);
         None from it: the container has not started."""
+        for ns in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self._seed("namespaces", {"metadata": {"name": ns}})
+        for name, value in SYSTEM_PRIORITY_CLASSES.items():
+            self._seed("priorityclasses", {"metadata": {"name": name}, "value": value,
+                                           "description": SYSTEM_PRIORITY_CLASS_DESCRIPTIONS[name]})
+        for name, value in (priority_classes or {}).items():
+            self._seed("priorityclasses", {"metadata": {"name": name}, "value": value})
 
     # --- lifecycle ---
 
@@ -1473,6 +2061,22 @@ class FakeKubeAPIServer:
 
         return client.Configuration(host=self.url)
 
+    def _seed(self, plural: str, obj: JSON) -> None:
+        """An object the cluster starts with: at the first resourceVersion, before any watch's window."""
+        rt = RESOURCES[plural]
+        obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        meta = obj["metadata"]
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_timestamp(_now()), resourceVersion=str(self._rv))
+        _prepare_for_create(rt, obj)
+        key = self._key(rt, meta.get("namespace"), meta["name"])
+        self._objects[key] = obj
+        self._counts[key[:2]] += 1
+
+    @property
+    def priority_classes(self) -> dict[str, int]:
+        """PriorityClass name -> value, from the stored PriorityClass objects."""
+        return {o["metadata"]["name"]: o.get("value", 0) for o in self.objects("priorityclasses")}
+
     # --- test helpers (callable from any thread) ---
 
     def _on_loop(self, fn: Callable[[], Any]) -> Any:
@@ -1493,14 +2097,17 @@ class FakeKubeAPIServer:
 
     def get(self, plural: str, namespace: str | None, name: str) -> JSON | None:
         """A copy of the stored object, or None."""
-        obj = self._on_loop(lambda: self._objects.get((plural, namespace or "", name)))
+        qualified = _resource(plural).qualified
+        obj = self._on_loop(lambda: self._objects.get((qualified, namespace or "", name)))
         return copy.deepcopy(obj)
 
     def objects(self, plural: str, namespace: str | None = None) -> list[JSON]:
         """Copies of the stored objects of one type (one namespace, or all)."""
+        qualified = _resource(plural).qualified
+
         def pick() -> list[JSON]:
             return [o for (p, ns, _), o in sorted(self._objects.items())
-                    if p == plural and (namespace is None or ns == namespace)]
+                    if p == qualified and (namespace is None or ns == namespace)]
         return copy.deepcopy(self._on_loop(pick))
 
     def finish_deletion(self, plural: str, namespace: str | None, name: str) -> None:
@@ -1510,8 +2117,8 @@ class FakeKubeAPIServer:
         does not exist or is not being deleted.
         """
         def finish() -> None:
-            rt = RESOURCES[plural]
-            key = (plural, namespace or "", name)
+            rt = _resource(plural)
+            key = self._key(rt, namespace, name)
             old = self._objects.get(key)
             if old is None or not old["metadata"].get("deletionTimestamp"):
                 raise LookupError(f"{plural} {namespace}/{name} is not terminating")
@@ -1541,7 +2148,7 @@ class FakeKubeAPIServer:
         self._on_loop(self._close_watches)
 
     def watch_count(self, plural: str | None = None) -> int:
-        return self._on_loop(lambda: sum(1 for w in self._watchers if plural in (None, w.rt.plural)))
+        return self._on_loop(lambda: sum(1 for w in self._watchers if plural in (None, w.rt.plural, w.rt.qualified)))
 
     def inject_fault(self, status: int | None = 503, **match: Any) -> Fault:
         """Make matching requests fail (see :class:`Fault`); returns the fault to remove later."""
@@ -1603,7 +2210,8 @@ class FakeKubeAPIServer:
             verb = "delete" if name else "deletecollection"
         else:
             return self._error(ApiError(405, f"method {method} is not supported"))
-        resource = f"{rt.plural}/{sub}" if sub else rt.plural
+        plural = rt.plural if RESOURCES.get(rt.plural) is rt else rt.qualified
+        resource = f"{plural}/{sub}" if sub else plural
         agent = request.headers.get("User-Agent", "")
         with self._lock:
             self._requests[(verb, resource)] += 1
@@ -1643,12 +2251,12 @@ class FakeKubeAPIServer:
         else:
             return None
         namespace = None
-        if len(rest) >= 3 and rest[0] == "namespaces":
+        if len(rest) >= 3 and rest[0] == "namespaces" and (group, rest[2]) in _BY_GROUP:
             namespace, rest = rest[1], rest[2:]
         if not 1 <= len(rest) <= 3:
             return None
-        rt = RESOURCES.get(rest[0])
-        if rt is None or rt.group != group or rt.version != version:
+        rt = _BY_GROUP.get((group, rest[0]))
+        if rt is None or rt.version != version:
             return None
         name = rest[1] if len(rest) > 1 else None
         sub = rest[2] if len(rest) > 2 else None
@@ -1657,7 +2265,7 @@ class FakeKubeAPIServer:
         if namespace is None and rt.namespaced and name is not None:
             return None
         if sub is not None and not (sub == "status" and rt.status_subresource
-                                    or sub in ("binding", "log") and rt.plural == "pods"):
+                                    or sub in ("binding", "log", "eviction") and rt.plural == "pods"):
             return None
         return rt, namespace, name, sub
 
@@ -1668,8 +2276,8 @@ class FakeKubeAPIServer:
     async def _dispatch(self, request: web.Request, verb: str, rt: ResourceType,
                         namespace: str | None, name: str | None, sub: str | None) -> web.StreamResponse:
         q = request.query
-        if "dryRun" in q:
-            raise ApiError(400, "dryRun is not supported by the fake API server")
+        if verb in _OPTIONS_KIND:
+            _DRY_RUN.set(_dry_run(verb, q.getall("dryRun", [])))
         if verb == "watch":
             return await self._watch(request, rt, namespace)
         if verb == "list":
@@ -1679,6 +2287,8 @@ class FakeKubeAPIServer:
         if verb == "get":
             return web.json_response(self._get(rt, namespace, name))
         body = await self._body(request)
+        if verb == "create" and sub == "eviction":
+            return web.json_response(self._evict(rt, namespace, name or "", body), status=201)
         if verb == "create" and sub == "binding":
             return web.json_response(self._bind(rt, namespace, name, body), status=201)
         if verb == "create":
@@ -1691,6 +2301,8 @@ class FakeKubeAPIServer:
             ctype = request.content_type
             return web.json_response(self._patch(rt, namespace, name, body, ctype, sub))
         options = body if isinstance(body, dict) else {}
+        if options.get("dryRun") and not _DRY_RUN.get():
+            _DRY_RUN.set(_dry_run(verb, options["dryRun"]))
         if "gracePeriodSeconds" in q:
             options = {**options, "gracePeriodSeconds": int(q["gracePeriodSeconds"])}
         if verb == "delete":
@@ -1730,7 +2342,7 @@ class FakeKubeAPIServer:
     # --- storage ---
 
     def _key(self, rt: ResourceType, namespace: str | None, name: str) -> tuple[str, str, str]:
-        return (rt.plural, namespace or "", name)
+        return (rt.qualified, namespace or "", name)
 
     def _stored(self, rt: ResourceType, namespace: str | None, name: str) -> JSON:
         obj = self._objects.get(self._key(rt, namespace, name))
@@ -1740,19 +2352,33 @@ class FakeKubeAPIServer:
 
     def _write(self, rt: ResourceType, key: tuple[str, str, str], obj: JSON, kind: str,
                old: JSON | None) -> JSON:
-        """Store ``obj`` (a fresh dict never mutated afterwards) at a new resourceVersion."""
+        """Store ``obj`` (a fresh dict never mutated afterwards) at a new resourceVersion.
+
+        Under ``dryRun=All`` nothing is stored: ``obj`` comes back as the real server's dry-run
+        storage answers it (a create without a resourceVersion, an update with the old one)."""
+        if _DRY_RUN.get():
+            if old is None:
+                obj["metadata"].pop("resourceVersion", None)
+            return obj
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
+        if key not in self._objects:
+            self._counts[key[:2]] += 1
         self._objects[key] = obj
-        self._record(_Change(self._rv, rt.plural, key[1], kind, obj, old))
+        self._record(_Change(self._rv, rt.qualified, key[1], kind, obj, old))
+        self._controllers(rt, key[1])
         return obj
 
     def _remove(self, rt: ResourceType, key: tuple[str, str, str], obj: JSON) -> JSON:
+        if _DRY_RUN.get():
+            return copy.deepcopy(obj)
         self._rv += 1
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = str(self._rv)
         del self._objects[key]
-        self._record(_Change(self._rv, rt.plural, key[1], "DELETED", gone))
+        self._counts[key[:2]] -= 1
+        self._record(_Change(self._rv, rt.qualified, key[1], "DELETED", gone))
+        self._controllers(rt, key[1])
         return gone
 
     def _record(self, change: _Change) -> None:
@@ -1785,7 +2411,7 @@ class FakeKubeAPIServer:
 
     def _selected(self, rt: ResourceType, namespace: str | None, selector: Selector) -> list[JSON]:
         return [obj for (plural, ns, _), obj in sorted(self._objects.items())
-                if plural == rt.plural and (namespace is None or ns == namespace)
+                if plural == rt.qualified and (namespace is None or ns == namespace)
                 and selector.matches(obj)]
 
     def _list(self, rt: ResourceType, namespace: str | None, q: Any) -> JSON:
@@ -1840,10 +2466,13 @@ class FakeKubeAPIServer:
         meta["creationTimestamp"] = _timestamp(_now())
         for transient in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
             meta.pop(transient, None)
+        if rt.generation or rt.custom:
+            meta["generation"] = 1
         _prepare_for_create(rt, obj)
         if rt.plural == "pods":
             self._admit_priority(name, obj["spec"])
         self._validate(rt, name, obj, None, required)
+        self._admit(rt, namespace, name, obj, None)
         key = self._key(rt, namespace, name)
         if key in self._objects:
             raise ApiError(409, f'{rt.qualified} "{name}" already exists', reason="AlreadyExists",
@@ -1874,21 +2503,277 @@ class FakeKubeAPIServer:
             raise invalid_error(rt, name, errs)
 
     def _admit_priority(self, name: str, spec: JSON) -> None:
-        """The Priority admission plugin: ``spec.priority`` from ``spec.priorityClassName``."""
+        """The Priority admission plugin: ``spec.priority`` (and ``preemptionPolicy``) from the
+        PriorityClass ``spec.priorityClassName`` names, or from the globalDefault class when none."""
+        rt = RESOURCES["pods"]
+        classes = {o["metadata"]["name"]: o for o in self._selected(RESOURCES["priorityclasses"], None, Selector())}
         class_name = spec.get("priorityClassName")
         if class_name:
-            if class_name not in self.priority_classes:
-                raise ApiError(403, f'pods "{name}" is forbidden: no PriorityClass with name {class_name} was found',
-                               details={"name": name, "kind": "pods"})
-            value = self.priority_classes[class_name]
+            pc = classes.get(class_name)
+            if pc is None:
+                raise _forbidden(rt, name, f"no PriorityClass with name {class_name} was found")
         else:
-            value = 0
+            # getDefaultPriorityClass: of several globalDefault classes, the lowest value
+            defaults = sorted((o.get("value", 0), n) for n, o in classes.items() if o.get("globalDefault"))
+            pc = classes[defaults[0][1]] if defaults else None
+            if pc is not None:
+                spec["priorityClassName"] = pc["metadata"]["name"]
+        value = pc.get("value", 0) if pc is not None else 0
         if spec.get("priority") is not None and spec["priority"] != value:
-            raise ApiError(403, f'pods "{name}" is forbidden: the integer value of priority ({spec["priority"]}) '
-                                f"must not be provided in pod spec; priority admission controller computed {value} "
-                                "from the given PriorityClass name", details={"name": name, "kind": "pods"})
+            raise _forbidden(rt, name, f"the integer value of priority ({spec['priority']}) must not be provided in "
+                                       f"pod spec; priority admission controller computed {value} from the given "
+                                       "PriorityClass name")
         spec["priority"] = value
+        policy = pc.get("preemptionPolicy") if pc is not None else None
+        if policy:
+            if spec.get("preemptionPolicy") not in (None, policy):
+                raise _forbidden(rt, name, f"the string value of PreemptionPolicy ({spec['preemptionPolicy']}) must "
+                                           f"not be provided in pod spec; priority admission controller computed "
+                                           f"{policy} from the given PriorityClass name")
+            spec["preemptionPolicy"] = policy
         spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+
+    # --- validating admission and the controllers the fake stands in for ---
+
+    def _admit(self, rt: ResourceType, namespace: str | None, name: str, obj: JSON, old: JSON | None) -> None:
+        """The validating admission plugins, after the object's own validation (create and update;
+        a dry run too): PodSecurity, the Priority plugin's one-default rule, ResourceQuota last."""
+        if not self.validate:
+            return
+        if rt.plural == "namespaces":
+            _, errs = pod_security_policy((obj.get("metadata") or {}).get("labels") or {})
+            if errs:
+                raise invalid_error(rt, name, errs)
+        if rt.plural == "priorityclasses" and obj.get("globalDefault"):
+            for other in self._selected(rt, None, Selector()):
+                if other.get("globalDefault") and other["metadata"]["name"] != name:
+                    raise _forbidden(rt, name, f"PriorityClass {other['metadata']['name']} is already marked as "
+                                               "default. Only one default can exist")
+        if old is not None:
+            return
+        if rt.plural == "pods":
+            self._admit_pod_security(namespace or "", name, obj)
+        if rt.namespaced:
+            self._admit_quota(rt, namespace or "", name, obj)
+
+    def _admit_pod_security(self, namespace: str, name: str, pod: JSON) -> None:
+        """PodSecurity: the namespace's enforce level refuses the pod (403); its warn level adds a
+        ``Warning`` header to a pod it lets in. A namespace never created has no labels (privileged)."""
+        ns = self._objects.get(self._key(RESOURCES["namespaces"], None, namespace))
+        policy, _ = pod_security_policy(((ns or {}).get("metadata") or {}).get("labels") or {})
+        level, version = policy["enforce"]
+        found = pod_security_violations(level, version, pod)
+        if found:
+            raise _forbidden(RESOURCES["pods"], name, f'violates PodSecurity "{level}:{version}": {found}')
+        level, version = policy["warn"]
+        found = pod_security_violations(level, version, pod)
+        warnings = _WARNINGS.get()
+        if found and warnings is not None:
+            warnings.append(f'would violate PodSecurity "{level}:{version}": {found}')
+
+    def _quota_delta(self, rt: ResourceType, obj: JSON) -> _Usage:
+        """What one new object counts against a quota (the evaluators' Usage)."""
+        if rt.plural == "pods":
+            return pod_quota_usage(obj)
+        usage = _Usage()
+        usage.add(f"count/{rt.qualified}", 1)
+        if rt.plural in ("configmaps", "secrets", "services", "resourcequotas"):
+            usage.add(rt.plural, 1)
+        return usage
+
+    def _quota_matches(self, rt: ResourceType, resource: str) -> bool:
+        if rt.plural == "pods":
+            return _quota_tracks(resource)
+        return resource in (f"count/{rt.qualified}", rt.plural) and (
+            resource.startswith("count/") or rt.plural in ("configmaps", "secrets", "services", "resourcequotas"))
+
+    def _admit_quota(self, rt: ResourceType, namespace: str, name: str, obj: JSON) -> None:
+        """ResourceQuota: every quota in the namespace that limits what the object uses must have room."""
+        quotas = self._selected(RESOURCES["resourcequotas"], namespace, Selector())
+        interesting = []
+        for quota in quotas:
+            status = quota.get("status") or {}
+            hard = status.get("hard") or {}
+            restricted = {r for r in hard if self._quota_matches(rt, r)}
+            if not restricted:
+                continue
+            qname = quota["metadata"]["name"]
+            if rt.plural == "pods":
+                missing = _quota_must_specify(obj.get("spec") or {}, restricted)
+                if missing:
+                    raise _forbidden(rt, name, f"failed quota: {qname}: {missing}")
+            unknown = sorted(restricted - set(status.get("used") or {}))
+            if unknown:
+                raise _forbidden(rt, name, f"status unknown for quota: {qname}, resources: {','.join(unknown)}")
+            interesting.append(quota)
+        if not interesting:
+            return
+        delta = self._quota_delta(rt, obj)
+        for quota in interesting:
+            hard, used = quota["status"]["hard"], quota["status"]["used"]
+            requested = [r for r in sorted(hard) if r in delta.amounts]
+            exceeded = [r for r in requested
+                        if parse_quantity(used.get(r, "0")) + delta.amounts[r] > parse_quantity(hard[r])]
+            if exceeded:
+                raise _forbidden(rt, name, f"exceeded quota: {quota['metadata']['name']}, "
+                                           f"requested: {','.join(f'{r}={delta.text(r)}' for r in exceeded)}, "
+                                           f"used: {','.join(f'{r}={used.get(r, chr(48))}' for r in exceeded)}, "
+                                           f"limited: {','.join(f'{r}={hard[r]}' for r in exceeded)}")
+
+    def _controllers(self, rt: ResourceType, namespace: str) -> None:
+        """What kube-controller-manager does at once after a write: the quota controller keeps
+        ``status.hard``/``used``, the disruption controller each PodDisruptionBudget's status."""
+        if rt.namespaced and self._counts[("resourcequotas", namespace)]:
+            self._sync_quotas(namespace)
+        if rt.plural in ("pods", "poddisruptionbudgets") and self._counts[("poddisruptionbudgets.policy", namespace)]:
+            self._sync_pdbs(namespace)
+
+    def _quota_used(self, namespace: str, names: list[str]) -> dict[str, str]:
+        usage = _Usage()
+        known: set[str] = set()
+        if any(_quota_tracks(n) for n in names):
+            for pod in self._selected(RESOURCES["pods"], namespace, Selector()):
+                usage.merge(pod_quota_usage(pod))
+            known |= {n for n in names if _quota_tracks(n)}
+        for n in names:
+            counted = RESOURCES.get(n[len("count/"):]) if n.startswith("count/") else (
+                RESOURCES[n] if n in ("configmaps", "secrets", "services", "resourcequotas") else None)
+            if counted is not None and counted.namespaced and not (counted.plural == "pods" and n in known):
+                usage.add(n, len(self._selected(counted, namespace, Selector())))
+                known.add(n)
+        return {n: usage.text(n) for n in sorted(known)}
+
+    def _sync_quotas(self, namespace: str) -> None:
+        rt = RESOURCES["resourcequotas"]
+        for quota in self._selected(rt, namespace, Selector()):
+            hard = (quota.get("spec") or {}).get("hard") or {}
+            try:
+                status = {"hard": {n: format_quantity(*_q(v)) for n, v in hard.items()},
+                          "used": self._quota_used(namespace, list(hard))}
+            except QuantityError:
+                continue
+            if quota.get("status") != status:
+                new = copy.deepcopy(quota)
+                new["status"] = status
+                self._write(rt, self._key(rt, namespace, quota["metadata"]["name"]), new, "MODIFIED", quota)
+
+    def _pdb_status(self, pdb: JSON, pods: list[JSON]) -> JSON:
+        """The disruption controller's trySync (or its failSafe) for one budget."""
+        spec, old = pdb.get("spec") or {}, pdb.get("status") or {}
+        generation = pdb["metadata"].get("generation", 1)
+        pods = sorted((p for p in pods if _selector_matches(spec.get("selector"), p["metadata"].get("labels") or {}, True)),
+                      key=lambda p: p["metadata"]["name"])
+        error, expected, desired = None, 0, 0
+        max_unavailable, min_available = spec.get("maxUnavailable"), spec.get("minAvailable")
+        if max_unavailable is not None or isinstance(min_available, str):
+            # getExpectedScale: a pod's controller's scale; unmanaged pods are skipped, and the
+            # fake keeps no Deployment, ReplicaSet or StatefulSet to find a controller among
+            owned = [p for p in pods if any(r.get("controller") for r in p["metadata"].get("ownerReferences") or [])]
+            if owned:
+                error = f'found no controllers for pod "{owned[0]["metadata"]["name"]}"'
+            elif max_unavailable is not None:
+                desired = max(0, expected - _scaled(max_unavailable, expected, True))
+            else:
+                desired = _scaled(min_available, expected, True)
+        elif min_available is not None:
+            desired, expected = int(min_available), len(pods)
+        conditions = [c for c in old.get("conditions") or [] if c.get("type") != "DisruptionAllowed"]
+        previous = next((c for c in old.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), None)
+
+        def condition(status: str, reason: str, message: str, observed: int | None) -> JSON:
+            since = previous["lastTransitionTime"] if previous and previous.get("status") == status else _timestamp(_now())
+            cond = {"type": "DisruptionAllowed", "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": since}
+            if observed:
+                cond["observedGeneration"] = observed
+            return cond
+        if error is not None:
+            status = {**old, "disruptionsAllowed": 0}
+            status["conditions"] = conditions + [condition("False", "SyncFailed", error, old.get("observedGeneration"))]
+            return status
+        healthy = sum(1 for p in pods if not p["metadata"].get("deletionTimestamp") and _pod_ready(p))
+        allowed = healthy - desired
+        if expected <= 0 or allowed <= 0:
+            allowed = 0
+        status = {"observedGeneration": generation, "disruptionsAllowed": allowed, "currentHealthy": healthy,
+                  "desiredHealthy": desired, "expectedPods": expected}
+        status["conditions"] = conditions + [
+            condition("True", "SufficientPods", "", generation) if allowed > 0
+            else condition("False", "InsufficientPods", "", generation)]
+        return status
+
+    def _sync_pdbs(self, namespace: str) -> None:
+        rt = RESOURCES["poddisruptionbudgets"]
+        pdbs = self._selected(rt, namespace, Selector())
+        if not pdbs:
+            return
+        pods = self._selected(RESOURCES["pods"], namespace, Selector())
+        for pdb in pdbs:
+            status = self._pdb_status(pdb, pods)
+            if pdb.get("status") != status:
+                new = copy.deepcopy(pdb)
+                new["status"] = status
+                self._write(rt, self._key(rt, namespace, pdb["metadata"]["name"]), new, "MODIFIED", pdb)
+
+    def _evict(self, rt: ResourceType, namespace: str | None, name: str, body: Any) -> JSON:
+        """``pods/NAME/eviction`` (policy/v1 Eviction), as EvictionREST.Create decides."""
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be an object")
+        if (body.get("metadata") or {}).get("name") != name:
+            raise ApiError(400, "name in URL does not match name in Eviction object")
+        options = dict(body.get("deleteOptions") or {})
+        if options.get("dryRun") and not _DRY_RUN.get():
+            _DRY_RUN.set(_dry_run("create", options["dryRun"]))
+        pod = self._stored(rt, namespace, name)
+        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        if ((pod.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Pending")
+                or pod["metadata"].get("deletionTimestamp")):
+            self._delete(rt, namespace, name, options)     # canIgnorePDB: no budget to ask
+            return success
+        labels = pod["metadata"].get("labels") or {}
+        pdbs = [p for p in self._selected(RESOURCES["poddisruptionbudgets"], namespace, Selector())
+                if _selector_matches((p.get("spec") or {}).get("selector"), labels, False)]
+        if len(pdbs) > 1:
+            raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction subresource "
+                                "does not support.")
+        if pdbs:
+            pdb = pdbs[0]
+            pdb_name, status = pdb["metadata"]["name"], pdb.get("status") or {}
+            healthy, desired = status.get("currentHealthy", 0), status.get("desiredHealthy", 0)
+            refused = "Cannot evict pod as it would violate the pod's disruption budget."
+            if not (not _pod_ready(pod) and healthy >= desired and desired > 0):
+                if status.get("observedGeneration", 0) < pdb["metadata"].get("generation", 1):
+                    raise ApiError(429, refused, details={"retryAfterSeconds": 10, "causes": [
+                        {"reason": "DisruptionBudget",
+                         "message": f"The disruption budget {pdb_name} is still being processed by the server."}]})
+                if status.get("disruptionsAllowed", 0) < 0:
+                    raise _forbidden(ResourceType("poddisruptionbudget", "PodDisruptionBudget", group="policy"),
+                                     pdb_name, "pdb disruptions allowed is negative")
+                if status.get("disruptionsAllowed", 0) == 0:
+                    raise ApiError(429, refused, details={"causes": [
+                        {"reason": "DisruptionBudget",
+                         "message": f"The disruption budget {pdb_name} needs {desired} healthy pods and has "
+                                    f"{healthy} currently"}]})
+        self._delete(rt, namespace, name, options)
+        return success
+
+    def _delete_namespace(self, rt: ResourceType, key: tuple[str, str, str], old: JSON) -> JSON:
+        """The namespace goes Terminating, the namespace controller deletes everything in it (at
+        once here, no grace periods), then the namespace itself goes."""
+        terminating = copy.deepcopy(old)
+        if not terminating["metadata"].get("deletionTimestamp"):
+            terminating["metadata"]["deletionTimestamp"] = _timestamp(_now())
+            terminating["metadata"]["deletionGracePeriodSeconds"] = 0
+        terminating.setdefault("status", {})["phase"] = "Terminating"
+        if _DRY_RUN.get():
+            return terminating
+        answer = self._write(rt, key, terminating, "MODIFIED", old)
+        name = key[2]
+        for inner in [k for k in self._objects if k[1] == name and RESOURCES[k[0]].namespaced]:
+            if inner in self._objects:
+                self._remove(RESOURCES[inner[0]], inner, self._objects[inner])
+        self._remove(rt, key, self._objects[key])
+        return answer
 
     def _check_preconditions(self, rt: ResourceType, name: str, old: JSON,
                              rv: str | None, uid: str | None) -> None:
@@ -1918,6 +2803,8 @@ class FakeKubeAPIServer:
         required = self._decode(rt, body)
         new = self._next_version(rt, old, body, sub)
         self._validate(rt, name, new, old, required if sub != "status" else [], status_only=sub == "status")
+        if sub != "status":
+            self._admit(rt, namespace, name, new, old)
         if new == old:
             return old       # a no-op update writes nothing and keeps the resourceVersion
         self._write(rt, key, new, "MODIFIED", old)
@@ -1937,7 +2824,7 @@ class FakeKubeAPIServer:
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
         meta = new.setdefault("metadata", {})
         for kept in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp",
-                     "deletionGracePeriodSeconds", "resourceVersion"):
+                     "deletionGracePeriodSeconds", "resourceVersion", "generation"):
             if kept in old["metadata"]:
                 meta[kept] = old["metadata"][kept]
             else:
@@ -1953,12 +2840,21 @@ class FakeKubeAPIServer:
                 new["status"] = copy.deepcopy(old["status"])
             else:
                 new.pop("status", None)
+        if rt.generation or rt.custom:
+            def content(o: JSON) -> JSON:
+                return {k: v for k, v in o.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+            generation = old["metadata"].get("generation", 1)
+            meta["generation"] = generation + 1 if content(new) != content(old) else generation
         if rt.plural == "pods":
             new["spec"] = _pod_spec_defaults(new.get("spec") or {})
             _check_pod_spec_update(meta["name"], old, new)
         if rt.plural == "secrets":
             _fold_string_data(new)
             new.setdefault("type", old.get("type", "Opaque"))
+        if rt.plural == "namespaces":
+            _namespace_defaults(new)
+        if rt.plural == "priorityclasses":
+            new.setdefault("preemptionPolicy", "PreemptLowerPriority")
         return new
 
     def _patch(self, rt: ResourceType, namespace: str | None, name: str, body: Any, ctype: str,
@@ -2020,6 +2916,10 @@ class FakeKubeAPIServer:
         old = self._stored(rt, namespace, name)
         pre = options.get("preconditions") or {}
         self._check_preconditions(rt, name, old, pre.get("resourceVersion"), pre.get("uid"))
+        if rt.plural == "priorityclasses" and name in SYSTEM_PRIORITY_CLASSES:
+            raise _forbidden(rt, name, "this is a system priority class and cannot be deleted")
+        if rt.plural == "namespaces":
+            return self._delete_namespace(rt, key, old)
         grace = self._grace_period(rt, old, options)
         meta = old["metadata"]
         if grace == 0 and not meta.get("finalizers"):

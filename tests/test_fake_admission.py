@@ -1,0 +1,414 @@
+"""The fake API server where a real cluster is strict with GPU jobs (issue 29), through the real client.
+
+Custom resources (Volcano and scheduler-plugins PodGroups, Kueue's queues and workloads),
+``dryRun=All``, namespaces with PodSecurity labels, ResourceQuota, PriorityClass objects and
+PodDisruptionBudgets with the eviction subresource: each asserted with the status codes and
+messages kube-apiserver answers, so a test on the fake fails where a user's job would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from fakes.kube_apiserver import FakeKubeAPIServer
+
+NS = "default"
+VOLCANO = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+COSCHED = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+KUEUE = "kueue.x-k8s.io"
+
+
+@pytest.fixture
+def api():
+    with FakeKubeAPIServer(bookmark_interval_s=30.0, priority_classes={"training": 1000}) as server:
+        yield server
+
+
+@pytest.fixture
+def v1(api):
+    return client.CoreV1Api(client.ApiClient(api.configuration()))
+
+
+@pytest.fixture
+def crd(api):
+    return client.CustomObjectsApi(client.ApiClient(api.configuration()))
+
+
+@pytest.fixture
+def policy(api):
+    return client.PolicyV1Api(client.ApiClient(api.configuration()))
+
+
+@pytest.fixture
+def scheduling(api):
+    return client.SchedulingV1Api(client.ApiClient(api.configuration()))
+
+
+def pod(name: str, labels: dict | None = None, node: str | None = None, **spec_extra) -> dict:
+    spec: dict = {"containers": [{"name": "agent", "image": "trainer:1"}], **spec_extra}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+def with_resources(body: dict, requests: dict | None = None, limits: dict | None = None) -> dict:
+    body["spec"]["containers"][0]["resources"] = {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+    return body
+
+
+def restricted_pod(name: str) -> dict:
+    body = pod(name, securityContext={"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}})
+    body["spec"]["containers"][0]["securityContext"] = {"allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}}
+    return body
+
+
+def expect_error(code: int, reason: str, fn, *args, **kw) -> dict:
+    with pytest.raises(ApiException) as info:
+        fn(*args, **kw)
+    assert info.value.status == code, info.value.body
+    body = json.loads(info.value.body)
+    assert (body["kind"], body["status"], body["code"], body["reason"]) == ("Status", "Failure", code, reason)
+    return body
+
+
+def podgroup(name: str, group: tuple[str, str, str], **spec) -> dict:
+    return {"apiVersion": f"{group[0]}/{group[1]}", "kind": "PodGroup", "metadata": {"name": name},
+            "spec": spec or {"minMember": 2}}
+
+
+# --- custom resources ----------------------------------------------------------------------------
+
+def test_two_groups_podgroups_are_kept_apart(crd, api):
+    a = crd.create_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2], podgroup("pg", VOLCANO, minMember=4))
+    b = crd.create_namespaced_custom_object(*COSCHED[:2], NS, COSCHED[2], podgroup("pg", COSCHED, minMember=8))
+    assert a["apiVersion"] == "scheduling.volcano.sh/v1beta1" and b["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert a["metadata"]["uid"] != b["metadata"]["uid"] and a["metadata"]["generation"] == 1
+    assert crd.get_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2], "pg")["spec"]["minMember"] == 4
+    assert crd.get_namespaced_custom_object(*COSCHED[:2], NS, COSCHED[2], "pg")["spec"]["minMember"] == 8
+    listed = crd.list_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2])
+    assert (listed["kind"], [i["spec"]["minMember"] for i in listed["items"]]) == ("PodGroupList", [4])
+    body = expect_error(409, "AlreadyExists", crd.create_namespaced_custom_object, *COSCHED[:2], NS, COSCHED[2],
+                        podgroup("pg", COSCHED))
+    assert body["message"] == 'podgroups.scheduling.x-k8s.io "pg" already exists'
+    deleted = crd.delete_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2], "pg")
+    assert (deleted["kind"], deleted["status"]) == ("Status", "Success")
+    body = expect_error(404, "NotFound", crd.get_namespaced_custom_object, *VOLCANO[:2], NS, VOLCANO[2], "pg")
+    assert body["message"] == 'podgroups.scheduling.volcano.sh "pg" not found'
+    assert crd.get_namespaced_custom_object(*COSCHED[:2], NS, COSCHED[2], "pg")["spec"]["minMember"] == 8
+    assert [o["metadata"]["name"] for o in api.objects("podgroups.scheduling.x-k8s.io", NS)] == ["pg"]
+    assert api.objects("podgroups.scheduling.volcano.sh") == []
+
+
+def test_kueue_objects_list_watch_select_and_keep_their_status(crd):
+    rv = crd.list_namespaced_custom_object(KUEUE, "v1beta1", NS, "workloads")["metadata"]["resourceVersion"]
+    for name, queue in (("w0", "gpu"), ("w1", "cpu")):
+        crd.create_namespaced_custom_object(KUEUE, "v1beta1", NS, "workloads", {
+            "apiVersion": f"{KUEUE}/v1beta1", "kind": "Workload",
+            "metadata": {"name": name, "labels": {"kueue.x-k8s.io/queue-name": queue}},
+            "spec": {"queueName": queue, "podSets": [{"name": "main", "count": 2}]}})
+    picked = crd.list_namespaced_custom_object(KUEUE, "v1beta1", NS, "workloads",
+                                               label_selector="kueue.x-k8s.io/queue-name=gpu")
+    assert [i["metadata"]["name"] for i in picked["items"]] == ["w0"]
+    picked = crd.list_namespaced_custom_object(KUEUE, "v1beta1", NS, "workloads", field_selector="metadata.name=w1")
+    assert [i["metadata"]["name"] for i in picked["items"]] == ["w1"]
+    body = expect_error(400, "BadRequest", crd.list_namespaced_custom_object, KUEUE, "v1beta1", NS, "workloads",
+                        field_selector="spec.queueName=gpu")
+    assert body["message"] == "field label not supported: spec.queueName"
+    # the status subresource: a patch of the object keeps the status, of /status changes only it
+    admitted = {"admission": {"clusterQueue": "cq"}, "conditions": [{"type": "Admitted", "status": "True"}]}
+    after = crd.patch_namespaced_custom_object_status(KUEUE, "v1beta1", NS, "workloads", "w0",
+                                                      {"status": admitted, "spec": {"queueName": "other"}})
+    assert after["status"] == admitted and after["spec"]["queueName"] == "gpu" and after["metadata"]["generation"] == 1
+    after = crd.patch_namespaced_custom_object(KUEUE, "v1beta1", NS, "workloads", "w0",
+                                               {"spec": {"active": False}, "status": {"admission": None}})
+    assert after["status"] == admitted and after["spec"]["active"] is False and after["metadata"]["generation"] == 2
+    seen = [(e["type"], e["object"]["metadata"]["name"]) for e in watch.Watch().stream(
+        crd.list_namespaced_custom_object, KUEUE, "v1beta1", NS, "workloads", resource_version=rv, timeout_seconds=1)]
+    assert seen == [("ADDED", "w0"), ("ADDED", "w1"), ("MODIFIED", "w0"), ("MODIFIED", "w0")]
+
+
+def test_cluster_scoped_kueue_queues(crd):
+    crd.create_cluster_custom_object(KUEUE, "v1beta1", "resourceflavors", {
+        "apiVersion": f"{KUEUE}/v1beta1", "kind": "ResourceFlavor", "metadata": {"name": "h100"}})
+    cq = crd.create_cluster_custom_object(KUEUE, "v1beta1", "clusterqueues", {
+        "apiVersion": f"{KUEUE}/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "cq"},
+        "spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}]}]}})
+    assert "namespace" not in cq["metadata"]
+    lq = crd.create_namespaced_custom_object(KUEUE, "v1beta1", NS, "localqueues", {
+        "apiVersion": f"{KUEUE}/v1beta1", "kind": "LocalQueue", "metadata": {"name": "gpu"},
+        "spec": {"clusterQueue": "cq"}})
+    assert lq["metadata"]["namespace"] == NS
+    assert [i["metadata"]["name"] for i in crd.list_cluster_custom_object(KUEUE, "v1beta1", "clusterqueues")["items"]] == ["cq"]
+    # a cluster-scoped resource has no namespaced path, as on a real server
+    expect_error(404, "NotFound", crd.list_namespaced_custom_object, KUEUE, "v1beta1", NS, "clusterqueues")
+
+
+# --- dryRun=All ----------------------------------------------------------------------------------
+
+def test_dry_run_create_is_validated_and_admitted_but_not_stored(v1, api):
+    before = api.resource_version
+    made = v1.create_namespaced_pod(NS, pod("p0"), dry_run="All")
+    assert made.metadata.uid and made.metadata.creation_timestamp and made.metadata.resource_version is None
+    assert (made.spec.containers[0].image_pull_policy, made.spec.priority, made.status.qos_class) == \
+        ("IfNotPresent", 0, "BestEffort")
+    assert api.resource_version == before and api.get("pods", NS, "p0") is None
+    expect_error(404, "NotFound", v1.read_namespaced_pod, "p0", NS)
+    body = pod("bad")
+    body["spec"]["containers"][0]["name"] = "Agent"
+    assert expect_error(422, "Invalid", v1.create_namespaced_pod, NS, body, dry_run="All")["message"].startswith(
+        'Pod "bad" is invalid: spec.containers[0].name: Invalid value: "Agent"')
+    err = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS,
+                       pod("p1", priorityClassName="nope"), dry_run="All")
+    assert err["message"] == 'pods "p1" is forbidden: no PriorityClass with name nope was found'
+    # a watch from before sees the real create only
+    v1.create_namespaced_pod(NS, pod("real"))
+    expect_error(409, "AlreadyExists", v1.create_namespaced_pod, NS, pod("real"), dry_run="All")
+    seen = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+        v1.list_namespaced_pod, NS, resource_version=before, timeout_seconds=1)]
+    assert seen == [("ADDED", "real")]
+
+
+def test_dry_run_update_patch_and_delete_change_nothing(v1, api):
+    cm = v1.create_namespaced_config_map(NS, {"metadata": {"name": "c"}, "data": {"k": "v"}})
+    rv = cm.metadata.resource_version
+    patched = v1.patch_namespaced_config_map("c", NS, {"data": {"k": "w"}}, dry_run="All")
+    assert patched.data == {"k": "w"} and patched.metadata.resource_version == rv
+    cm.data = {"k": "x"}
+    assert v1.replace_namespaced_config_map("c", NS, cm, dry_run="All").data == {"k": "x"}
+    v1.delete_namespaced_config_map("c", NS, dry_run="All")
+    assert v1.read_namespaced_config_map("c", NS).data == {"k": "v"} and api.resource_version == rv
+    v1.create_namespaced_pod(NS, pod("p0", node="n0"))
+    rv = api.resource_version
+    going = v1.delete_namespaced_pod("p0", NS, dry_run="All")
+    assert going.metadata.deletion_timestamp is not None           # what a real delete would answer
+    assert v1.read_namespaced_pod("p0", NS).metadata.deletion_timestamp is None and api.resource_version == rv
+    stale = v1.read_namespaced_pod("p0", NS)
+    stale.metadata.resource_version = "1"
+    expect_error(409, "Conflict", v1.replace_namespaced_pod, "p0", NS, stale, dry_run="All")
+
+
+def test_an_unknown_dry_run_value_is_the_options_422(v1):
+    body = expect_error(422, "Invalid", v1.create_namespaced_pod, NS, pod("p0"), dry_run="Maybe")
+    assert body["message"] == ('CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+                               '[]string{"Maybe"}: supported values: "All"')
+    assert body["details"]["causes"] == [{"reason": "FieldValueNotSupported", "field": "dryRun",
+                                          "message": 'Unsupported value: []string{"Maybe"}: supported values: "All"'}]
+    v1.create_namespaced_pod(NS, pod("p0"))
+    body = expect_error(422, "Invalid", v1.delete_namespaced_pod, "p0", NS, dry_run="all")
+    assert body["message"].startswith('DeleteOptions.meta.k8s.io "" is invalid: dryRun')
+
+
+# --- namespaces and PodSecurity ------------------------------------------------------------------
+
+def test_namespaces_are_cluster_scoped_objects(v1, api):
+    assert {"default", "kube-system"} <= {n.metadata.name for n in v1.list_namespace().items}
+    ns = v1.create_namespace({"metadata": {"name": "team-a", "labels": {"team": "a"}}})
+    assert (ns.status.phase, ns.spec.finalizers) == ("Active", ["kubernetes"])
+    assert ns.metadata.labels == {"team": "a", "kubernetes.io/metadata.name": "team-a"}
+    assert [n.metadata.name for n in v1.list_namespace(label_selector="team=a").items] == ["team-a"]
+    body = expect_error(422, "Invalid", v1.create_namespace, {"metadata": {"name": "Team_B"}})
+    assert body["message"].startswith('Namespace "Team_B" is invalid: metadata.name: Invalid value: "Team_B"')
+    v1.create_namespaced_pod("team-a", pod("p0"))
+    v1.create_namespaced_pod("never-created", pod("p0"))      # as before: a namespace exists implicitly
+    gone = v1.delete_namespace("team-a")
+    assert gone["status"]["phase"] == "Terminating"   # the client types the answer as a Status
+    expect_error(404, "NotFound", v1.read_namespaced_pod, "p0", "team-a")
+    expect_error(404, "NotFound", v1.read_namespace, "team-a")
+    assert v1.read_namespaced_pod("p0", "never-created").metadata.name == "p0"
+
+
+def test_restricted_namespace_refuses_a_plain_pod_with_the_real_message(v1):
+    v1.create_namespace({"metadata": {"name": "secure", "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    for dry_run in ("All", None):
+        body = expect_error(403, "Forbidden", v1.create_namespaced_pod, "secure", pod("x"), dry_run=dry_run)
+        assert body["message"] == (
+            'pods "x" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
+            '(container "agent" must set securityContext.allowPrivilegeEscalation=false), unrestricted '
+            'capabilities (container "agent" must set securityContext.capabilities.drop=["ALL"]), runAsNonRoot != '
+            'true (pod or container "agent" must set securityContext.runAsNonRoot=true), seccompProfile (pod or '
+            'container "agent" must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")')
+        assert body["details"] == {"name": "x", "kind": "pods"}
+    assert v1.list_namespaced_pod("secure").items == []
+    v1.create_namespaced_pod("secure", restricted_pod("ok"))
+    bad = restricted_pod("root")
+    bad["spec"]["securityContext"]["runAsUser"] = 0
+    bad["spec"]["volumes"] = [{"name": "data", "hostPath": {"path": "/data"}}]
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, "secure", bad)
+    assert body["message"] == ('pods "root" is forbidden: violates PodSecurity "restricted:latest": restricted volume '
+                               'types (volume "data" uses restricted volume type "hostPath"), runAsUser=0 (pod must '
+                               'not set runAsUser=0)')
+
+
+def test_baseline_namespace_and_warnings(v1):
+    v1.create_namespace({"metadata": {"name": "base", "labels": {
+        "pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "v1.30",
+        "pod-security.kubernetes.io/warn": "restricted"}}})
+    host = pod("host", hostNetwork=True, volumes=[{"name": "data", "hostPath": {"path": "/data"}}])
+    host["spec"]["containers"][0]["securityContext"] = {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}
+    host["spec"]["containers"][0]["ports"] = [{"containerPort": 29500, "hostPort": 29500}]
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, "base", host)
+    assert body["message"] == (
+        'pods "host" is forbidden: violates PodSecurity "baseline:v1.30": non-default capabilities (container '
+        '"agent" must not include "SYS_ADMIN" in securityContext.capabilities.add), host namespaces '
+        '(hostNetwork=true), hostPath volumes (volume "data"), hostPort (container "agent" uses hostPort 29500), '
+        'privileged (container "agent" must not set securityContext.privileged=true)')
+    # baseline lets a plain pod in; the warn level says what restricted would refuse
+    _, code, headers = v1.create_namespaced_pod_with_http_info("base", pod("plain"))
+    assert code == 201
+    assert headers["Warning"].startswith('299 - "would violate PodSecurity \\"restricted:latest\\": '
+                                         'allowPrivilegeEscalation != false')
+    _, _, headers = v1.create_namespaced_pod_with_http_info("base", restricted_pod("clean"))
+    assert "Warning" not in headers
+
+
+def test_invalid_pod_security_labels_are_refused(v1):
+    body = expect_error(422, "Invalid", v1.create_namespace, {"metadata": {"name": "x", "labels": {
+        "pod-security.kubernetes.io/enforce": "strict"}}})
+    assert body["message"] == ('Namespace "x" is invalid: metadata.labels[pod-security.kubernetes.io/enforce]: '
+                               'Invalid value: "strict": must be one of privileged, baseline, restricted')
+    v1.create_namespace({"metadata": {"name": "y"}})
+    body = expect_error(422, "Invalid", v1.patch_namespace, "y", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce-version": "1.30"}}})
+    assert body["message"].endswith('Invalid value: "1.30": must be "latest" or "v1.x"')
+
+
+# --- ResourceQuota -------------------------------------------------------------------------------
+
+def gpu_pod(name: str, cpu: str, memory: str, gpus: int) -> dict:
+    return with_resources(pod(name), {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus)},
+                          {"nvidia.com/gpu": str(gpus)})
+
+
+def test_quota_status_and_the_real_refusals(v1, api):
+    v1.create_namespaced_resource_quota(NS, {"metadata": {"name": "compute"}, "spec": {"hard": {
+        "requests.cpu": "2", "requests.memory": "4096Mi", "requests.nvidia.com/gpu": "4", "pods": "3"}}})
+    quota = v1.read_namespaced_resource_quota("compute", NS)
+    assert quota.status.hard == {"requests.cpu": "2", "requests.memory": "4Gi", "requests.nvidia.com/gpu": "4",
+                                 "pods": "3"}
+    assert quota.status.used == {"requests.cpu": "0", "requests.memory": "0", "requests.nvidia.com/gpu": "0",
+                                 "pods": "0"}
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS, pod("bare"))
+    assert body["message"] == ('pods "bare" is forbidden: failed quota: compute: must specify requests.cpu for: '
+                               'agent; requests.memory for: agent')
+    v1.create_namespaced_pod(NS, gpu_pod("p0", "1500m", "1Gi", 4))
+    assert v1.read_namespaced_resource_quota("compute", NS).status.used == {
+        "requests.cpu": "1500m", "requests.memory": "1Gi", "requests.nvidia.com/gpu": "4", "pods": "1"}
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS, gpu_pod("p1", "1", "1Gi", 1))
+    assert body["message"] == ('pods "p1" is forbidden: exceeded quota: compute, requested: requests.cpu=1,'
+                               'requests.nvidia.com/gpu=1, used: requests.cpu=1500m,requests.nvidia.com/gpu=4, '
+                               'limited: requests.cpu=2,requests.nvidia.com/gpu=4')
+    expect_error(403, "Forbidden", v1.create_namespaced_pod, NS, gpu_pod("p1", "1", "1Gi", 1), dry_run="All")
+    rv = api.resource_version
+    v1.create_namespaced_pod(NS, gpu_pod("p1", "500m", "1Gi", 0), dry_run="All")
+    assert api.resource_version == rv
+    assert v1.read_namespaced_resource_quota("compute", NS).status.used["requests.cpu"] == "1500m"
+    # a finished pod no longer counts
+    v1.patch_namespaced_pod_status("p0", NS, {"status": {"phase": "Succeeded"}})
+    assert v1.read_namespaced_resource_quota("compute", NS).status.used == {
+        "requests.cpu": "0", "requests.memory": "0", "requests.nvidia.com/gpu": "0", "pods": "0"}
+    v1.create_namespaced_pod(NS, gpu_pod("p1", "1", "1Gi", 1))
+
+
+def test_count_pods_counts_finished_pods_and_limits_must_be_given(v1):
+    v1.create_namespaced_resource_quota(NS, {"metadata": {"name": "objects"}, "spec": {"hard": {
+        "count/pods": "1", "limits.memory": "1Gi"}}})
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS,
+                        with_resources(pod("p0"), {"memory": "1Gi"}))
+    assert body["message"] == 'pods "p0" is forbidden: failed quota: objects: must specify limits.memory for: agent'
+    v1.create_namespaced_pod(NS, with_resources(pod("p0"), limits={"memory": "512Mi"}))
+    v1.patch_namespaced_pod_status("p0", NS, {"status": {"phase": "Failed"}})
+    assert v1.read_namespaced_resource_quota("objects", NS).status.used == {"count/pods": "1", "limits.memory": "0"}
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS,
+                        with_resources(pod("p1"), limits={"memory": "512Mi"}))
+    assert body["message"] == ('pods "p1" is forbidden: exceeded quota: objects, requested: count/pods=1, '
+                               'used: count/pods=1, limited: count/pods=1')
+
+
+# --- PriorityClass -------------------------------------------------------------------------------
+
+def test_priority_classes_are_objects(v1, scheduling):
+    names = {pc.metadata.name: pc.value for pc in scheduling.list_priority_class().items}
+    assert names == {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000, "training": 1000}
+    assert v1.create_namespaced_pod(NS, pod("p0", priorityClassName="training")).spec.priority == 1000
+    scheduling.create_priority_class({"metadata": {"name": "batch"}, "value": 10, "globalDefault": True,
+                                      "preemptionPolicy": "Never"})
+    made = v1.create_namespaced_pod(NS, pod("p1"))
+    assert (made.spec.priority_class_name, made.spec.priority, made.spec.preemption_policy) == ("batch", 10, "Never")
+    body = expect_error(403, "Forbidden", scheduling.create_priority_class,
+                        {"metadata": {"name": "other"}, "value": 5, "globalDefault": True})
+    assert body["message"] == ('priorityclasses.scheduling.k8s.io "other" is forbidden: PriorityClass batch is '
+                               'already marked as default. Only one default can exist')
+    body = expect_error(422, "Invalid", scheduling.create_priority_class, {"metadata": {"name": "huge"},
+                                                                            "value": 2000000000})
+    assert body["message"] == ('PriorityClass.scheduling.k8s.io "huge" is invalid: value: Forbidden: maximum allowed '
+                               'value of a user defined priority is 1000000000')
+    expect_error(422, "Invalid", scheduling.create_priority_class, {"metadata": {"name": "system-mine"}, "value": 1})
+    body = expect_error(422, "Invalid", scheduling.patch_priority_class, "batch", {"value": 11})
+    assert body["message"].endswith("value: Forbidden: may not be changed in an update.")
+    expect_error(403, "Forbidden", scheduling.delete_priority_class, "system-node-critical")
+    scheduling.delete_priority_class("training")
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS, pod("p2", priorityClassName="training"))
+    assert body["message"] == 'pods "p2" is forbidden: no PriorityClass with name training was found'
+
+
+# --- PodDisruptionBudget and eviction ------------------------------------------------------------
+
+def ready(v1, name: str) -> None:
+    v1.patch_namespaced_pod_status(name, NS, {"status": {"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True"}]}})
+
+
+def test_eviction_respects_the_disruption_budget(v1, policy, api):
+    for i in range(3):
+        v1.create_namespaced_pod(NS, pod(f"p{i}", {"app": "trainer"}, node="n0"))
+        ready(v1, f"p{i}")
+    made = policy.create_namespaced_pod_disruption_budget(NS, {
+        "metadata": {"name": "budget"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "trainer"}}}})
+    assert made.status.disruptions_allowed == 0 and made.status.observed_generation is None   # not yet synced
+    status = policy.read_namespaced_pod_disruption_budget("budget", NS).status
+    assert (status.expected_pods, status.current_healthy, status.desired_healthy, status.disruptions_allowed,
+            status.observed_generation) == (3, 3, 2, 1, 1)
+    assert [(c.type, c.status, c.reason) for c in status.conditions] == [("DisruptionAllowed", "True", "SufficientPods")]
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="p0", namespace=NS))
+    v1.create_namespaced_pod_eviction("p0", NS, eviction, dry_run="All")
+    assert v1.read_namespaced_pod("p0", NS).metadata.deletion_timestamp is None
+    v1.create_namespaced_pod_eviction("p0", NS, eviction)
+    assert v1.read_namespaced_pod("p0", NS).metadata.deletion_timestamp is not None    # a graceful delete
+    status = policy.read_namespaced_pod_disruption_budget("budget", NS).status
+    assert (status.current_healthy, status.disruptions_allowed, status.conditions[0].reason) == (2, 0, "InsufficientPods")
+    body = expect_error(429, "TooManyRequests", v1.create_namespaced_pod_eviction, "p1", NS,
+                        client.V1Eviction(metadata=client.V1ObjectMeta(name="p1", namespace=NS)))
+    assert body["message"] == "Cannot evict pod as it would violate the pod's disruption budget."
+    assert body["details"]["causes"] == [{"reason": "DisruptionBudget",
+                                          "message": "The disruption budget budget needs 2 healthy pods and has 2 currently"}]
+    assert v1.read_namespaced_pod("p1", NS).metadata.deletion_timestamp is None
+    # a pod the budget does not cover, or a pending one, goes at once
+    v1.create_namespaced_pod(NS, pod("lone", {"app": "trainer"}))
+    v1.create_namespaced_pod_eviction("lone", NS, client.V1Eviction(metadata=client.V1ObjectMeta(name="lone")))
+    expect_error(404, "NotFound", v1.read_namespaced_pod, "lone", NS)
+    body = expect_error(400, "BadRequest", v1.create_namespaced_pod_eviction, "p1", NS,
+                        client.V1Eviction(metadata=client.V1ObjectMeta(name="p2")))
+    assert body["message"] == "name in URL does not match name in Eviction object"
+
+
+def test_budgets_by_percentage_need_a_controller_the_fake_cannot_scale(v1, policy):
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-1", "controller": True}
+    body = pod("p0", {"app": "job"}, node="n0")
+    body["metadata"]["ownerReferences"] = [owner]
+    v1.create_namespaced_pod(NS, body)
+    ready(v1, "p0")
+    policy.create_namespaced_pod_disruption_budget(NS, {
+        "metadata": {"name": "pct"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "job"}}}})
+    status = policy.read_namespaced_pod_disruption_budget("pct", NS).status
+    assert status.disruptions_allowed == 0
+    assert [(c.status, c.reason, c.message) for c in status.conditions] == [
+        ("False", "SyncFailed", 'found no controllers for pod "p0"')]
+    expect_error(429, "TooManyRequests", v1.create_namespaced_pod_eviction, "p0", NS,
+                 client.V1Eviction(metadata=client.V1ObjectMeta(name="p0")))
