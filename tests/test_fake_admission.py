@@ -412,3 +412,27 @@ def test_budgets_by_percentage_need_a_controller_the_fake_cannot_scale(v1, polic
         ("False", "SyncFailed", 'found no controllers for pod "p0"')]
     expect_error(429, "TooManyRequests", v1.create_namespaced_pod_eviction, "p0", NS,
                  client.V1Eviction(metadata=client.V1ObjectMeta(name="p0")))
+
+
+def test_a_stricter_enforce_label_warns_about_the_pods_already_there(v1):
+    v1.create_namespace({"metadata": {"name": "team"}})
+    for name in ("b", "a", "c"):
+        v1.create_namespaced_pod("team", pod(name))
+    host = pod("h", hostNetwork=True)
+    v1.create_namespaced_pod("team", host)
+    _, _, headers = v1.patch_namespace_with_http_info("team", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "baseline"}}})
+    assert headers.getlist("Warning") == [
+        '299 - "existing pods in namespace \\"team\\" violate the new PodSecurity enforce level \\"baseline:latest\\""',
+        '299 - "h: host namespaces"']
+    _, _, headers = v1.patch_namespace_with_http_info("team", {"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    assert headers.getlist("Warning")[1:] == [
+        '299 - "a (and 2 other pods): allowPrivilegeEscalation != false, unrestricted capabilities, '
+        'runAsNonRoot != true, seccompProfile"',
+        '299 - "h: host namespaces, allowPrivilegeEscalation != false, unrestricted capabilities, '
+        'runAsNonRoot != true, seccompProfile"']
+    # the pods stay; a new image on one of them is checked against the new level
+    body = expect_error(403, "Forbidden", v1.patch_namespaced_pod, "a", "team",
+                        {"spec": {"containers": [{"name": "agent", "image": "trainer:2"}]}})
+    assert body["message"].startswith('pods "a" is forbidden: violates PodSecurity "restricted:latest": ')

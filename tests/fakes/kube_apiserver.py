@@ -6,8 +6,24 @@ protocol, so the official ``kubernetes`` client talks to it unchanged and raises
 ``ApiException`` (status, reason, a ``Status`` body) as against a cluster. What it keeps, as
 kube-apiserver does:
 
-- namespaced pods, services, configmaps, secrets, events and coordination.k8s.io/v1 leases;
-  cluster-scoped nodes; ``/status`` for pods, services and nodes; ``pods/binding``;
+- namespaced pods, services, configmaps, secrets, events, resourcequotas,
+  coordination.k8s.io/v1 leases and policy/v1 poddisruptionbudgets; cluster-scoped nodes,
+  namespaces and scheduling.k8s.io/v1 priorityclasses; ``/status`` for pods, services, nodes,
+  namespaces, resourcequotas and poddisruptionbudgets; ``pods/binding``, ``pods/eviction``;
+- custom resources, stored by group and plural (two groups may share one): Volcano's
+  ``scheduling.volcano.sh/v1beta1`` and scheduler-plugins' ``scheduling.x-k8s.io/v1alpha1``
+  podgroups, Kueue's ``kueue.x-k8s.io/v1beta1`` workloads and localqueues (namespaced),
+  clusterqueues and resourceflavors (cluster-scoped); through ``CustomObjectsApi`` they list,
+  watch, select (``metadata.name``/``namespace`` fields only) and keep a ``/status`` subresource
+  (resourceflavors have none) and ``metadata.generation`` (bumped by changes outside status),
+  as their CRDs declare; their schemas are not checked;
+- ``dryRun=All`` (query or DeleteOptions) on create, update, patch, delete and eviction: decoded,
+  defaulted, validated and admitted as a real write, then nothing stored, no resourceVersion
+  spent, no watch event, no controller run; the answer is the dry-run storage's: a create
+  without a resourceVersion (uid and creationTimestamp set), an update with the old one, a
+  graceful delete with its deletionTimestamp. Any other value: 422 ``CreateOptions.meta.k8s.io
+  "" is invalid: dryRun: Unsupported value: []string{"x"}: supported values: "All"`` (Update-,
+  Patch-, DeleteOptions as the verb is);
 - one global resourceVersion, bumped by every write (a no-op update writes nothing);
   409 AlreadyExists on create, 409 Conflict on PUT/PATCH/DELETE with a stale resourceVersion
   or uid precondition;
@@ -53,18 +69,66 @@ kube-apiserver does:
 - pod defaults and admission at create: ``imagePullPolicy`` (Always for ``:latest``/no tag),
   ``terminationMessagePath``/``Policy``, ``dnsPolicy``, ``schedulerName``, ``securityContext``,
   ``enableServiceLinks``, ``serviceAccountName: default``, the DefaultTolerationSeconds
-  tolerations (not-ready/unreachable, NoExecute, 300 s), ``priority`` from
-  ``priorityClassName`` (403 for a class not in ``priority_classes``), ``status.qosClass``;
+  tolerations (not-ready/unreachable, NoExecute, 300 s), ``status.qosClass``;
+- the Priority plugin backed by PriorityClass objects (system-cluster-critical and
+  system-node-critical built in, plus the constructor's ``priority_classes``): ``priority`` and
+  ``preemptionPolicy`` from ``priorityClassName``, or from the ``globalDefault`` class (whose name
+  the pod then carries); 403 ``no PriorityClass with name x was found``; one globalDefault only
+  (403), user values up to 1000000000 and ``system-`` names reserved (422), value and
+  preemptionPolicy immutable, the system classes undeletable (403);
+- namespaces as objects: ``default``, ``kube-system``, ``kube-public`` and ``kube-node-lease``
+  exist from the start; each gets ``spec.finalizers: [kubernetes]``, ``status.phase: Active`` and
+  the ``kubernetes.io/metadata.name`` label; a delete answers the namespace Terminating, then
+  everything in it and the namespace itself are gone. A namespace never created still exists
+  implicitly for namespaced objects (and has no labels);
+- PodSecurity admission (pod create, dry run included, and a pod update that changes an image):
+  the namespace's ``pod-security.kubernetes.io/enforce`` (privileged|baseline|restricted) and
+  ``enforce-version`` (``latest``, ``v1.N``) refuse with 403 ``pods "x" is forbidden: violates
+  PodSecurity "restricted:latest": <reason> (<detail>), ...`` in the policy registry's check
+  order, the messages of k8s.io/pod-security-admission; ``warn`` (defaulting to a stricter
+  enforce) adds ``Warning: would violate PodSecurity ...``. Checks kept: baseline host
+  namespaces, privileged, non-default capabilities, hostPath volumes, host ports, seccomp
+  Unconfined; restricted allowPrivilegeEscalation, capabilities drop ALL, volume types,
+  runAsNonRoot, runAsUser=0, seccompProfile RuntimeDefault/Localhost (Windows pods and
+  ``hostUsers: false`` relaxed as the policy versions say). Bad labels on a namespace: 422; a
+  stricter enforce label on an existing namespace warns ``existing pods in namespace ... violate
+  the new PodSecurity enforce level`` and names the pods, as the admission does;
+- ResourceQuota admission (any namespaced create, dry run included) and the quota controller:
+  ``status.hard``/``status.used`` kept at once (quantities printed canonically, ``4096Mi`` as
+  ``4Gi``) for pods, count/pods, cpu, memory, requests.*/limits.* of cpu, memory and
+  ephemeral-storage, hugepages, extended resources (``requests.nvidia.com/gpu``),
+  ``count/<resource>`` and the legacy configmaps/secrets/services counts. Finished pods stop
+  counting except in count/pods. 403 ``exceeded quota: q, requested: requests.cpu=1, used:
+  requests.cpu=1500m, limited: requests.cpu=2`` and ``failed quota: q: must specify
+  requests.cpu for: agent; requests.memory for: agent`` (cpu/memory quotas need every
+  container to say them);
+- the disruption controller: each PodDisruptionBudget's status (``expectedPods``,
+  ``currentHealthy`` from Ready, undeleted matching pods, ``desiredHealthy``,
+  ``disruptionsAllowed``, ``observedGeneration``, the DisruptionAllowed condition
+  SufficientPods/InsufficientPods) rewritten after every pod or budget write; an integer
+  ``minAvailable`` counts the matching pods, while ``maxUnavailable`` or a percentage needs the
+  pods' controllers' scale: unmanaged pods are skipped (so no disruption is allowed) and a pod
+  with a controller is the real SyncFailed ``found no controllers for pod "x"`` (the fake keeps
+  no Deployment/ReplicaSet/StatefulSet). The eviction subresource decides as EvictionREST does:
+  a Pending, finished or terminating pod is deleted outright, else its one budget must allow a
+  disruption or the answer is 429 ``Cannot evict pod as it would violate the pod's disruption
+  budget.`` with a ``DisruptionBudget`` cause (``needs 2 healthy pods and has 2 currently``),
+  two budgets a 500; an allowed eviction is a graceful delete and answers 201 Success;
 - ``sendInitialEvents=true`` watches (with ``resourceVersionMatch=NotOlderThan`` and
   bookmarks, else 422): the current objects, then a BOOKMARK annotated
   ``k8s.io/initial-events-end: "true"``; other bookmarks carry only ``metadata.resourceVersion``.
 
 Not kept (a real cluster has them): authentication and RBAC, the admission plugins not named
-above (ResourceQuota, LimitRanger, PodSecurity, webhooks), a limit without a request stored as
-the request (only counted so: the stored spec keeps what the client sent), the validation of
-status updates beyond the schema, namespaces as objects (every namespace exists), garbage
-collection by owner references, consistent snapshots across list pages, server-side apply,
-protobuf and CBOR.
+above (LimitRanger, NamespaceLifecycle's 404 for a namespace never created, webhooks, Kueue's
+and Volcano's own webhooks and controllers), a limit without a request stored as the request
+(only counted so: the stored spec keeps what the client sent), quantities stored canonically
+(only quota status prints them so), the validation of status updates beyond the schema, custom
+resources' OpenAPI schemas, the PodSecurity checks for AppArmor, SELinux, procMount, sysctls,
+host probes and Windows host process, audit annotations and exemptions, quota scopes and
+scopeSelector, quota on pod updates, the quota status lag (admission never meets "status
+unknown"), PDB ``disruptedPods`` and ``unhealthyPodEvictionPolicy``, a terminating namespace
+that waits for its pods' grace periods, garbage collection by owner references, consistent
+snapshots across list pages, server-side apply, protobuf and CBOR.
 
 For tests: a request counter per verb and resource, also per User-Agent (``request_counts``,
 e.g. what one client alone asked for, to check its RBAC), faults injected by
@@ -1790,20 +1854,30 @@ _PSA_RESTRICTED = (("allowPrivilegeEscalation", _check_allow_privilege_escalatio
 _PSA_OVERRIDDEN = {"capabilities_baseline", "hostPathVolumes", "seccompProfile_baseline"}
 
 
-def pod_security_violations(level: str, version: str, pod: JSON) -> str | None:
-    """What the PodSecurity ``level`` at ``version`` (``latest``, ``v1.30``) says of ``pod``:
-    ``reason (detail), ...`` as AggregateCheckResult.ForbiddenDetail writes it, or None."""
+def pod_security_results(level: str, version: str, pod: JSON) -> list[tuple[str, str]]:
+    """The (reason, detail) of each check the PodSecurity ``level`` at ``version`` fails for ``pod``."""
     if level == "privileged":
-        return None
+        return []
     minor = 10 ** 6 if version == "latest" else int(version.split(".")[1])
     checks = list(_PSA_BASELINE)
     if level == "restricted":
         checks = [c for c in checks if c[0] not in _PSA_OVERRIDDEN] + list(_PSA_RESTRICTED)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    found = [r for r in (check(meta, spec, minor) for _, check in checks) if r]
+    return [r for r in (check(meta, spec, minor) for _, check in checks) if r]
+
+
+def pod_security_violations(level: str, version: str, pod: JSON) -> str | None:
+    """What the PodSecurity ``level`` at ``version`` (``latest``, ``v1.30``) says of ``pod``:
+    ``reason (detail), ...`` as AggregateCheckResult.ForbiddenDetail writes it, or None."""
+    found = pod_security_results(level, version, pod)
     if not found:
         return None
     return ", ".join(f"{reason} ({detail})" if detail else reason for reason, detail in found)
+
+
+def _images(pod: JSON) -> list[list[str]]:
+    spec = pod.get("spec") or {}
+    return [[str(c.get("image")) for c in spec.get(key) or []] for key in ("containers", "initContainers")]
 
 
 def pod_security_policy(labels: dict[str, str]) -> tuple[dict[str, tuple[str, str]], list[FieldError]]:
@@ -2541,20 +2615,52 @@ class FakeKubeAPIServer:
         if not self.validate:
             return
         if rt.plural == "namespaces":
-            _, errs = pod_security_policy((obj.get("metadata") or {}).get("labels") or {})
-            if errs:
-                raise invalid_error(rt, name, errs)
+            self._admit_namespace(name, obj, old)
         if rt.plural == "priorityclasses" and obj.get("globalDefault"):
             for other in self._selected(rt, None, Selector()):
                 if other.get("globalDefault") and other["metadata"]["name"] != name:
                     raise _forbidden(rt, name, f"PriorityClass {other['metadata']['name']} is already marked as "
                                                "default. Only one default can exist")
         if old is not None:
+            # isSignificantPodUpdate: a pod update that changes an image is checked again
+            if rt.plural == "pods" and _images(obj) != _images(old):
+                self._admit_pod_security(namespace or "", name, obj)
             return
         if rt.plural == "pods":
             self._admit_pod_security(namespace or "", name, obj)
         if rt.namespaced:
             self._admit_quota(rt, namespace or "", name, obj)
+
+    def _admit_namespace(self, name: str, obj: JSON, old: JSON | None) -> None:
+        """PodSecurity on a namespace: its labels must parse (on update, unless they were already
+        wrong the same way); a stricter enforce level warns about the pods already there."""
+        policy, errs = pod_security_policy((obj.get("metadata") or {}).get("labels") or {})
+        old_policy, old_errs = pod_security_policy(((old or {}).get("metadata") or {}).get("labels") or {})
+        if errs and (old is None or not old_errs or errs != old_errs):
+            raise invalid_error(RESOURCES["namespaces"], name, errs)
+        level, version = policy["enforce"]
+        old_level, old_version = old_policy["enforce"]
+        if (old is None or (level, version) == (old_level, old_version) or level == "privileged"
+                or (version == old_version and PSA_LEVELS.index(level) <= PSA_LEVELS.index(old_level))):
+            return
+        first: dict[str, tuple[str, int]] = {}        # ForbiddenReason -> (first pod by name, count)
+        for pod in self._selected(RESOURCES["pods"], name, Selector()):
+            found = pod_security_results(level, version, pod)
+            if found:
+                reason = ", ".join(r for r, _ in found)
+                pod_name = pod["metadata"]["name"]
+                seen = first.get(reason)
+                first[reason] = (min(pod_name, seen[0]) if seen else pod_name, (seen[1] if seen else 0) + 1)
+        warnings = _WARNINGS.get()
+        if not first or warnings is None:
+            return
+        warnings.append(f'existing pods in namespace "{name}" violate the new PodSecurity enforce level '
+                        f'"{level}:{version}"')
+        decorated = []
+        for reason, (pod_name, count) in first.items():
+            others = "" if count == 1 else " (and 1 other pod)" if count == 2 else f" (and {count - 1} other pods)"
+            decorated.append(f"{pod_name}{others}: {reason}")
+        warnings.extend(sorted(decorated))
 
     def _admit_pod_security(self, namespace: str, name: str, pod: JSON) -> None:
         """PodSecurity: the namespace's enforce level refuses the pod (403); its warn level adds a
