@@ -436,3 +436,20 @@ def test_a_stricter_enforce_label_warns_about_the_pods_already_there(v1):
     body = expect_error(403, "Forbidden", v1.patch_namespaced_pod, "a", "team",
                         {"spec": {"containers": [{"name": "agent", "image": "trainer:2"}]}})
     assert body["message"].startswith('pods "a" is forbidden: violates PodSecurity "restricted:latest": ')
+
+
+def test_a_custom_resource_body_must_name_its_own_kind_and_version(crd):
+    body = expect_error(400, "BadRequest", crd.create_namespaced_custom_object, *VOLCANO[:2], NS, VOLCANO[2],
+                        podgroup("pg", COSCHED))
+    assert body["message"] == ("the API version in the data (scheduling.x-k8s.io/v1alpha1) does not match the "
+                               "expected API version (scheduling.volcano.sh/v1beta1)")
+    wrong = {**podgroup("pg", VOLCANO), "kind": "Queue"}
+    body = expect_error(422, "Invalid", crd.create_namespaced_custom_object, *VOLCANO[:2], NS, VOLCANO[2], wrong)
+    assert body["message"] == 'PodGroup.scheduling.volcano.sh "pg" is invalid: kind: Invalid value: "Queue": must be PodGroup'
+    bare = {k: v for k, v in podgroup("pg", VOLCANO).items() if k != "kind"}
+    body = expect_error(400, "BadRequest", crd.create_namespaced_custom_object, *VOLCANO[:2], NS, VOLCANO[2], bare)
+    assert body["message"].startswith("Object 'Kind' is missing in '")
+    crd.create_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2], podgroup("pg", VOLCANO))
+    # unstructured list items keep their kind and apiVersion (built-in ones do not)
+    (item,) = crd.list_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2])["items"]
+    assert (item["apiVersion"], item["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")

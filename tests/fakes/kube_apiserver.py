@@ -1453,6 +1453,25 @@ def _fold_string_data(obj: JSON) -> None:
             data[key] = base64.b64encode(str(value).encode()).decode()
 
 
+def _check_type(rt: ResourceType, body: JSON, name: str) -> None:
+    """The body's apiVersion and kind, as the create and update handlers and the decoder check them:
+    another group/version is a 400; a custom resource (decoded unstructured) must name both, and
+    its own kind (the CR validator's 422)."""
+    api_version, kind = body.get("apiVersion"), body.get("kind")
+    if api_version and api_version != rt.api_version:
+        raise ApiError(400, f"the API version in the data ({api_version}) does not match the expected API "
+                            f"version ({rt.api_version})")
+    if not rt.custom:
+        return
+    raw = json.dumps(body, separators=(",", ":"))
+    if not kind:
+        raise ApiError(400, f"Object 'Kind' is missing in '{raw}'")
+    if not api_version:
+        raise ApiError(400, f"Object 'apiVersion' is missing in '{raw}'")
+    if kind != rt.kind:
+        raise invalid_error(rt, name or "", [FieldError("Invalid", "kind", kind, f"must be {rt.kind}")])
+
+
 def _prepare_for_create(rt: ResourceType, obj: JSON) -> None:
     if rt.plural == "pods":
         spec = obj["spec"] = _pod_spec_defaults(obj.get("spec") or {})
@@ -2510,9 +2529,11 @@ class FakeKubeAPIServer:
                 {"rv": list_rv, "after": [last.get("namespace", ""), last["name"]]}).encode()).decode()
             meta["remainingItemCount"] = len(items) - limit
             items = items[:limit]
-        # list items carry no kind/apiVersion, as the real server sends them
+        # built-in list items carry no kind/apiVersion, as the real server sends them; custom
+        # resources' (unstructured) items keep theirs
         return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta,
-                "items": [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items]}
+                "items": [o if rt.custom else {k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
+                          for o in items]}
 
     def _create(self, rt: ResourceType, namespace: str | None, body: Any) -> JSON:
         if not isinstance(body, dict):
@@ -2528,6 +2549,7 @@ class FakeKubeAPIServer:
         if not name:
             raise ApiError(422, f'{rt.kind} "" is invalid: metadata.name: Required value: name or '
                                 "generateName is required", details={"kind": rt.kind})
+        _check_type(rt, obj, name)
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         required = self._decode(rt, obj)
         meta = obj.setdefault("metadata", {})
@@ -2905,6 +2927,7 @@ class FakeKubeAPIServer:
                                 "sent on the request")
         self._check_preconditions(rt, name, old, meta.get("resourceVersion"), meta.get("uid"))
         body = copy.deepcopy(body)
+        _check_type(rt, body, name)
         body["apiVersion"], body["kind"] = rt.api_version, rt.kind
         required = self._decode(rt, body)
         new = self._next_version(rt, old, body, sub)
@@ -2947,8 +2970,10 @@ class FakeKubeAPIServer:
             else:
                 new.pop("status", None)
         if rt.generation or rt.custom:
+            skip = ("metadata", "apiVersion", "kind") + (("status",) if rt.status_subresource else ())
+
             def content(o: JSON) -> JSON:
-                return {k: v for k, v in o.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+                return {k: v for k, v in o.items() if k not in skip}
             generation = old["metadata"].get("generation", 1)
             meta["generation"] = generation + 1 if content(new) != content(old) else generation
         if rt.plural == "pods":
@@ -3056,7 +3081,8 @@ class FakeKubeAPIServer:
             meta = obj["metadata"]
             result = self._delete(rt, meta.get("namespace"), meta["name"], options)
             if result.get("kind") != "Status":
-                deleted.append({k: v for k, v in result.items() if k not in ("kind", "apiVersion")})
+                deleted.append(result if rt.custom else
+                               {k: v for k, v in result.items() if k not in ("kind", "apiVersion")})
         return {"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                 "metadata": {"resourceVersion": str(self._rv)}, "items": deleted}
 
