@@ -616,7 +616,8 @@ def sample_worker_pods(objs: list[dict]) -> list[dict]:
     slots = ["gpu-node-0", "gpu-node-1"]
     spec = LaunchSpec(attempt=0, nodes=slots, nnodes_min=2, nnodes_max=2, nproc_per_node=cfg.nproc_per_node,
                       command=list(cfg.command), env=dict(cfg.env), rdzv_endpoint="x:29400", rdzv_id="r")
-    return [platform.worker_pod(spec, slot) for slot in slots]
+    endpoint = "10.0.0.1:29400" if cfg.platform.kubernetes.rendezvous == "ip" else ""  # the first pod's IP, once placed
+    return [platform.worker_pod(spec, slot, endpoint) for slot in slots]
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
@@ -628,6 +629,7 @@ def test_worker_pods_built_from_the_rendered_config_validate_strict(chart, value
                 kubernetes_validate.validate(pod, version, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"worker pod {pod['metadata']['name']} on Kubernetes {version}: {exc}")
+        kubernetes_client.V1Pod.from_dict(pod)  # and the controller's client takes it (its own types)
         labels = pod["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/name"] != "elastic-supervisor"  # the controller's Service selects that

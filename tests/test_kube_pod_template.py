@@ -63,6 +63,7 @@ def env(container: dict) -> dict:
 def validate(p: dict) -> None:
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(p, version, strict=True)
+    client.V1Pod.from_dict(p)  # what the controller's client sends: its own types (quantities are strings)
 
 
 BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
@@ -193,7 +194,8 @@ def test_a_gpu_template_reaches_the_pod_as_written_with_the_controllers_fields_k
     a = agent(p)
     assert a["command"][:3] == ["python", "-m", "supervisor.platforms.node.forking_agent"]
     assert a["image"] == "registry.example/train:v3"
-    assert a["resources"]["limits"] == {"nvidia.com/gpu": 8, "hugepages-2Mi": "1Gi", "memory": "900Gi"}
+    # quantities as the API's types have them (the client refuses a number)
+    assert a["resources"]["limits"] == {"nvidia.com/gpu": "8", "hugepages-2Mi": "1Gi", "memory": "900Gi"}
     e = env(a)
     assert e["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "INFO"}  # config.env's, replaced by name
     assert e["WANDB_API_KEY"] == ENV_SECRET and e["NCCL_IB_HCA"]["valueFrom"]["configMapKeyRef"]["name"] == "nccl"
@@ -322,6 +324,8 @@ OWNED = [
     ({"spec": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}},
      "pod_template.spec.volumes: name 'a' appears twice"),
     ({"spec": {"ephemeralContainers": []}}, "pod_template.spec.ephemeralContainers: cannot be set"),
+    ({"spec": {"initContainers": [{"name": "warm", "env": [{"name": "N", "value": 8}]}]}},
+     "pod_template.spec.initContainers[0].env[0].value: must be a string"),
     ({"kind": "Pod"}, "pod_template.kind: unknown key"),
     ({"spec": []}, "pod_template.spec: must be a mapping"),
 ]
@@ -353,3 +357,84 @@ def test_a_mount_path_is_owned_only_where_the_controller_mounts_something():
     p = pod(free, worker={"shm_size": ""})
     assert {"name": "own-shm", "mountPath": "/dev/shm"} in agent(p)["volumeMounts"]
     validate(p)
+
+
+# ------------------------------------------------------------------ against the fake API server
+
+@pytest.fixture
+def api():
+    from fakes.kube_apiserver import FakeKubeAPIServer
+
+    server = FakeKubeAPIServer().start()
+    yield server
+    server.stop()
+
+
+def started(api, tmp_path, raw: dict) -> KubernetesPlatform:
+    cfg = from_dict(raw)
+    settings = settings_from_config(cfg, "training")
+    p = KubernetesPlatform(KubeApi(client.ApiClient(api.configuration()), timeout_s=2, retry_s=2),
+                           settings).start(wait_s=10)
+    (tmp_path / "token").write_text("ab" * 24)
+    p.token_env(tmp_path / "token")
+    return p
+
+
+def test_a_capacity_probe_lands_where_a_templated_worker_lands_and_runs_none_of_its_extras(api, tmp_path):
+    import asyncio
+
+    raw = job({"pod_template": GPU_TEMPLATE}, node_reads=False, slots=2)
+    raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+    client.SchedulingV1Api(client.ApiClient(api.configuration())).create_priority_class(
+        {"metadata": {"name": "training"}, "value": 1000})
+    p = started(api, tmp_path, raw)
+    try:
+        asyncio.run(p.probe_capacity(["slot-1"]))
+        (probe,) = api.objects("pods", "training")
+        spec = probe["spec"]
+        assert probe["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"  # queues admit it alike
+        assert probe["metadata"]["labels"]["elastic-supervisor/role"] == "capacity-probe"
+        for key in ("schedulerName", "runtimeClassName", "priorityClassName", "topologySpreadConstraints"):
+            assert spec[key] == GPU_TEMPLATE["spec"][key], key
+        assert spec["tolerations"][0] == GPU_TEMPLATE["spec"]["tolerations"][0]  # then the API's defaults
+        assert spec["affinity"]["podAntiAffinity"] == GPU_TEMPLATE["spec"]["affinity"]["podAntiAffinity"]
+        (c,) = spec["containers"]
+        assert c["name"] == "probe" and c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert c["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"], "drop": ["ALL"]}
+        # it holds the slot's resources, nothing else: no init containers, volumes, env or host IPC
+        assert not {"initContainers", "volumes", "hostIPC"} & set(spec) and "env" not in c
+        assert spec["securityContext"]["runAsNonRoot"] is True
+    finally:
+        p.close()
+
+
+def test_an_agent_that_ended_beside_a_running_sidecar_ends_its_pod_for_the_controller(api, tmp_path):
+    import asyncio
+
+    template = {"spec": {"containers": [{"name": "dcgm-exporter", "image": "dcgm:3"}]}}
+    raw = job({"pod_template": template}, node_reads=False, slots=2)
+    raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+    p = started(api, tmp_path, raw)
+    try:
+        s = spec()
+        s = LaunchSpec(**{**s.__dict__, "nodes": ["slot-0", "slot-1"]})
+        asyncio.run(p.launch(s))
+        v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+        running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+        for name, agent_state in (("slot-0", {"terminated": {"exitCode": 3, "reason": "Error"}}), ("slot-1", running)):
+            pod = p.describe()["pods"][name]
+            v1.patch_namespaced_pod_status(pod, "training", {"status": {"phase": "Running", "containerStatuses": [
+                {"name": "dcgm-exporter", "ready": True, "restartCount": 0, "image": "dcgm:3", "imageID": "",
+                 "state": running},
+                {"name": "agent", "ready": False, "restartCount": 0, "image": "x", "imageID": "", "state": agent_state}]}})
+        import time
+        deadline = time.monotonic() + 10
+        while True:
+            out = asyncio.run(p.observe())
+            if out["slot-0"].state.name == "EXITED" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert out["slot-0"].state.name == "EXITED" and out["slot-0"].exit_code == 3
+        assert out["slot-1"].state.name == "RUNNING"
+    finally:
+        p.close()

@@ -450,12 +450,15 @@ class KubernetesPlatform(Platform):
         """The pod :meth:`launch` creates for ``slot`` of ``spec``'s attempt: the generated pod with
         ``worker.pod_template`` merged over it (:mod:`.pod_template`). ``endpoint``: the store's
         ``host:port`` the pod dials; empty: the first pod's name under the rendezvous Service, as
-        launch makes it. The first slot's pod serves the store. Needs no cluster: the chart's tests
+        launch makes it (with ``rendezvous: ip`` the first pod's IP must be given: it has one only
+        once placed). The first slot's pod serves the store. Needs no cluster: the chart's tests
         build a pod from a rendered config with it."""
         is_host = slot == spec.nodes[0]
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         if not endpoint and not is_host:
-            endpoint = self._endpoint_of(None, port, name=self._name_of(spec, spec.nodes[0]))
+            endpoint = self._endpoint_of(None, port, name=self._name_of(spec, spec.nodes[0])) or ""
+            if not endpoint:
+                raise PlatformError("rendezvous ip: the first pod's IP:port is needed to build the others")
         return self._pod_body(spec, slot, port if is_host else endpoint, is_host)
 
     def _name_of(self, spec: LaunchSpec, slot: str) -> str:
@@ -702,6 +705,9 @@ class KubernetesPlatform(Platform):
         if r.kind in (Reading.DISRUPTED, Reading.EVICTED) and not p.deleted_by_us:
             return NodeStatus(**base, state=NodeState.LOST, detail=f"pod {p.name} {r.reason}: {r.message}".strip(": "))
         if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+            return self._final(p, pod, deleted=False)
+        if _terminated(pod, agent_only=True) is not None:
+            # the agent ended; a container the pod template added keeps the pod Running
             return self._final(p, pod, deleted=False)
         if r.kind == Reading.WAITING_FOR_CAPACITY:
             return NodeStatus(**base, state=NodeState.RUNNING, waiting=WAIT_CAPACITY,
@@ -1023,7 +1029,8 @@ def pod_facts(pod: Any) -> PodFacts:
     limits = {c.name: ((c.resources.limits or {}).get("memory", "") if c.resources else "")
               for c in (spec.containers if spec and spec.containers else [])}
     containers = []
-    for cs in (status.container_statuses or []) if status else []:
+    # the agent's first: its exit code is the pod's, whatever a sidecar says
+    for cs in sorted((status.container_statuses or []) if status else [], key=lambda cs: cs.name != pod_template.AGENT):
         waiting = cs.state.waiting if cs.state else None
         term = cs.state.terminated if cs.state else None
         containers.append(ContainerFacts(
@@ -1040,11 +1047,12 @@ def pod_facts(pod: Any) -> PodFacts:
         containers=tuple(containers), node_name=(spec.node_name or "") if spec else "")
 
 
-def _terminated(pod: Any) -> Any:
+def _terminated(pod: Any, agent_only: bool = False) -> Any:
+    """The agent container's terminated state, else (``agent_only`` False) another container's."""
     if pod is None or not pod.status:
         return None
-    for cs in pod.status.container_statuses or []:
-        if cs.state and cs.state.terminated:
+    for cs in sorted(pod.status.container_statuses or [], key=lambda cs: cs.name != pod_template.AGENT):
+        if cs.state and cs.state.terminated and (cs.name == pod_template.AGENT or not agent_only):
             return cs.state.terminated
     return None
 

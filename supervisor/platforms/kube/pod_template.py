@@ -133,6 +133,9 @@ def problems(template: Any, mount_paths: Iterable[str] = ()) -> list[tuple[str, 
             for key in ("env", "volumeMounts", "volumeDevices", "ports"):
                 if key in c:
                     out += _list_problems(c[key], f"{path}.{key}", MERGE_KEYS[key])
+            for j, var in enumerate(c.get("env") or []):
+                if isinstance(var, dict) and "value" in var and not isinstance(var["value"], str):
+                    out.append((f"{path}.env[{j}].value", "must be a string"))
             if c.get("name") == AGENT and kind != "containers":
                 out.append((f"{path}.name", f"{AGENT!r} is the worker container's name"))
             if c.get("name") != AGENT or kind != "containers":
@@ -218,8 +221,34 @@ def apply(pod: dict, template: dict | None) -> dict:
         spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = terms
     if spec.get("hostNetwork") and "dnsPolicy" not in spec_t:
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    out["spec"] = restrict(spec)
+    out["spec"] = quantities(restrict(spec))
     return out
+
+
+def _text(value: Any) -> Any:
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def quantities(spec: dict) -> dict:
+    """``spec`` (changed in place) with every quantity a string, as the API's types have them
+    (YAML gives ``nvidia.com/gpu: 8`` as a number, which the client refuses): the containers'
+    resources, ``overhead``, emptyDir ``sizeLimit`` and resourceFieldRef ``divisor``."""
+    for kind in ("initContainers", "containers"):
+        for c in spec.get(kind) or []:
+            for section in ("limits", "requests"):
+                values = (c.get("resources") or {}).get(section)
+                if isinstance(values, dict):
+                    c["resources"][section] = {k: _text(v) for k, v in values.items()}
+            for var in c.get("env") or []:
+                ref = (var.get("valueFrom") or {}).get("resourceFieldRef")
+                if isinstance(ref, dict) and "divisor" in ref:
+                    ref["divisor"] = _text(ref["divisor"])
+    if isinstance(spec.get("overhead"), dict):
+        spec["overhead"] = {k: _text(v) for k, v in spec["overhead"].items()}
+    for vol in spec.get("volumes") or []:
+        if isinstance(vol.get("emptyDir"), dict) and "sizeLimit" in vol["emptyDir"]:
+            vol["emptyDir"]["sizeLimit"] = _text(vol["emptyDir"]["sizeLimit"])
+    return spec
 
 
 def placement(template: dict | None, container: str) -> dict:
