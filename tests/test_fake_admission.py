@@ -453,3 +453,15 @@ def test_a_custom_resource_body_must_name_its_own_kind_and_version(crd):
     # unstructured list items keep their kind and apiVersion (built-in ones do not)
     (item,) = crd.list_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2])["items"]
     assert (item["apiVersion"], item["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
+
+
+def test_a_gpu_quota_must_name_requests_to_be_enforced(v1):
+    """``nvidia.com/gpu`` in a quota is a valid name the pod evaluator ignores: only
+    ``requests.nvidia.com/gpu`` limits GPUs, as on a real cluster."""
+    v1.create_namespaced_resource_quota(NS, {"metadata": {"name": "loose"}, "spec": {"hard": {"nvidia.com/gpu": "1"}}})
+    assert v1.read_namespaced_resource_quota("loose", NS).status.used is None
+    v1.create_namespaced_pod(NS, with_resources(pod("p0"), {"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "2"}))
+    body = expect_error(422, "Invalid", v1.create_namespaced_resource_quota, NS, {
+        "metadata": {"name": "bad"}, "spec": {"hard": {"gpus": "1", "pods": "1.5"}}})
+    assert body["message"] == ('ResourceQuota "bad" is invalid: [spec.hard[gpus]: Invalid value: "gpus": must be a '
+                               'standard resource for quota, spec.hard[pods]: Invalid value: "1.5": must be an integer]')

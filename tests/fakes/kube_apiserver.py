@@ -1303,11 +1303,16 @@ def semantic_errors(rt: "ResourceType", obj: JSON, old: JSON | None = None) -> l
                 q = parse_quantity(raw)
             except QuantityError as exc:
                 raise ApiError(400, f'ResourceQuota in version "v1" cannot be handled as a ResourceQuota: {exc}') from None
+            path = f"spec.hard[{res}]"
+            msgs = is_qualified_name(res)
+            errs += [FieldError("Invalid", path, res, m) for m in msgs]
+            if not msgs and "/" not in res and res not in _QUOTA_STANDARD and not res.startswith(
+                    ("hugepages-", "requests.hugepages-")):
+                errs.append(FieldError("Invalid", path, res, "must be a standard resource for quota"))
             if q < 0:
-                errs.append(FieldError("Invalid", f"spec.hard[{res}]", str(raw), "must be greater than or equal to 0"))
-            elif (res in ("pods", "services", "configmaps", "secrets", "resourcequotas") or res.startswith("count/")
-                  or (res.startswith("requests.") and is_extended_resource(res[len("requests."):]))) and q.denominator != 1:
-                errs.append(FieldError("Invalid", f"spec.hard[{res}]", str(raw), "must be an integer"))
+                errs.append(FieldError("Invalid", path, str(raw), "must be greater than or equal to 0"))
+            elif (res in _QUOTA_INTEGER or is_extended_resource(res)) and q.denominator != 1:
+                errs.append(FieldError("Invalid", path, str(raw), "must be an integer"))
     elif rt.plural == "poddisruptionbudgets":
         spec = obj.get("spec") or {}
         for key in ("minAvailable", "maxUnavailable"):
@@ -1328,6 +1333,14 @@ def semantic_errors(rt: "ResourceType", obj: JSON, old: JSON | None = None) -> l
         if not obj.get("eventTime") and (inv_ns != ns if inv_ns else ns not in ("", "default")):
             errs.append(FieldError("Invalid", "involvedObject.namespace", inv_ns, "does not match event.namespace"))
     return errs
+
+
+_QUOTA_INTEGER = {"pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps",
+                  "persistentvolumeclaims", "services.nodeports", "services.loadbalancers"}
+_QUOTA_STANDARD = _QUOTA_INTEGER | {"cpu", "memory", "ephemeral-storage", "requests.cpu", "requests.memory",
+                                    "requests.storage", "requests.ephemeral-storage", "limits.cpu", "limits.memory",
+                                    "limits.ephemeral-storage"}
+"""helper.IsIntegerResourceName's and IsStandardQuotaResourceName's sets (single-segment names)."""
 
 
 def _priority_class(obj: JSON, old: JSON | None, errs: list[FieldError]) -> None:
@@ -1491,7 +1504,10 @@ def _prepare_for_create(rt: ResourceType, obj: JSON) -> None:
         _fold_string_data(obj)
         obj.setdefault("type", "Opaque")
     elif rt.plural == "namespaces":
+        obj["status"] = {"phase": "Active"}
         _namespace_defaults(obj)
+    elif rt.custom and rt.status_subresource:
+        obj.pop("status", None)       # the status subresource alone writes it
     elif rt.plural == "resourcequotas":
         obj["status"] = {}        # the quota controller fills it in
     elif rt.plural == "poddisruptionbudgets":
@@ -2634,8 +2650,6 @@ class FakeKubeAPIServer:
     def _admit(self, rt: ResourceType, namespace: str | None, name: str, obj: JSON, old: JSON | None) -> None:
         """The validating admission plugins, after the object's own validation (create and update;
         a dry run too): PodSecurity, the Priority plugin's one-default rule, ResourceQuota last."""
-        if not self.validate:
-            return
         if rt.plural == "namespaces":
             self._admit_namespace(name, obj, old)
         if rt.plural == "priorityclasses" and obj.get("globalDefault"):
@@ -2780,6 +2794,7 @@ class FakeKubeAPIServer:
                           "used": self._quota_used(namespace, list(hard))}
             except QuantityError:
                 continue
+            status = {k: v for k, v in status.items() if v}        # empty ResourceLists are omitted
             if quota.get("status") != status:
                 new = copy.deepcopy(quota)
                 new["status"] = status
