@@ -749,6 +749,10 @@ BAD_VALUES = [
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Within", "values": ["a"]}]}]}}}}}}},
      "operator"),
     ({"workers": {"podTemplate": {"kind": "Pod"}}}, "additional properties 'kind'"),
+    ({"workers": {"podTemplate": {"spec": {"containers": [{"name": "exporter", "image": "x", "restartPolicy": "Always"}]}}}},
+     "additional properties 'restartPolicy'"),  # a native sidecar is an init container
+    ({"workers": {"podTemplate": {"spec": {"initContainers": [{"name": "s", "image": "x", "restartPolicy": "Never"}]}}}},
+     "/workers/podTemplate/spec/initContainers/0/restartPolicy"),
 ]
 
 OWNED_VALUES = [

@@ -326,6 +326,8 @@ OWNED = [
     ({"spec": {"ephemeralContainers": []}}, "pod_template.spec.ephemeralContainers: cannot be set"),
     ({"spec": {"initContainers": [{"name": "warm", "env": [{"name": "N", "value": 8}]}]}},
      "pod_template.spec.initContainers[0].env[0].value: must be a string"),
+    ({"spec": {"containers": [{"name": "exporter", "image": "x", "restartPolicy": "Always"}]}},
+     "pod_template.spec.containers[0].restartPolicy: only Always, on an init container"),
     ({"kind": "Pod"}, "pod_template.kind: unknown key"),
     ({"spec": []}, "pod_template.spec: must be a mapping"),
 ]

@@ -136,6 +136,8 @@ def problems(template: Any, mount_paths: Iterable[str] = ()) -> list[tuple[str, 
             for j, var in enumerate(c.get("env") or []):
                 if isinstance(var, dict) and "value" in var and not isinstance(var["value"], str):
                     out.append((f"{path}.env[{j}].value", "must be a string"))
+            if "restartPolicy" in c and (kind == "containers" or c["restartPolicy"] != "Always"):
+                out.append((f"{path}.restartPolicy", "only Always, on an init container (a native sidecar)"))
             if c.get("name") == AGENT and kind != "containers":
                 out.append((f"{path}.name", f"{AGENT!r} is the worker container's name"))
             if c.get("name") != AGENT or kind != "containers":
