@@ -465,3 +465,13 @@ def test_a_gpu_quota_must_name_requests_to_be_enforced(v1):
         "metadata": {"name": "bad"}, "spec": {"hard": {"gpus": "1", "pods": "1.5"}}})
     assert body["message"] == ('ResourceQuota "bad" is invalid: [spec.hard[gpus]: Invalid value: "gpus": must be a '
                                'standard resource for quota, spec.hard[pods]: Invalid value: "1.5": must be an integer]')
+
+
+def test_budget_spec_validation(policy):
+    body = expect_error(422, "Invalid", policy.create_namespaced_pod_disruption_budget, NS, {
+        "metadata": {"name": "b"}, "spec": {"minAvailable": "150%", "selector": {"matchLabels": {"a": "b"}}}})
+    assert body["message"] == ('PodDisruptionBudget.policy "b" is invalid: spec.minAvailable: Invalid value: '
+                               'intstr.IntOrString{Type:1, IntVal:0, StrVal:"150%"}: must not be greater than 100%')
+    body = expect_error(422, "Invalid", policy.create_namespaced_pod_disruption_budget, NS, {
+        "metadata": {"name": "b"}, "spec": {"minAvailable": 1, "maxUnavailable": 1}})
+    assert body["message"].endswith("minAvailable and maxUnavailable cannot be both set")

@@ -16,7 +16,11 @@ kube-apiserver does:
   clusterqueues and resourceflavors (cluster-scoped); through ``CustomObjectsApi`` they list,
   watch, select (``metadata.name``/``namespace`` fields only) and keep a ``/status`` subresource
   (resourceflavors have none) and ``metadata.generation`` (bumped by changes outside status),
-  as their CRDs declare; their schemas are not checked;
+  as their CRDs declare; their schemas are not checked, but a body must carry its kind and
+  apiVersion (400 ``Object 'Kind' is missing in '...'``, 422 ``kind: Invalid value: "X": must be
+  PodGroup``) and their list items keep both (built-in list items carry neither). For every type
+  a body naming another group/version is the handlers' 400 ``the API version in the data (a/v1)
+  does not match the expected API version (b/v1)``;
 - ``dryRun=All`` (query or DeleteOptions) on create, update, patch, delete and eviction: decoded,
   defaulted, validated and admitted as a real write, then nothing stored, no resourceVersion
   spent, no watch event, no controller run; the answer is the dry-run storage's: a create
@@ -133,7 +137,10 @@ snapshots across list pages, server-side apply, protobuf and CBOR.
 For tests: a request counter per verb and resource, also per User-Agent (``request_counts``,
 e.g. what one client alone asked for, to check its RBAC), faults injected by
 verb, resource, name or User-Agent with a status and/or a delay (``inject_fault``), the open
-watches (``watch_count``), bookmarks and watch closes on demand.
+watches (``watch_count``), bookmarks and watch closes on demand. ``get``, ``objects`` and
+``finish_deletion`` take a plural or, where two groups share it, the qualified resource
+(``podgroups.scheduling.volcano.sh``); request counts name a resource by its plural, or
+qualified where the plural is shared.
 
 Usage (the server runs on its own event loop in a thread, so synchronous client calls and
 ``asyncio.to_thread`` both work)::
@@ -1314,18 +1321,24 @@ def semantic_errors(rt: "ResourceType", obj: JSON, old: JSON | None = None) -> l
             elif (res in _QUOTA_INTEGER or is_extended_resource(res)) and q.denominator != 1:
                 errs.append(FieldError("Invalid", path, str(raw), "must be an integer"))
     elif rt.plural == "poddisruptionbudgets":
+        # ValidatePodDisruptionBudgetSpec: an IntOrString printed as Go's %#v prints the struct
         spec = obj.get("spec") or {}
+        if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
+            errs.append(FieldError("Invalid", "spec", _GoValue("policy.PodDisruptionBudgetSpec{...}"),
+                                   "minAvailable and maxUnavailable cannot be both set"))
         for key in ("minAvailable", "maxUnavailable"):
             value = spec.get(key)
             if isinstance(value, int) and value < 0:
                 errs.append(FieldError("Invalid", f"spec.{key}", value, "must be greater than or equal to 0"))
             elif isinstance(value, str):
+                go = _GoValue(f"intstr.IntOrString{{Type:1, IntVal:0, StrVal:{json.dumps(value)}}}")
                 m = re.fullmatch(r"([0-9]+)%", value)
                 if not m:
-                    errs.append(FieldError("Invalid", f"spec.{key}", value, "a valid percent string must be a numeric "
-                                                                            "string followed by an ending '%'"))
+                    errs.append(FieldError("Invalid", f"spec.{key}", go, _regex_error(
+                        "a valid percent string must be a numeric string followed by an ending '%'", "[0-9]+%",
+                        "1%", "93%")))
                 elif int(m.group(1)) > 100:
-                    errs.append(FieldError("Invalid", f"spec.{key}", value, "must not be greater than 100%"))
+                    errs.append(FieldError("Invalid", f"spec.{key}", go, "must not be greater than 100%"))
     elif rt.plural == "events":
         involved = obj.get("involvedObject") or {}
         ns = (obj.get("metadata") or {}).get("namespace") or ""
