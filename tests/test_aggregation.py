@@ -16,6 +16,7 @@ import json
 import socket
 import time
 
+import msgspec
 import pytest
 
 
@@ -81,11 +82,26 @@ def test_more_ranks_than_a_frame_holds_split_into_frames_under_the_limit():
     assert back == [hb for hb, _ in beats]
 
 
-def test_heartbeats_of_another_attempt_or_launch_travel_in_frames_of_their_own():
+def test_heartbeats_of_another_attempt_or_launch_read_back_each_as_sent():
+    # each heartbeat of a frame is whole (the intake fences each on its own, as if it came alone)
     beats = [(beat(0), 0.0), (beat(1, attempt=3), 0.0), (beat(2, launch="f" * 32), 0.0), (beat(3), 0.0)]
-    frames = encode_node_frames(beats, KEYS.heartbeat)
-    groups = [{(hb.attempt, hb.launch) for hb, _ in decode_node_frame(f, KEYS.heartbeat)} for f in frames]
-    assert len(frames) == 3 and all(len(g) == 1 for g in groups)
+    (frame,) = encode_node_frames(beats, KEYS.heartbeat)
+    assert [(hb.attempt, hb.launch) for hb, _ in decode_node_frame(frame, KEYS.heartbeat)] == [
+        (2, LAUNCH), (3, LAUNCH), (2, "f" * 32), (2, LAUNCH)]
+
+
+def test_a_heartbeat_travels_as_an_array_in_field_order_its_default_tail_left_out():
+    hb = Heartbeat(job="j", attempt=0, rank=1, world_size=2, seq=7, step=3, phase="compute", phase_s=0.5,
+                   launch=LAUNCH, node="n0", pid=42)
+    (frame,) = encode_node_frames([(hb, 0.25)], KEYS.heartbeat)
+    body = json.loads(frame[len(MAGIC) + MAC_BYTES:])
+    assert body == {"type": "node", "held": [0.25],
+                    "beats": [["j", 0, 1, 2, 7, 3, "compute", 0.5, LAUNCH, "n0", 42]]}
+    # an older agent's shorter array reads as the defaults; a newer one's longer array keeps what is known
+    assert decode_node_frame(frame_of(body | {"beats": [body["beats"][0][:9]]}), KEYS.heartbeat)[0][0] == \
+        msgspec.structs.replace(hb, node="", pid=0)
+    longer = json.loads(msgspec.json.encode(hb)) + ["a field of tomorrow"]
+    assert decode_node_frame(frame_of(body | {"beats": [longer]}), KEYS.heartbeat) == [(hb, 0.25)]
 
 
 def frame_of(body: dict, key: bytes = KEYS.heartbeat) -> bytes:
@@ -93,19 +109,36 @@ def frame_of(body: dict, key: bytes = KEYS.heartbeat) -> bytes:
     return MAGIC + _mac(key, raw) + raw
 
 
-GOOD = {"type": "node", "job": "j", "attempt": 0, "launch": LAUNCH, "world_size": 2, "node": "n0",
-        "beats": [{"rank": 0, "seq": 1, "step": 0, "phase": "init", "phase_s": 0.0, "held": 0.1}]}
+GOOD_BEAT = ["j", 0, 0, 2, 1, 0, "init", 0.0, LAUNCH, "n0"]
+GOOD = {"type": "node", "held": [0.1], "beats": [GOOD_BEAT]}
+
+
+def _with(**at) -> list:
+    """GOOD's heartbeat with the fields named changed (by name: their place in the array)."""
+    fields = msgspec.structs.fields(Heartbeat)
+    out = list(GOOD_BEAT)
+    for name, value in at.items():
+        i = Heartbeat.__struct_fields__.index(name)
+        out += [json.loads(msgspec.json.encode(f.default)) for f in fields[len(out):i + 1]]  # the defaults between
+        out[i] = value
+    return out
 
 
 @pytest.mark.parametrize("change, reason", [
     ({}, None),
-    ({"beats": []}, "schema"),
-    ({"beats": [GOOD["beats"][0] | {"rank": 2}]}, "schema"),            # rank >= world_size: the frame goes
-    ({"beats": [GOOD["beats"][0] | {"held": 61.0}]}, "schema"),         # held longer than an agent may
-    ({"beats": [GOOD["beats"][0] | {"phase": "sleeping"}]}, "schema"),
-    ({"beats": [{"rank": 0, "step": 0, "phase": "init", "phase_s": 0.0}]}, "schema"),  # no seq
-    ({"attempt": -1}, "schema"),
-    ({"launch": None}, "schema"),
+    ({"beats": [], "held": []}, "schema"),
+    ({"beats": [_with(rank=2)]}, "schema"),                           # rank >= world_size: the frame goes
+    ({"held": [61.0]}, "schema"),                                      # held longer than an agent may
+    ({"held": [0.1, 0.2]}, "schema"),                                  # a held time for no heartbeat
+    ({"beats": [_with(phase="sleeping")]}, "schema"),
+    ({"beats": [GOOD_BEAT[:5]]}, "schema"),                            # no step, phase, ...
+    ({"beats": [GOOD_BEAT[:8]]}, "schema"),                            # no launch
+    ({"beats": [_with(attempt=-1)]}, "schema"),
+    ({"beats": [_with(launch=None)]}, "schema"),
+    ({"beats": [_with(phase_s=1e10)]}, "schema"),                     # beyond the bound of a duration
+    ({"beats": [_with(coll_groups="0=1/1")]}, None),                   # (the padding of _with is good)
+    ({"beats": [_with(coll_groups="0=x")]}, "schema"),
+    ({"beats": [GOOD_BEAT, _with(outcome="won")], "held": [0.1, 0.1]}, "schema"),  # one bad heartbeat: the frame goes
 ])
 def test_a_node_frame_is_checked_like_each_of_its_heartbeats(change, reason):
     frame = frame_of(GOOD | change)

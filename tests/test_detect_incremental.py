@@ -8,6 +8,7 @@ import math
 import random
 from dataclasses import replace
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -271,7 +272,7 @@ def drive(ops, start: float, timeouts: Timeouts) -> None:
             clock += advance
             seqs[rank] = seqs.get(rank, 0) + 1
             b = rec.hb
-            r.observe(replace(b, seq=seqs[rank], phase_s=max(0.0, b.phase_s + advance + jitter),
+            r.observe(msgspec.structs.replace(b, seq=seqs[rank], phase_s=max(0.0, b.phase_s + advance + jitter),
                               coll_s=max(0.0, b.coll_s + advance + jitter) if b.coll_inside else b.coll_s), clock)
         elif kind == "tick":
             check(r, clock + op[1], timeouts, launched_at)

@@ -19,7 +19,7 @@ from supervisor.protocol import (
     Keys,
     ProtocolError,
     decode_heartbeat,
-    decode_node_frame,
+    decode_node_beats,
     derive_keys,
     encode,
     is_node_frame,
@@ -170,7 +170,7 @@ class Intake(asyncio.DatagramProtocol):
             if keys is None:
                 raise ProtocolError(REJECT_UNAUTHENTICATED, "no job token yet")
             if is_node_frame(data):  # a node agent's relay: its ranks' heartbeats in one frame
-                beats = decode_node_frame(data, keys.heartbeat)
+                beats, held = decode_node_beats(data, keys.heartbeat)
             else:
                 self._take_one(decode_heartbeat(data, keys.heartbeat), addr, 0.0)
                 return
@@ -178,8 +178,23 @@ class Intake(asyncio.DatagramProtocol):
             wire.reject(exc.reason)
             return
         wire.node_frames += 1
-        for hb, held in beats:  # each fenced, checked and recorded as if it had come on its own
-            self._take_one(hb, addr, held)
+        # Each heartbeat fenced, checked and recorded as _take_one does, with what they share read
+        # once per frame (the controller's hot path: 16,384 frames a second at 131,072 ranks).
+        launch, attempt, job, world = c.launch_id, c.attempt, c.cfg.job, c.registry.world_size
+        observe, addr_by_rank = c.registry.observe, c.heard.addr_by_rank
+        now = c.clock()
+        taken = recorded = 0
+        for hb, h in zip(beats, held):
+            if hb.launch != launch or hb.attempt != attempt or hb.job != job or (world and hb.world_size != world):
+                self._take_one(hb, addr, h)  # not this launch's, attempt's or gang's: counted by reason
+                continue
+            taken += 1
+            if observe(hb, now - h):
+                addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
+                recorded += 1
+        wire.received += taken
+        if recorded and c.signals.wants_heartbeats:
+            c.wake()
 
     def _take_one(self, hb, addr, held: float) -> None:
         """One authenticated heartbeat, sent ``held`` seconds ago (by its node's relay; 0: by the

@@ -156,83 +156,112 @@ def decode_frame(frame: bytes, key: bytes) -> dict[str, Any]:
     return obj
 
 
-@dataclass(frozen=True)
-class Heartbeat:
+_BIG = 1 << 62
+# The wire's bounds, on the types of Heartbeat's fields (msgspec checks them in C when decoding).
+Str16 = Annotated[str, msgspec.Meta(max_length=16)]
+Str32 = Annotated[str, msgspec.Meta(max_length=32)]
+Str64 = Annotated[str, msgspec.Meta(max_length=64)]
+Str128 = Annotated[str, msgspec.Meta(max_length=128)]
+Str256 = Annotated[str, msgspec.Meta(max_length=256)]
+Str512 = Annotated[str, msgspec.Meta(max_length=512)]
+Str1024 = Annotated[str, msgspec.Meta(max_length=1024)]
+Attempt = Annotated[int, msgspec.Meta(ge=0, le=1 << 31)]
+Pid = Annotated[int, msgspec.Meta(ge=0, le=1 << 31)]
+Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)]
+WorldSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_RANK)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=_BIG)]
+Step = Annotated[int, msgspec.Meta(ge=-1, le=_BIG)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+"""A duration: finite (NaN and infinities fail the bounds), never negative."""
+RefusedPairs = Annotated[tuple[tuple[Annotated[str, msgspec.Meta(max_length=NAME_CHARS)],
+                                     Annotated[str, msgspec.Meta(max_length=WHY_CHARS)]], ...],
+                         msgspec.Meta(max_length=REFUSED_MAX)]
+"""Checkpoints a restore refused, ``(name, why)`` pairs (:mod:`supervisor.protocol.skipped`)."""
+
+
+class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """What a rank says about itself, once per interval.
+
+    One definition for both sides: the field types carry the wire's bounds (checked in C when a
+    node frame's heartbeats are decoded straight into this class; :data:`_FIELDS` is read off
+    them for the JSON object form). ``gc=False``: the controller holds one per rank (131,072 at
+    the largest scale) and replaces each every interval; Python's garbage collector never has to
+    walk them. In a node frame a heartbeat travels as an array in field order: a field is only
+    ever added at the end, with a default (an older peer's shorter array reads as those
+    defaults; a newer peer's longer one is read without the fields this side does not know).
 
     ``coll_seq`` counts collectives this rank has *entered*; ``coll_inside`` says whether the
     latest one is still running. Peers blocked in collective N while one rank sits at N-1
     outside any collective name that rank as the culprit.
     """
 
-    job: str
-    attempt: int
-    rank: int
-    world_size: int
-    seq: int
-    step: int
-    phase: str
-    phase_s: float
-    launch: str = ""
+    job: Str128
+    attempt: Attempt
+    rank: Rank
+    world_size: WorldSize
+    seq: Count
+    step: Step
+    phase: Str32
+    phase_s: Seconds
+    launch: Str64 = ""
     """The id of the launch that started this rank (``SUPERVISOR_LAUNCH``): required on the wire."""
-    node: str = ""
-    pid: int = 0
-    coll_seq: int = 0
-    coll_op: str = ""
+    node: Str256 = ""
+    pid: Pid = 0
+    coll_seq: Count = 0
+    coll_op: Str64 = ""
     coll_inside: bool = False
-    coll_s: float = 0.0
-    last_data_s: float = 0.0
-    last_compute_s: float = 0.0
-    last_collective_s: float = 0.0
-    last_step_s: float = 0.0
-    ckpt_step: int = -1
-    ckpt_state: str = "idle"
-    ckpt_s: float = 0.0
+    coll_s: Seconds = 0.0
+    last_data_s: Seconds = 0.0
+    last_compute_s: Seconds = 0.0
+    last_collective_s: Seconds = 0.0
+    last_step_s: Seconds = 0.0
+    ckpt_step: Step = -1
+    ckpt_state: Str32 = "idle"
+    ckpt_s: Seconds = 0.0
     """How long the rank's last checkpoint save blocked its training loop."""
-    ckpt_persist_s: float = 0.0
+    ckpt_persist_s: Seconds = 0.0
     """An asynchronous save's whole time, from its start to its files on storage (0: the last
     save was blocking, or none finished yet): the next save cannot start before it."""
     loss_ok: bool = True
-    watchdog: str = ""
-    stack_file: str = ""
-    error: str = ""
+    watchdog: Str512 = ""
+    stack_file: Str1024 = ""
+    error: Str512 = ""
     """Phase ``failed``: the exception that is ending this rank (type and message, truncated)."""
     error_peer: bool = False
     """The error is a communication failure caused by another rank (a peer that died or hung)."""
-    ckpt_root: str = ""
+    ckpt_root: Str512 = ""
     """The checkpoint root this rank saves to and restores from (absolute), once it is known."""
-    restore_state: str = ""
+    restore_state: Str16 = ""
     """One of :data:`RESTORE_STATES`: what this rank's restore came to ("" while not done)."""
-    restored: str = ""
+    restored: Str64 = ""
     """The checkpoint this rank restored (``step-N``), or "" (none, or not yet)."""
-    restore_refused: tuple[tuple[str, str], ...] = ()
+    restore_refused: RefusedPairs = ()
     """Checkpoints the restore refused, with why: ``(name, reason)`` pairs, newest first, bounded
     (:mod:`supervisor.protocol.skipped`; an older SDK's ``restore_skipped`` string is read into it)."""
-    restore_s: float = 0.0
+    restore_s: Seconds = 0.0
     """How long this rank's restore took (its own clock)."""
-    steps_done: int = 0
+    steps_done: Count = 0
     """Steps this process completed (since its restore). Sent at once when the first completes."""
-    first_step_s: float = 0.0
+    first_step_s: Seconds = 0.0
     """From the end of the restore to the end of the first step (this rank's own clock)."""
-    outcome: str = ""
+    outcome: Str16 = ""
     """Phase ``done``: :data:`OUTCOME_FINISHED` (the training ran to its end) or
     :data:`OUTCOME_STOPPED` (it stopped early: a non-finite loss, a stop request); the reason
     is in ``error``."""
-    dump_seq: int = 0
+    dump_seq: Count = 0
     """The ``seq`` of the last stack-dump request this rank carried out (its stacks are on disk;
     sent at once): the controller's evidence wait ends when every rank it asked has answered."""
-    source: str = ""
+    source: Str16 = ""
     """Who filled this heartbeat: :data:`SOURCE_SDK` (or "", an older SDK) or :data:`SOURCE_TORCH`
     (the supervisor's instrumentation, from torch's optimizer hooks and flight recorder)."""
-    coll_group: str = ""
+    coll_group: Str64 = ""
     """The process group ``coll_seq`` counts in (the flight recorder's group id), or "" (the SDK's
     own count of the collectives it wrapped)."""
-    coll_groups: str = ""
+    coll_groups: Str1024 = ""
     """Every process group's flight-recorder sequence numbers, ``GROUP=ENQUEUED/COMPLETED`` items
     joined by spaces (:func:`supervisor.protocol.groups.decode_groups`); "" from the SDK."""
-    trace_file: str = ""
+    trace_file: Str1024 = ""
     """The flight recorder's trace, written with the stacks of the last dump request ("" if none)."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _FIELDS}
@@ -273,50 +302,24 @@ class Heartbeat:
         return _build(values)
 
 
-_BIG = 1 << 62
+def _spec(t: Any) -> tuple[type, float, float]:
+    """(kind, low, high) of one field's wire type: a number's bounds, a string's or tuple's length."""
+    if isinstance(t, msgspec.inspect.IntType):
+        return int, t.ge, t.le
+    if isinstance(t, msgspec.inspect.FloatType):
+        return float, t.ge, t.le
+    if isinstance(t, msgspec.inspect.StrType):
+        return str, 0, t.max_length
+    if isinstance(t, msgspec.inspect.BoolType):
+        return bool, 0, 0
+    if isinstance(t, msgspec.inspect.VarTupleType):
+        return tuple, 0, t.max_length
+    raise TypeError(f"a Heartbeat field of a type the wire does not carry: {t}")
+
+
 _FIELDS: dict[str, tuple[type, float, float]] = {
-    "job": (str, 0, 128),
-    "attempt": (int, 0, 1 << 31),
-    "rank": (int, 0, MAX_RANK),
-    "world_size": (int, 1, MAX_RANK),
-    "seq": (int, 0, _BIG),
-    "step": (int, -1, _BIG),
-    "phase": (str, 0, 32),
-    "phase_s": (float, 0, 1e9),
-    "launch": (str, 0, 64),
-    "node": (str, 0, 256),
-    "pid": (int, 0, 1 << 31),
-    "coll_seq": (int, 0, _BIG),
-    "coll_op": (str, 0, 64),
-    "coll_inside": (bool, 0, 0),
-    "coll_s": (float, 0, 1e9),
-    "last_data_s": (float, 0, 1e9),
-    "last_compute_s": (float, 0, 1e9),
-    "last_collective_s": (float, 0, 1e9),
-    "last_step_s": (float, 0, 1e9),
-    "ckpt_step": (int, -1, _BIG),
-    "ckpt_state": (str, 0, 32),
-    "ckpt_s": (float, 0, 1e9),
-    "ckpt_persist_s": (float, 0, 1e9),
-    "loss_ok": (bool, 0, 0),
-    "watchdog": (str, 0, 512),
-    "stack_file": (str, 0, 1024),
-    "error": (str, 0, 512),
-    "error_peer": (bool, 0, 0),
-    "ckpt_root": (str, 0, 512),
-    "restore_state": (str, 0, 16),
-    "restored": (str, 0, 64),
-    "restore_refused": (tuple, 0, REFUSED_MAX),
-    "restore_s": (float, 0, 1e9),
-    "steps_done": (int, 0, _BIG),
-    "first_step_s": (float, 0, 1e9),
-    "outcome": (str, 0, 16),
-    "dump_seq": (int, 0, _BIG),
-    "source": (str, 0, 16),
-    "coll_group": (str, 0, 64),
-    "coll_groups": (str, 0, 1024),
-    "trace_file": (str, 0, 1024),
-}
+    f.name: _spec(f.type) for f in msgspec.inspect.type_info(Heartbeat).fields}
+"""Each heartbeat field's kind and bounds, read off :class:`Heartbeat`'s annotations."""
 _REQUIRED = {"job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s", "launch"}
 _LEGACY = {"restore_skipped": (str, 0, LEGACY_CHARS)}
 """Fields an older SDK sends that this one does not: read, then folded into their successor (_build)."""
@@ -328,36 +331,34 @@ _PHASE_SET = frozenset(PHASES)
 _RESTORE_SET = frozenset(RESTORE_STATES)
 _OUTCOME_SET = frozenset(OUTCOMES)
 _SOURCE_SET = frozenset(SOURCES)
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Heartbeat) if f.default is not dataclasses.MISSING}
+_DEFAULTS = {f.name: f.default for f in msgspec.structs.fields(Heartbeat) if f.default is not msgspec.NODEFAULT}
 _DEFAULTS["restore_skipped"] = ""
-_FACTORIES = tuple((f.name, f.default_factory) for f in dataclasses.fields(Heartbeat)
-                   if f.default_factory is not dataclasses.MISSING)
-assert not hasattr(Heartbeat, "__post_init__")  # _build fills __dict__ directly
 
 
 def _build(values: dict[str, Any]) -> Heartbeat:
-    """The checks across fields, then the heartbeat, from every wire field typed and in range."""
-    if values["rank"] >= values["world_size"]:
-        raise ProtocolError(REJECT_SCHEMA, "rank >= world_size")
-    if values["phase"] not in _PHASE_SET:
-        raise ProtocolError(REJECT_SCHEMA, f"unknown phase {values['phase']!r}"[:120])
-    if values["outcome"] not in _OUTCOME_SET:
-        raise ProtocolError(REJECT_SCHEMA, f"unknown outcome {values['outcome']!r}"[:120])
-    if values["coll_groups"]:
-        decode_groups(values["coll_groups"])  # ProtocolError (schema) when it is not GROUP=ENQUEUED/COMPLETED items
-    if values["source"] not in _SOURCE_SET:
-        raise ProtocolError(REJECT_SCHEMA, f"unknown source {values['source']!r}"[:120])
-    if values["restore_state"] not in _RESTORE_SET:
-        raise ProtocolError(REJECT_SCHEMA, f"unknown restore_state {values['restore_state']!r}"[:120])
+    """The heartbeat, from every wire field typed and in range (an older SDK's
+    ``restore_skipped`` folded into its successor), checked across fields."""
     legacy = values.pop("restore_skipped")
     if legacy and not values["restore_refused"]:
         values["restore_refused"] = decode_refused(legacy)
-    for name, factory in _FACTORIES:
-        values[name] = factory()
-    # What the frozen dataclass's __init__ does (it has no __post_init__), without one
-    # object.__setattr__ call per field: a third of the decode time otherwise.
-    hb = object.__new__(Heartbeat)
-    hb.__dict__.update(values)
+    return _checked(Heartbeat(**values))
+
+
+def _checked(hb: Heartbeat) -> Heartbeat:
+    """``hb`` (its fields each typed and in range) if its fields agree with each other and name
+    known phases, outcomes, sources and restore states; ProtocolError (schema) otherwise."""
+    if hb.rank >= hb.world_size:
+        raise ProtocolError(REJECT_SCHEMA, "rank >= world_size")
+    if hb.phase not in _PHASE_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown phase {hb.phase!r}"[:120])
+    if hb.outcome not in _OUTCOME_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown outcome {hb.outcome!r}"[:120])
+    if hb.coll_groups:
+        decode_groups(hb.coll_groups)  # ProtocolError (schema) when it is not GROUP=ENQUEUED/COMPLETED items
+    if hb.source not in _SOURCE_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown source {hb.source!r}"[:120])
+    if hb.restore_state not in _RESTORE_SET:
+        raise ProtocolError(REJECT_SCHEMA, f"unknown restore_state {hb.restore_state!r}"[:120])
     return hb
 
 
@@ -476,61 +477,58 @@ def decode_control(frame: bytes, key: bytes) -> Control:
 
 
 # ------------------------------------------------------------------------------ node frames
-NODE_SHARED = ("job", "attempt", "launch", "world_size", "node")
-"""The fields every heartbeat of one node frame shares, written once per frame."""
 NODE_FRAME_PREFIX = b'{"type":"node"'
 """How a node frame's payload begins (``type`` is written first): the intake tells the two kinds
 of heartbeat frame apart by it, after the MAC."""
 MAX_HELD_S = 60.0
 """The longest a node's agent may say it held a heartbeat (``held``) before sending it on."""
 MAX_NODE_BEATS = 1024
-
-
-PER_RANK = ("rank", "seq", "pid", "held")
-"""Fields a node frame never factors into ``common``: they differ from rank to rank by nature."""
+_HB_FIELDS = Heartbeat.__struct_fields__
+_HB_DEFAULTS = tuple(_DEFAULTS.get(name, msgspec.NODEFAULT) for name in _HB_FIELDS)
+_MIN_ITEMS = _HB_FIELDS.index("launch") + 1
+"""A heartbeat array is never cut shorter than this: up to ``launch``, every field the JSON
+object form requires."""
+_HELD_ROOM = len(b",60.000")
+_ENCODER = msgspec.json.Encoder()
 
 
 def encode_node_frames(beats: "list[tuple[Heartbeat, float]]", key: bytes) -> list[bytes]:
-    """Heartbeats of one node's ranks, each with how long the agent held it (seconds), in as few
-    frames of at most :data:`MAX_DATAGRAM` bytes as they fit in (greedily, in order). A frame
-    holds heartbeats that agree on :data:`NODE_SHARED`, written once; a field every one of them
-    has with the same value is written once too (``common``: the checkpoint root, the restored
-    checkpoint, the step, ...); each heartbeat then carries only the rest, and only where it
-    differs from its default. Under the heartbeat key, as a rank's own heartbeat is; a single
-    heartbeat too large for a frame is refused as it would be on its own."""
-    groups: dict[tuple, tuple[dict, list[dict]]] = {}
-    for hb, held in beats:
-        shared = {k: getattr(hb, k) for k in NODE_SHARED}
-        item = {k: v for k, v in hb.to_payload().items() if k not in shared and k != "type"
-                and not (k in _DEFAULTS and v == _DEFAULTS[k] and k not in _REQUIRED)}
-        item["held"] = round(min(max(held, 0.0), MAX_HELD_S), 3)
-        groups.setdefault(tuple(shared.values()), (shared, []))[1].append(item)
+    """Heartbeats of one node's ranks, each with how long the agent held it (seconds, to the
+    millisecond), in as few frames of at most :data:`MAX_DATAGRAM` bytes as they fit in (greedily,
+    in order), under the heartbeat key as a rank's own heartbeat is::
+
+        {"type":"node","held":[H0,H1,...],"beats":[[JOB,ATTEMPT,RANK,...],...]}
+
+    Each heartbeat is an array of :class:`Heartbeat`'s fields in their order, its trailing fields
+    that hold their defaults left out (never those up to ``launch``); ``held[i]`` is how long the
+    agent held ``beats[i]``. A single heartbeat too large for a frame is refused as it would be on
+    its own."""
+    room = MAX_DATAGRAM - len(MAGIC) - MAC_BYTES - len(b'{"type":"node","held":[],"beats":[]}')
     frames: list[bytes] = []
-    for shared, items in groups.values():
-        first = items[0]
-        common = {k: v for k, v in first.items() if k not in PER_RANK
-                  and all(k in other and other[k] == v for other in items[1:])}
-        head = {"type": "node", **shared, "common": common, "beats": []}
-        prefix = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()[:-2]  # ends in "beats":[
-        room = MAX_DATAGRAM - len(MAGIC) - MAC_BYTES - len(prefix) - 2  # less the closing "]}"
-        parts: list[bytes] = []
-        size = 0
-        for item in items:
-            part = json.dumps({k: v for k, v in item.items() if k not in common}, separators=(",", ":"),
-                              allow_nan=False).encode()
-            if len(part) > room:
-                raise ProtocolError(REJECT_OVERSIZED, f"one heartbeat of rank {item['rank']} does not fit a frame")
-            if parts and (size + len(parts) + len(part) > room or len(parts) >= MAX_NODE_BEATS):
-                frames.append(_node_frame(prefix, parts, key))
-                parts, size = [], 0
-            parts.append(part)
-            size += len(part)
-        frames.append(_node_frame(prefix, parts, key))
+    parts: list[bytes] = []
+    helds: list[float] = []
+    size = 0
+    for hb, held in beats:
+        values = msgspec.structs.astuple(hb)
+        n = len(values)
+        while n > _MIN_ITEMS and values[n - 1] == _HB_DEFAULTS[n - 1]:
+            n -= 1
+        part = _ENCODER.encode(values[:n])
+        if len(part) + _HELD_ROOM > room:
+            raise ProtocolError(REJECT_OVERSIZED, f"one heartbeat of rank {hb.rank} does not fit a frame")
+        if parts and (size + len(part) + 1 + _HELD_ROOM > room or len(parts) >= MAX_NODE_BEATS):
+            frames.append(_node_frame(helds, parts, key))
+            parts, helds, size = [], [], 0
+        parts.append(part)
+        helds.append(round(min(max(held, 0.0), MAX_HELD_S), 3))
+        size += len(part) + 1 + _HELD_ROOM
+    if parts:
+        frames.append(_node_frame(helds, parts, key))
     return frames
 
 
-def _node_frame(prefix: bytes, parts: list[bytes], key: bytes) -> bytes:
-    body = prefix + b",".join(parts) + b"]}"
+def _node_frame(helds: list[float], parts: list[bytes], key: bytes) -> bytes:
+    body = b'{"type":"node","held":' + _ENCODER.encode(helds) + b',"beats":[' + b",".join(parts) + b"]}"
     frame = MAGIC + _mac(key, body) + body
     if len(frame) > MAX_DATAGRAM:  # encode_node_frames sized it: a bug if not
         raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes > {MAX_DATAGRAM}")
@@ -542,47 +540,38 @@ def is_node_frame(frame: bytes) -> bool:
     return frame.startswith(NODE_FRAME_PREFIX, len(MAGIC) + MAC_BYTES)
 
 
-_NODE_BEAT = msgspec.defstruct(  # a heartbeat less the frame's fields; an absent field is its default
-    "_WireNodeBeat",
-    [(name, _wire_type(*spec), _DEFAULTS.get(name, msgspec.UNSET)) for name, spec in _WIRE_FIELDS.items()
-     if name not in NODE_SHARED]
-    + [("held", Annotated[float, msgspec.Meta(ge=0, le=MAX_HELD_S)], 0.0)],
-    kw_only=True, gc=False,
-)
-_NODE_COMMON = msgspec.defstruct(  # the fields all of a frame's heartbeats share: each checked once
-    "_WireNodeCommon",
-    [(name, _wire_type(*spec), msgspec.UNSET) for name, spec in _WIRE_FIELDS.items()
-     if name not in NODE_SHARED and name not in PER_RANK],
-    kw_only=True, gc=False,
-)
-_NODE = msgspec.defstruct(
-    "_WireNode",
-    [("type", Literal["node"])] + [(name, _wire_type(*_WIRE_FIELDS[name])) for name in NODE_SHARED]
-    + [("common", _NODE_COMMON, msgspec.field(default_factory=_NODE_COMMON)),
-       ("beats", Annotated[list[_NODE_BEAT], msgspec.Meta(min_length=1, max_length=MAX_NODE_BEATS)])],
-    kw_only=True, gc=False,
-)
-_NODE_DECODER = msgspec.json.Decoder(_NODE)
-_REQUIRED_PER_BEAT = tuple(name for name in _REQUIRED if name not in NODE_SHARED)
+class _WireNode(msgspec.Struct, gc=False):
+    type: Literal["node"]
+    held: Annotated[list[Annotated[float, msgspec.Meta(ge=0, le=MAX_HELD_S)]], msgspec.Meta(max_length=MAX_NODE_BEATS)]
+    beats: Annotated[list[Heartbeat], msgspec.Meta(min_length=1, max_length=MAX_NODE_BEATS)]
+
+
+_NODE_DECODER = msgspec.json.Decoder(_WireNode)
+
+
+def decode_node_beats(frame: bytes, key: bytes) -> tuple[list[Heartbeat], list[float]]:
+    """Authenticate (the heartbeat key) and check one node frame: its heartbeats, and how long
+    the node's agent held each, every heartbeat checked as a rank's own frame would be (one bad
+    heartbeat refuses the frame: one agent made all of it). The heartbeats are decoded straight
+    into :class:`Heartbeat` (the controller's hot path: no copy per heartbeat)."""
+    wire = _decoded(_NODE_DECODER, _authenticated_body(frame, key))
+    beats = wire.beats
+    if len(wire.held) != len(beats):
+        raise ProtocolError(REJECT_SCHEMA, f"{len(wire.held)} held times for {len(beats)} heartbeats")
+    phases, outcomes, sources, restores = _PHASE_SET, _OUTCOME_SET, _SOURCE_SET, _RESTORE_SET
+    for hb in beats:  # what _checked does, inline: a function call per heartbeat costs more than these
+        if (hb.rank >= hb.world_size or not hb.launch or hb.phase not in phases or hb.outcome not in outcomes
+                or hb.source not in sources or hb.restore_state not in restores or hb.coll_groups):
+            if not hb.launch:
+                raise ProtocolError(REJECT_SCHEMA, "missing launch")
+            _checked(hb)
+    return beats, wire.held
 
 
 def decode_node_frame(frame: bytes, key: bytes) -> list[tuple[Heartbeat, float]]:
-    """Authenticate (the heartbeat key) and check one node frame: its heartbeats, each with how
-    long the node's agent held it, every one checked as a rank's own frame would be (one bad
-    heartbeat refuses the frame: one agent made all of it)."""
-    wire = _decoded(_NODE_DECODER, _authenticated_body(frame, key))
-    over = {k: v for k, v in _to_dict(wire.common).items() if v is not msgspec.UNSET}
-    over.update((name, getattr(wire, name)) for name in NODE_SHARED)
-    out = []
-    for beat in wire.beats:
-        values = _to_dict(beat)
-        values.update(over)
-        for name in _REQUIRED_PER_BEAT:  # required of a heartbeat: in the beat or in common
-            if values[name] is msgspec.UNSET:
-                raise ProtocolError(REJECT_SCHEMA, f"missing {name}")
-        held = values.pop("held")
-        out.append((_build(values), held))
-    return out
+    """:func:`decode_node_beats` as ``(heartbeat, held)`` pairs."""
+    beats, held = decode_node_beats(frame, key)
+    return list(zip(beats, held))
 
 
 # ------------------------------------------------------------------------------ launches
