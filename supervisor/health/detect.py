@@ -119,13 +119,38 @@ _PHASE_KINDS = {PHASE_INIT: Kind.STARTUP_STALL, PHASE_RESTORE: Kind.STARTUP_STAL
 
 def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: float,
            rank_nodes: dict[int, str] | None = None) -> list[Finding]:
-    """The findings at ``now``: [] at once (O(1)) while no rank's deadline has come
-    (:meth:`Registry.due`) and every rank has been heard or the startup timeout runs, else
-    :func:`detect_full`'s, visiting every rank. The two always agree."""
-    if not registry.due(now, timeouts) and not (
-            registry.world_size and now - launched_at > timeouts.startup_s and not registry.all_heard()):
+    """The findings at ``now``, always :func:`detect_full`'s, without its pass over every rank
+    where the registry's index shows it is not needed: [] at once (O(1)) while no rank's deadline
+    has come (:meth:`Registry.due`) and every rank has been heard or the startup timeout runs;
+    the silent ranks alone, read from the index, while no rank still heard could be past another
+    deadline (:meth:`Registry.due_besides_silence`: ranks that went silent stay silent until
+    the gang is torn down, and each look must not then visit every rank)."""
+    startup = bool(registry.world_size) and now - launched_at > timeouts.startup_s
+    if not registry.due(now, timeouts) and not (startup and not registry.all_heard()):
         return []
-    return detect_full(registry, now, timeouts, launched_at=launched_at, rank_nodes=rank_nodes)
+    if registry.due_besides_silence(now, timeouts):
+        return detect_full(registry, now, timeouts, launched_at=launched_at, rank_nodes=rank_nodes)
+    findings: list[Finding] = []
+    if startup and not registry.all_heard():
+        findings.append(_not_started(registry, now, timeouts, launched_at, rank_nodes or {}))
+    findings += [_dead(registry, rank, now, timeouts.heartbeat_s)
+                 for rank in registry.silent(now, timeouts.heartbeat_s)]
+    return findings
+
+
+def _not_started(registry: Registry, now: float, timeouts: Timeouts, launched_at: float,
+                 rank_nodes: dict[int, str]) -> Finding:
+    missing = tuple(r for r in range(registry.world_size) if r not in registry.ranks)
+    nodes = tuple(sorted({rank_nodes.get(r, "") for r in missing} - {""}))
+    return Finding(Kind.NOT_STARTED, missing, nodes,
+                   f"no heartbeat {now - launched_at:.0f}s after launch (> {timeouts.startup_s:.0f}s)")
+
+
+def _dead(registry: Registry, rank: int, now: float, heartbeat_s: float) -> Finding:
+    rec = registry.ranks[rank]
+    hb = rec.hb
+    return Finding(Kind.DEAD, (rank,), (hb.node,) if hb.node else (),
+                   f"silent for {now - rec.received:.1f}s (> {heartbeat_s:.1f}s) at step {hb.step}, last phase {hb.phase}")
 
 
 def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: float,
@@ -149,10 +174,10 @@ def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_
         findings.append(Finding(kind, tuple(ranks), nodes, detail, culprit))
 
     # 1. never started
-    if registry.world_size and now - launched_at > timeouts.startup_s:
-        missing = [r for r in range(registry.world_size) if r not in registry.ranks]
-        if missing:
-            add(Kind.NOT_STARTED, missing, f"no heartbeat {now - launched_at:.0f}s after launch (> {timeouts.startup_s:.0f}s)")
+    if registry.world_size and now - launched_at > timeouts.startup_s and not registry.all_heard():
+        found = _not_started(registry, now, timeouts, launched_at, rank_nodes)
+        findings.append(found)
+        claimed.update(found.ranks)
 
     # 2. silent; the same pass over every rank notes who waits in a collective, who is past
     # its phase timeout and who reported a non-finite loss (rules 3-5 below, in order)
@@ -163,14 +188,14 @@ def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_
     waiting = {}
     overdue: list[int] = []
     nan: list[int] = []
+    dead: list[int] = []
     for rank, rec in registry.ranks.items():
         hb = rec.hb
         if hb.phase == PHASE_DONE:
             continue
         silent = now - rec.received
         if silent > heartbeat_s:
-            add(Kind.DEAD, [rank], f"silent for {silent:.1f}s (> {heartbeat_s:.1f}s) at step {hb.step}, "
-                f"last phase {hb.phase}")
+            dead.append(rank)
             continue
         alive[rank] = rec
         if silent < 0.0:
@@ -184,6 +209,9 @@ def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_
             overdue.append(rank)
         if not hb.loss_ok:
             nan.append(rank)
+
+    findings += [_dead(registry, rank, now, heartbeat_s) for rank in sorted(dead)]  # (never started: not here)
+    claimed.update(dead)
 
     # 3. collective hang and its culprit
     if not waiting and any(alive[r].hb.phase == PHASE_TRAINING and not alive[r].hb.coll_inside for r in overdue):

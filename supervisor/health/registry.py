@@ -7,7 +7,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from supervisor.protocol import PHASE_DONE, PHASES, Heartbeat
 
@@ -27,7 +27,7 @@ _SLACK = 1e-9
 never makes one later than what detect()'s own arithmetic finds."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RankRecord:
     hb: Heartbeat
     received: float
@@ -84,6 +84,19 @@ class Registry:
                 rec.work_times.append(hb.last_data_s + hb.last_compute_s)
         rec.hb = hb
         rec.received = now
+        slots = self._slots.get(hb.rank)
+        if (slots is not None and slots[1] is None and slots[3] is None and hb.phase_s <= BRIEF_S
+                and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok and not self._nonfinite
+                and hb.phase != PHASE_DONE
+                and now - now == 0.0):
+            # what _index does for a healthy rank (no wait indexed before or now): only when it was heard
+            if now > self._latest:
+                self._latest = now
+            heard = now // SLOT_S * SLOT_S
+            if slots[0] != heard:
+                self._heard.move(hb.rank, slots[0], heard)
+                slots[0] = heard
+            return True
         self._index(hb, now)
         return True
 
@@ -102,24 +115,10 @@ class Registry:
         a clock at or past the latest receipt (a rank whose heartbeat already says it is past a
         timeout has its deadline before that receipt)."""
         self._check()
-        if self._nonfinite:
-            return -math.inf
         oldest = self._heard.first()
         if oldest == math.inf:
-            return math.inf
-        first = _early(oldest, timeouts.heartbeat_s)
-        # the waits not indexed (they had lasted BRIEF_S at most): none ends before the oldest
-        # receipt plus the shortest timeout, less BRIEF_S
-        shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None),
-                       default=math.inf)
-        first = min(first, _early(oldest, min(shortest, timeouts.collective_s) - BRIEF_S))
-        if self._coll.count:
-            first = min(first, _early(self._coll.first(), timeouts.collective_s))
-        for phase, starts in self._phase.items():
-            limit = timeouts.for_phase(phase)
-            if limit is not None and starts.count:
-                first = min(first, _early(starts.first(), limit))
-        return first
+            return -math.inf if self._nonfinite else math.inf
+        return min(_early(oldest, timeouts.heartbeat_s), self._other_deadline(oldest, timeouts))
 
     def due(self, now: float, timeouts: Timeouts) -> bool:
         """Whether some rank's deadline (:meth:`next_deadline`) has come at ``now``: when not,
@@ -128,6 +127,47 @@ class Registry:
         after the caller read its clock: detect() takes its silence as 0)."""
         first = self.next_deadline(timeouts)
         return first == -math.inf or first <= max(now, self._latest)
+
+    def due_besides_silence(self, now: float, timeouts: Timeouts) -> bool:
+        """Whether some rank still heard at ``now`` (silent no longer than ``timeouts.heartbeat_s``)
+        could be waiting in a collective past its timeout, past its phase's timeout, or has a
+        non-finite loss: when not, detect()'s findings at ``now`` are the silent ranks (and those
+        never heard) alone. O(1) amortised, like :meth:`due`."""
+        self._check()
+        if self._nonfinite:
+            return True
+        # the ranks heard since now - heartbeat_s, to the slot (a few silent ones may come along:
+        # earlier, never later)
+        live = self._heard.first_above(now - timeouts.heartbeat_s - SLOT_S)
+        if live == math.inf:
+            return False
+        return self._other_deadline(live, timeouts) <= max(now, self._latest)
+
+    def _other_deadline(self, oldest: float, timeouts: Timeouts) -> float:
+        """The earliest deadline but silence, the waits too brief to index read from ``oldest``
+        (the slot of the oldest receipt among the ranks that matter)."""
+        if self._nonfinite:
+            return -math.inf
+        # the waits not indexed (they had lasted BRIEF_S at most): none ends before the oldest
+        # receipt plus the shortest timeout, less BRIEF_S
+        shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None),
+                       default=math.inf)
+        first = _early(oldest, min(shortest, timeouts.collective_s) - BRIEF_S)
+        if self._coll.count:
+            first = min(first, _early(self._coll.first(), timeouts.collective_s))
+        for phase, starts in self._phase.items():
+            limit = timeouts.for_phase(phase)
+            if limit is not None and starts.count:
+                first = min(first, _early(starts.first(), limit))
+        return first
+
+    def silent(self, now: float, heartbeat_s: float) -> list[int]:
+        """The ranks (not done) silent for longer than ``heartbeat_s`` at ``now``, in rank order:
+        the index's oldest slots are read, not every rank."""
+        self._check()
+        ranks = self.ranks
+        return sorted(r for r in self._heard.members_to(now - heartbeat_s)
+                      if now - ranks[r].received > heartbeat_s)
 
     def all_heard(self) -> bool:
         """Every rank of ``range(world_size)`` has been heard from (O(1))."""
@@ -140,7 +180,7 @@ class Registry:
     def _clear_index(self) -> None:
         self._indexed = self.ranks  # the dict the index describes, and how many ranks it held
         self._count = 0
-        self._heard = _Starts()  # when each rank (not done) was last heard
+        self._heard = _Members()  # when each rank (not done) was last heard, and who
         self._coll = _Starts()  # since when each rank inside a collective waits there
         self._phase: dict[str, _Starts] = {}  # since when each rank is in its phase, by phase
         self._slots: dict[int, list] = {}  # rank (not done) -> [heard, collective or None, phase, phase slot]
@@ -172,7 +212,7 @@ class Registry:
             self._nonfinite.discard(rank)
             if slots is not None:
                 del self._slots[rank]
-                self._heard.move(slots[0], None)
+                self._heard.move(rank, slots[0], None)
                 self._coll.move(slots[1], None)
                 if slots[3] is not None:
                     self._phase[slots[2]].move(slots[3], None)
@@ -187,14 +227,14 @@ class Registry:
         since = _slot(now, hb.phase_s) if hb.phase_s > BRIEF_S else None
         if slots is None:
             self._slots[rank] = [heard, coll, phase, since]
-            self._heard.move(None, heard)
+            self._heard.move(rank, None, heard)
             if coll is not None:
                 self._coll.move(None, coll)
             if since is not None:
                 self._starts(phase).move(None, since)
             return
         if slots[0] != heard:
-            self._heard.move(slots[0], heard)
+            self._heard.move(rank, slots[0], heard)
             slots[0] = heard
         if slots[1] != coll:
             self._coll.move(slots[1], coll)
@@ -224,7 +264,7 @@ class _Starts:
     __slots__ = ("count", "heap")
 
     def __init__(self) -> None:
-        self.count: dict[float, int] = {}
+        self.count: dict[float, Any] = {}  # slot -> how many ranks (a _Members: which ranks)
         self.heap: list[float] = []
 
     def move(self, old: float | None, new: float | None) -> None:
@@ -253,6 +293,42 @@ class _Starts:
         while heap and heap[0] not in count:
             heapq.heappop(heap)
         return heap[0] if heap else math.inf
+
+
+class _Members(_Starts):
+    """Like :class:`_Starts`, with the ranks themselves in each slot (``count`` maps a slot to
+    the set of them)."""
+
+    __slots__ = ()
+
+    def move(self, rank: int, old: float | None, new: float | None) -> None:  # type: ignore[override]
+        """Rank ``rank`` moves from slot ``old`` to slot ``new`` (None: none indexed)."""
+        count = self.count
+        if old is not None:
+            members = count[old]
+            if len(members) == 1:
+                del count[old]
+            else:
+                members.discard(rank)
+        if new is not None:
+            members = count.get(new)
+            if members is not None:
+                members.add(rank)
+                return
+            count[new] = {rank}
+            heapq.heappush(self.heap, new)
+            if len(self.heap) > 2 * len(count) + 64:  # emptied slots below the top: O(slots), rarely
+                self.heap = list(count)
+                heapq.heapify(self.heap)
+
+    def first_above(self, floor: float) -> float:
+        """The earliest slot above ``floor`` a rank is in (inf: none): O(slots)."""
+        return min((slot for slot in self.count if slot > floor), default=math.inf)
+
+    def members_to(self, last: float):
+        """The ranks in the slots up to ``last``: O(slots) and the ranks yielded."""
+        for slot in [s for s in self.count if s <= last]:
+            yield from self.count[slot]
 
 
 def _slot(received: float, elapsed: float) -> float:
