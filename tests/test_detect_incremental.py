@@ -364,3 +364,42 @@ def test_no_rounding_makes_a_deadline_late():
             for _ in range(12):
                 check(r, now, timeouts, launched_at=received)
                 now = math.nextafter(now, math.inf)
+
+
+class _Watched(dict):
+    """A ranks dict that counts the passes over it."""
+
+    passes = 0
+
+    def items(self):
+        _Watched.passes += 1
+        return super().items()
+
+    def values(self):
+        _Watched.passes += 1
+        return super().values()
+
+
+def test_silent_ranks_are_read_off_the_index_without_a_pass_over_every_rank():
+    # two ranks went silent; the others beat on: each look names the two without visiting the rest
+    # (silent ranks stay silent until the gang is torn down: a pass per look would cost O(ranks))
+    r = Registry(0, 1000)
+    for rank in range(1000):
+        r.observe(hb(rank, world=1000), AT)
+    for k in (4, 8):
+        for rank in range(1000):
+            if rank not in (3, 7):
+                r.observe(hb(rank, world=1000, seq=1 + k), AT + k)
+    r.ranks = _Watched(r.ranks)
+    r.due(AT, T)  # (a dict replaced by hand is indexed again at the next read: that pass is not counted)
+    _Watched.passes = 0
+    for now in (AT + 9, AT + 10.5, AT + 12):
+        found = detect(r, now, T, launched_at=AT)
+        assert [(f.kind, f.ranks) for f in found] == [(Kind.DEAD, (3,)), (Kind.DEAD, (7,))]
+    assert _Watched.passes == 0
+    assert found == detect_full(r, AT + 12, T, launched_at=AT)
+    # a rank still heard that is now past its phase's timeout: the look is the full pass again
+    r.observe(hb(5, world=1000, seq=20, phase=PHASE_DATA, phase_s=9.5), AT + 12)
+    found = detect(r, AT + 12.6, T, launched_at=AT)
+    assert _Watched.passes > 0 and (Kind.DATA_STALL, (5,)) in [(f.kind, f.ranks) for f in found]
+    assert found == detect_full(r, AT + 12.6, T, launched_at=AT)
