@@ -221,6 +221,8 @@ def test_namespaces_are_cluster_scoped_objects(v1, api):
     expect_error(404, "NotFound", v1.read_namespaced_pod, "p0", "team-a")
     expect_error(404, "NotFound", v1.read_namespace, "team-a")
     assert v1.read_namespaced_pod("p0", "never-created").metadata.name == "p0"
+    body = expect_error(403, "Forbidden", v1.delete_namespace, "default")
+    assert body["message"] == 'namespaces "default" is forbidden: this namespace may not be deleted'
 
 
 def test_restricted_namespace_refuses_a_plain_pod_with_the_real_message(v1):
@@ -475,3 +477,28 @@ def test_budget_spec_validation(policy):
     body = expect_error(422, "Invalid", policy.create_namespaced_pod_disruption_budget, NS, {
         "metadata": {"name": "b"}, "spec": {"minAvailable": 1, "maxUnavailable": 1}})
     assert body["message"].endswith("minAvailable and maxUnavailable cannot be both set")
+
+
+def test_max_unavailable_over_bare_pods_allows_no_disruption(v1, policy):
+    v1.create_namespaced_pod(NS, pod("bare", {"app": "bare"}, node="n0"))
+    ready(v1, "bare")
+    policy.create_namespaced_pod_disruption_budget(NS, {
+        "metadata": {"name": "mu"}, "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "bare"}}}})
+    status = policy.read_namespaced_pod_disruption_budget("mu", NS).status
+    # unmanaged pods have no controller scale to count: nothing is expected, nothing may go
+    assert (status.expected_pods, status.current_healthy, status.desired_healthy, status.disruptions_allowed) == \
+        (0, 1, 0, 0)
+    body = expect_error(429, "TooManyRequests", v1.create_namespaced_pod_eviction, "bare", NS,
+                        client.V1Eviction(metadata=client.V1ObjectMeta(name="bare")))
+    assert body["details"]["causes"][0]["message"] == "The disruption budget mu needs 0 healthy pods and has 1 currently"
+    two = pod("two", {"app": "bare"}, node="n0")
+    v1.create_namespaced_pod(NS, two)
+    ready(v1, "two")
+    policy.create_namespaced_pod_disruption_budget(NS, {
+        "metadata": {"name": "again"}, "spec": {"minAvailable": 0, "selector": {"matchLabels": {"app": "bare"}}}})
+    with pytest.raises(ApiException) as info:       # the handler's own Status: no reason
+        v1.create_namespaced_pod_eviction("two", NS, client.V1Eviction(metadata=client.V1ObjectMeta(name="two")))
+    assert info.value.status == 500
+    assert json.loads(info.value.body) == {
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
+        "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."}

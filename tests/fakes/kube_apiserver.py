@@ -82,7 +82,8 @@ kube-apiserver does:
   preemptionPolicy immutable, the system classes undeletable (403);
 - namespaces as objects: ``default``, ``kube-system``, ``kube-public`` and ``kube-node-lease``
   exist from the start; each gets ``spec.finalizers: [kubernetes]``, ``status.phase: Active`` and
-  the ``kubernetes.io/metadata.name`` label; a delete answers the namespace Terminating, then
+  the ``kubernetes.io/metadata.name`` label; default, kube-system and kube-public may not be
+  deleted (403); a delete answers the namespace Terminating, then
   everything in it and the namespace itself are gone. A namespace never created still exists
   implicitly for namespaced objects (and has no labels);
 - PodSecurity admission (pod create, dry run included, and a pod update that changes an image):
@@ -276,13 +277,15 @@ class ApiError(Exception):
                  details: JSON | None = None) -> None:
         super().__init__(message)
         self.code = code
-        self.reason = reason or _REASONS.get(code, "Unknown")
+        self.reason = _REASONS.get(code, "Unknown") if reason is None else reason
         self.message = message
         self.details = details
 
     def status(self) -> JSON:
         body: JSON = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                      "message": self.message, "reason": self.reason, "code": self.code}
+                      "message": self.message, "code": self.code}
+        if self.reason:       # a Status a handler builds itself may name none
+            body["reason"] = self.reason
         if self.details:
             body["details"] = self.details
         return body
@@ -2891,7 +2894,7 @@ class FakeKubeAPIServer:
                 if _selector_matches((p.get("spec") or {}).get("selector"), labels, False)]
         if len(pdbs) > 1:
             raise ApiError(500, "This pod has more than one PodDisruptionBudget, which the eviction subresource "
-                                "does not support.")
+                                "does not support.", reason="")
         if pdbs:
             pdb = pdbs[0]
             pdb_name, status = pdb["metadata"]["name"], pdb.get("status") or {}
@@ -3078,6 +3081,8 @@ class FakeKubeAPIServer:
         if rt.plural == "priorityclasses" and name in SYSTEM_PRIORITY_CLASSES:
             raise _forbidden(rt, name, "this is a system priority class and cannot be deleted")
         if rt.plural == "namespaces":
+            if name in ("default", "kube-system", "kube-public"):    # NamespaceLifecycle's immortal ones
+                raise _forbidden(rt, name, "this namespace may not be deleted")
             return self._delete_namespace(rt, key, old)
         grace = self._grace_period(rt, old, options)
         meta = old["metadata"]
