@@ -502,3 +502,15 @@ def test_max_unavailable_over_bare_pods_allows_no_disruption(v1, policy):
     assert json.loads(info.value.body) == {
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
         "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."}
+
+
+def test_dry_run_on_custom_resources_and_their_status(crd, api):
+    made = crd.create_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2], podgroup("pg", VOLCANO), dry_run="All")
+    assert made["metadata"]["uid"] and "resourceVersion" not in made["metadata"]
+    assert api.objects("podgroups.scheduling.volcano.sh") == []
+    crd.create_namespaced_custom_object(*VOLCANO[:2], NS, VOLCANO[2], podgroup("pg", VOLCANO))
+    rv = api.resource_version
+    after = crd.patch_namespaced_custom_object_status(*VOLCANO[:2], NS, VOLCANO[2], "pg",
+                                                      {"status": {"phase": "Running"}}, dry_run="All")
+    assert after["status"] == {"phase": "Running"} and after["metadata"]["resourceVersion"] == rv
+    assert "status" not in api.get("podgroups.scheduling.volcano.sh", NS, "pg") and api.resource_version == rv
