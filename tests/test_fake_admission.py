@@ -514,3 +514,20 @@ def test_dry_run_on_custom_resources_and_their_status(crd, api):
                                                       {"status": {"phase": "Running"}}, dry_run="All")
     assert after["status"] == {"phase": "Running"} and after["metadata"]["resourceVersion"] == rv
     assert "status" not in api.get("podgroups.scheduling.volcano.sh", NS, "pg") and api.resource_version == rv
+
+
+def test_object_count_quotas_name_the_group(v1, crd):
+    v1.create_namespaced_resource_quota(NS, {"metadata": {"name": "counts"}, "spec": {"hard": {
+        "count/workloads.kueue.x-k8s.io": "1", "count/configmaps": "1", "count/workloads": "0"}}})
+    crd.create_namespaced_custom_object(KUEUE, "v1beta1", NS, "workloads", {
+        "apiVersion": f"{KUEUE}/v1beta1", "kind": "Workload", "metadata": {"name": "w0"}, "spec": {}})
+    v1.create_namespaced_config_map(NS, {"metadata": {"name": "c0"}})
+    # count/workloads names a core-group resource that does not exist: it counts nothing
+    assert v1.read_namespaced_resource_quota("counts", NS).status.used == {
+        "count/configmaps": "1", "count/workloads.kueue.x-k8s.io": "1"}
+    body = expect_error(403, "Forbidden", crd.create_namespaced_custom_object, KUEUE, "v1beta1", NS, "workloads", {
+        "apiVersion": f"{KUEUE}/v1beta1", "kind": "Workload", "metadata": {"name": "w1"}, "spec": {}})
+    assert body["message"] == ('workloads.kueue.x-k8s.io "w1" is forbidden: exceeded quota: counts, requested: '
+                               'count/workloads.kueue.x-k8s.io=1, used: count/workloads.kueue.x-k8s.io=1, '
+                               'limited: count/workloads.kueue.x-k8s.io=1')
+    expect_error(403, "Forbidden", v1.create_namespaced_config_map, NS, {"metadata": {"name": "c1"}})

@@ -2794,8 +2794,11 @@ class FakeKubeAPIServer:
                 usage.merge(pod_quota_usage(pod))
             known |= {n for n in names if _quota_tracks(n)}
         for n in names:
+            # count/<resource>.<group> (the core group bare), or a legacy object-count name
             counted = RESOURCES.get(n[len("count/"):]) if n.startswith("count/") else (
                 RESOURCES[n] if n in ("configmaps", "secrets", "services", "resourcequotas") else None)
+            if counted is not None and n.startswith("count/") and counted.qualified != n[len("count/"):]:
+                counted = None
             if counted is not None and counted.namespaced and not (counted.plural == "pods" and n in known):
                 usage.add(n, len(self._selected(counted, namespace, Selector())))
                 known.add(n)
