@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from supervisor.controller.decide import (
+    calibration_every_s,
+    calibration_stride,
+    progress_every_s,
     ACTION_ABORT,
     ACTION_KILL_NODE,
     ACTION_TEAR_DOWN,
@@ -741,3 +744,16 @@ def test_progress_is_a_newer_checkpoint_or_for_a_script_without_the_sdk_steps_ta
 
     assert made_progress(latest_step=latest, step_at_start=at_start, had_checkpoint=had,
                          steps_without_sdk=steps) is progressed
+
+
+@pytest.mark.parametrize("ranks, calibration_s, progress_s, stride", [
+    (8, 2.0, 0.00006103515625, 1),
+    (4_096, 2.0, 0.03125, 1),
+    (4_097, 2.0, 4_097 / 131_072, 2),
+    (16_384, 2.0, 0.125, 4),
+    (131_072, 16.0, 1.0, 32),
+])
+def test_reads_over_every_rank_slow_down_with_the_gang(ranks, calibration_s, progress_s, stride):
+    assert calibration_every_s(2.0, ranks) == calibration_s
+    assert progress_every_s(ranks) == progress_s
+    assert calibration_stride(ranks) == stride

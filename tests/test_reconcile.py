@@ -195,6 +195,19 @@ def test_timeouts_follow_the_step_times_seen_at_most_every_few_seconds_and_name_
     assert after.stragglers[1] == pytest.approx(3.0) and after.stragglers[0] == pytest.approx(1 / 3)
 
 
+def test_a_large_gang_recalibrates_less_often_from_a_sample_of_its_ranks_and_scores_every_rank():
+    # 32,768 ranks: every 4 s (2 s up to 16,384 ranks); the median from every 8th rank's step times
+    # (4,096 of them): ranks 0, 8, 16, ... took 2 s steps, the others 1 s: a full median would be 1 s
+    ranks = {r: (2.0 if r % 8 == 0 else 1.0) for r in range(32_768)}
+    ranks[5] = 9.0  # a straggler off the sample is still scored
+    reg = stepping(ranks)
+    first = calibrated(Detection(TIMEOUTS), 100.0, reg, CAL)
+    assert first.timeouts.compute_s == 5.0 * 2.0
+    assert first.stragglers[5] == pytest.approx(9.0) and len(first.stragglers) == 32_768
+    assert calibrated(first, 103.9, reg, CAL) is first
+    assert calibrated(first, 104.0, reg, CAL).calibrated_at == 104.0
+
+
 @pytest.mark.parametrize("seconds,phase_s", [(0.1, 3.0), (500.0, 600.0)])
 def test_calibrated_timeouts_stay_between_the_floor_and_the_ceiling(seconds, phase_s):
     got = calibrated(Detection(TIMEOUTS), 100.0, stepping({0: seconds, 1: seconds}), CAL)

@@ -37,7 +37,7 @@ from typing import Any
 from supervisor.checkpoint.cache import Scan
 from supervisor.checkpoint.discovery import parse_name
 from supervisor.config import JobConfig
-from supervisor.controller import reconcile
+from supervisor.controller import decide, reconcile
 from supervisor.controller import recovery as recovery_step
 from supervisor.controller import release_store
 from supervisor.controller import releases
@@ -582,7 +582,8 @@ class Controller:
             self.heard.stepped = True
             self.event("training", attempt=self.attempt, step=reg.min_step(),
                        since_launch_s=round(now - self.launched_at, 3))
-        if all_heard:
+        if all_heard and now >= self.heard.progress_at:  # reads every rank: less often in a large gang
+            self.heard.progress_at = now + decide.progress_every_s(reg.world_size)
             self.heard.mark_step(now, reg.min_step())
             self.track_release(time.time())
             self.tell_save(reg)

@@ -791,6 +791,35 @@ def relay_flush_s(interval_s: float, timeout_s: float) -> float | None:
     return round(flush, 3) if flush >= RELAY_MIN_FLUSH_S else None
 
 
+SCALE_RANKS = 16_384
+"""Up to this many ranks the reads over every rank run at their base cadence; beyond, their
+period grows with the gang (their cost grows with it, what they are for does not)."""
+PROGRESS_EVERY_RANKS = 131_072
+"""A gang this large reads its slowest rank's step, its oldest save and its losses once a second."""
+CALIBRATION_RANKS = 4_096
+"""The step-time median that calibrates the phase timeouts is taken over the step times of at
+most this many ranks (a systematic sample of a larger gang: every k-th rank)."""
+
+
+def calibration_every_s(base_s: float, world_size: int) -> float:
+    """How often the step-time statistics (the phase timeouts, the straggler scores) are
+    recomputed: every ``base_s`` up to :data:`SCALE_RANKS` ranks, then in proportion to the gang
+    (16 s at 131,072 ranks and a 2 s base: the scores sort every rank's work times)."""
+    return max(base_s, base_s * world_size / SCALE_RANKS)
+
+
+def progress_every_s(world_size: int) -> float:
+    """How often the gang-wide progress reads run (the slowest rank's step for the step rate and a
+    release's probation, every rank's newest save, every rank's loss): on every look of a gang of
+    up to ~26,000 ranks (under the 0.2 s tick), then in proportion (1 s at 131,072)."""
+    return world_size / PROGRESS_EVERY_RANKS
+
+
+def calibration_stride(ranks: int) -> int:
+    """Every how many ranks the calibration reads step times (1: all)."""
+    return max(1, -(-ranks // CALIBRATION_RANKS))
+
+
 def rendezvous_backend(configured: str, nodes: int, *, static_from: int, in_place_restarts: int = 0) -> str:
     """How the agents of a launch of ``nodes`` nodes form the gang: ``c10d`` or ``static``.
 

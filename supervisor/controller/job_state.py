@@ -9,6 +9,7 @@ with what only the running controller knows (its ports, the platform's record) b
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -93,6 +94,8 @@ class Heard:
     """Every rank of the attempt has taken a step (the ``training`` event was said)."""
     saved_step: int = -1
     """The newest step every rank of the attempt has said it saved (``save_blocked`` was said for it)."""
+    progress_at: float = -math.inf
+    """When the gang-wide progress reads run next (:func:`~.decide.progress_every_s`)."""
     step_marks: list[tuple[float, int]] = field(default_factory=list)
     """(when, the slowest rank's step) over the last minute: the step rate."""
 

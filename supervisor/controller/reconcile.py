@@ -8,6 +8,7 @@ verdict out: no I/O, no clock of its own, no platform. The controller observes, 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -18,6 +19,8 @@ from supervisor.controller.decide import (
     Fault,
     Shrink,
     Stop,
+    calibration_every_s,
+    calibration_stride,
     capacity,
     classify,
     completed,
@@ -109,10 +112,13 @@ class Calibration:
 
 def calibrated(det: Detection, now: float, registry: Registry, cal: Calibration) -> Detection:
     """The phase timeouts and straggler scores, recomputed from the ranks' step times when
-    ``cal.every_s`` has passed since the last time."""
-    if det.calibrated_at is not None and now - det.calibrated_at < cal.every_s:
+    ``cal.every_s`` has passed since the last time (longer for a large gang:
+    :func:`~.decide.calibration_every_s`; its step-time median from a sample of the ranks:
+    :func:`~.decide.calibration_stride`)."""
+    if det.calibrated_at is not None and now - det.calibrated_at < calibration_every_s(cal.every_s, registry.world_size):
         return det
-    step_times = [t for rec in registry.ranks.values() for t in rec.step_times]
+    sample = itertools.islice(registry.ranks.values(), 0, None, calibration_stride(len(registry.ranks)))
+    step_times = [t for rec in sample for t in rec.step_times]
     timeouts = calibrate(step_times, heartbeat_s=cal.heartbeat_s, startup_s=cal.startup_s,
                          checkpoint_s=cal.checkpoint_s, factor=cal.factor, floor_s=cal.floor_s,
                          ceiling_s=cal.ceiling_s)

@@ -284,8 +284,7 @@ def straggler_scores(registry: Registry, *, min_samples: int = 3) -> dict[int, f
     are left out. Exposed work excludes time waiting in collectives, so the ranks that wait
     for a straggler do not look slow themselves.
     """
-    medians = {r: statistics.median(rec.work_times) for r, rec in registry.ranks.items()
-               if len(rec.work_times) >= min_samples}
+    medians = {r: _median(rec.work_times) for r, rec in registry.ranks.items() if len(rec.work_times) >= min_samples}
     if len(medians) < 2:
         return {r: 1.0 for r in medians}
     # One sort, then each rank's peers' median by index arithmetic: O(n log n), not O(n^2).
@@ -296,6 +295,14 @@ def straggler_scores(registry: Registry, *, min_samples: int = 3) -> dict[int, f
         peers = _median_without(values, i)
         scores[r] = medians[r] / peers if peers > 0 else 1.0
     return scores
+
+
+def _median(values) -> float:
+    """statistics.median of a few values, without its checks (a third of its time, and it runs for
+    every rank of the gang)."""
+    s = sorted(values)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _median_without(values: list[float], skip: int) -> float:

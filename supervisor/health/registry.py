@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from supervisor.health.detect import Timeouts
 
 STEP_HISTORY = 20
+_STEP = operator.attrgetter("hb.step")
 SLOT_S = 1 / 16
 """The index keeps when waits began to this (rounded down: deadlines come early by less than
 this, never late): ranks that began within the same slot share one entry."""
@@ -101,10 +103,10 @@ class Registry:
         return True
 
     def max_step(self) -> int:
-        return max((r.hb.step for r in self.ranks.values()), default=0)
+        return max(map(_STEP, self.ranks.values()), default=0)
 
     def min_step(self) -> int:
-        return min((r.hb.step for r in self.ranks.values()), default=0)
+        return min(map(_STEP, self.ranks.values()), default=0)
 
     # ------------------------------------------------------------------ deadlines
     def next_deadline(self, timeouts: Timeouts) -> float:
