@@ -101,12 +101,13 @@ kube-apiserver does:
 - ResourceQuota admission (any namespaced create, dry run included) and the quota controller:
   ``status.hard``/``status.used`` kept at once (quantities printed canonically, ``4096Mi`` as
   ``4Gi``) for pods, count/pods, cpu, memory, requests.*/limits.* of cpu, memory and
-  ephemeral-storage, hugepages, extended resources (``requests.nvidia.com/gpu``),
-  ``count/<resource>`` and the legacy configmaps/secrets/services counts. Finished pods stop
-  counting except in count/pods. 403 ``exceeded quota: q, requested: requests.cpu=1, used:
-  requests.cpu=1500m, limited: requests.cpu=2`` and ``failed quota: q: must specify
-  requests.cpu for: agent; requests.memory for: agent`` (cpu/memory quotas need every
-  container to say them);
+  ephemeral-storage, hugepages, extended resources (only as ``requests.nvidia.com/gpu``: a bare
+  ``nvidia.com/gpu`` is a valid name that limits nothing), ``count/<resource>.<group>`` and the
+  legacy configmaps/secrets/services counts; single-segment names must be standard quota
+  resources (422). Finished pods stop counting except in count/pods. 403 ``exceeded quota: q,
+  requested: requests.cpu=1, used: requests.cpu=1500m, limited: requests.cpu=2`` and ``failed
+  quota: q: must specify requests.cpu for: agent; requests.memory for: agent`` (cpu/memory
+  quotas need every container to say them);
 - the disruption controller: each PodDisruptionBudget's status (``expectedPods``,
   ``currentHealthy`` from Ready, undeleted matching pods, ``desiredHealthy``,
   ``disruptionsAllowed``, ``observedGeneration``, the DisruptionAllowed condition
