@@ -23,33 +23,45 @@ lint-imports
 if [ "$#" -gt 0 ] || [ "${SUPERVISOR_SLURM_TESTS:-1}" = 0 ] || [ "$(id -u)" != 0 ]; then
     exec python -m pytest -p no:cacheprovider -q --durations=25 "$@"
 fi
-# The Slurm cluster tests (~7 minutes, mostly waiting on Slurm's daemons and timeouts) run
-# beside the others, in a pytest of their own; their output follows the others'. Both must pass.
-# Both run in the background so that a SIGTERM or Ctrl-C of this script ends both (bash runs a
-# trap only between commands, and a background job ignores SIGINT): no pytest is left driving
-# the cluster.
-slurm_log="$(mktemp)"
-python -m pytest -p no:cacheprovider -q --durations=10 tests/test_slurm.py >"$slurm_log" 2>&1 &
-slurm_pid=$!
-python -m pytest -p no:cacheprovider -q --durations=25 --ignore=tests/test_slurm.py &
+# Two lanes side by side (most of the suite waits on real processes, timeouts and daemons, so two
+# pytest processes fit these 2 cores): lane A runs the Slurm cluster tests, then the Kubernetes
+# and release suites (real torchrun pods on the fake cluster); lane B runs everything else. Each
+# lane's output follows the run. Every pytest must pass and must have run a test (pytest exits 5
+# when it collects none). Both lanes run in the background so that a SIGTERM or Ctrl-C of this
+# script ends both (bash runs a trap only between commands, and a background job ignores SIGINT):
+# no pytest is left driving the cluster.
+LANE_A=(tests/test_kube_cluster_states.py tests/test_kube_platform.py tests/test_kube_releases.py
+        tests/test_kube_release_identity.py tests/test_kube_pod_template_run.py tests/test_releases.py)
+ignore=()
+for f in tests/test_slurm.py "${LANE_A[@]}"; do ignore+=("--ignore=$f"); done
+lane_a_log="$(mktemp)"
+(
+    lane_rc=0
+    python -m pytest -p no:cacheprovider -q --durations=10 tests/test_slurm.py || lane_rc=1
+    python -m pytest -p no:cacheprovider -q --durations=15 "${LANE_A[@]}" || lane_rc=1
+    exit "$lane_rc"
+) >"$lane_a_log" 2>&1 &
+lane_a_pid=$!
+python -m pytest -p no:cacheprovider -q --durations=25 "${ignore[@]}" &
 main_pid=$!
 stop_both() {
     trap - INT TERM
-    kill -TERM "$main_pid" "$slurm_pid" 2>/dev/null || true
-    wait "$main_pid" "$slurm_pid" 2>/dev/null || true
-    tail -n 30 "$slurm_log"
-    rm -f "$slurm_log"
+    kill -TERM "$main_pid" "$lane_a_pid" 2>/dev/null || true
+    pkill -TERM -P "$lane_a_pid" 2>/dev/null || true
+    wait "$main_pid" "$lane_a_pid" 2>/dev/null || true
+    tail -n 30 "$lane_a_log"
+    rm -f "$lane_a_log"
     echo "test.sh: stopped" >&2
     exit 130
 }
 trap stop_both INT TERM
 rc=0
 wait "$main_pid" || rc=$?
-slurm_rc=0
-wait "$slurm_pid" || slurm_rc=$?
+lane_a_rc=0
+wait "$lane_a_pid" || lane_a_rc=$?
 trap - INT TERM
-echo "---------------- tests/test_slurm.py (run beside the others) ----------------"
-cat "$slurm_log"
-rm -f "$slurm_log"
-echo "test.sh: the others exited $rc, the Slurm cluster tests $slurm_rc"
-[ "$rc" = 0 ] && [ "$slurm_rc" = 0 ]
+echo "---------------- lane A: tests/test_slurm.py, then ${LANE_A[*]} (run beside the others) ----------------"
+cat "$lane_a_log"
+rm -f "$lane_a_log"
+echo "test.sh: lane B exited $rc, lane A (Slurm cluster, then Kubernetes and releases) $lane_a_rc"
+[ "$rc" = 0 ] && [ "$lane_a_rc" = 0 ]
