@@ -38,6 +38,7 @@ from supervisor.platforms.base import LaunchSpec
 from supervisor.platforms.kube.client import KubeApi
 from supervisor.platforms.kube.platform import KubernetesPlatform, settings_from_config
 
+from fakes.kube_apiserver import pod_security_results
 from helm_rbac import allows, rendered_rbac
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -640,6 +641,7 @@ def test_worker_pods_built_from_the_rendered_config_validate_strict(chart, value
             assert pod["spec"]["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
                                                                        "capabilities": {"drop": ["ALL"]}}
             assert not pod["spec"].get("hostNetwork")
+            assert pod_security_results("restricted", "latest", pod) == []  # admitted where restricted is enforced
 
 
 def test_a_gpu_teams_template_reaches_the_worker_pod_as_written(chart):
@@ -680,6 +682,10 @@ def test_a_gpu_teams_template_reaches_the_worker_pod_as_written(chart):
         assert agent["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
                                             "allowPrivilegeEscalation": False}
     assert first["spec"]["hostname"] != second["spec"]["hostname"]
+    # it asks for more than restricted, and says so: its namespace must be labelled privileged
+    assert [r for r, _ in pod_security_results("baseline", "latest", first)] == [
+        "non-default capabilities", "host namespaces", "hostPath volumes"]
+    assert pod_security_results("privileged", "latest", first) == []
 
 
 # ------------------------------------------------------------------ the schema refuses bad values

@@ -66,53 +66,12 @@ def validate(p: dict) -> None:
     client.V1Pod.from_dict(p)  # what the controller's client sends: its own types (quantities are strings)
 
 
-BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD", "NET_BIND_SERVICE",
-                 "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}
-
-
 def pss_violations(p: dict, level: str = "restricted") -> list[str]:
-    """The Pod Security Standards (v1.30) checks a pod fails at ``level`` (baseline or restricted)."""
-    spec = p["spec"]
-    out = []
-    for key in ("hostNetwork", "hostPID", "hostIPC"):
-        if spec.get(key):
-            out.append(key)
-    containers = (spec.get("initContainers") or []) + spec["containers"]
-    psc = spec.get("securityContext") or {}
-    for c in containers:
-        sc = c.get("securityContext") or {}
-        caps = sc.get("capabilities") or {}
-        if sc.get("privileged"):
-            out.append(f"{c['name']}: privileged")
-        if set(caps.get("add") or []) - BASELINE_CAPS:
-            out.append(f"{c['name']}: capabilities.add {caps['add']}")
-        if any(port.get("hostPort") for port in c.get("ports") or []):
-            out.append(f"{c['name']}: hostPort")
-    out += [f"volume {v['name']}: hostPath" for v in spec.get("volumes") or [] if "hostPath" in v]
-    if level == "baseline":
-        return out
-    for v in spec.get("volumes") or []:
-        if not set(v) - {"name"} <= RESTRICTED_VOLUMES:
-            out.append(f"volume {v['name']}: type {sorted(set(v) - {'name'})}")
-    for c in containers:
-        sc = c.get("securityContext") or {}
-        caps = sc.get("capabilities") or {}
-        if sc.get("allowPrivilegeEscalation") is not False:
-            out.append(f"{c['name']}: allowPrivilegeEscalation")
-        if "ALL" not in (caps.get("drop") or []):
-            out.append(f"{c['name']}: capabilities.drop ALL")
-        if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
-            out.append(f"{c['name']}: capabilities.add {caps['add']} (restricted)")
-        if not (sc.get("runAsNonRoot") is True or psc.get("runAsNonRoot") is True and sc.get("runAsNonRoot") is not False):
-            out.append(f"{c['name']}: runAsNonRoot")
-        if 0 in (sc.get("runAsUser"), psc.get("runAsUser")):
-            out.append(f"{c['name']}: runAsUser 0")
-        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
-        if seccomp not in ("RuntimeDefault", "Localhost"):
-            out.append(f"{c['name']}: seccompProfile")
-    return out
+    """The Pod Security Standards checks (k8s.io/pod-security-admission's, as the fake API server
+    runs them) that ``p`` fails at ``level``."""
+    from fakes.kube_apiserver import pod_security_results
+
+    return [reason for reason, _ in pod_security_results(level, "latest", p)]
 
 
 # ------------------------------------------------------------------ the pod without a template
@@ -208,8 +167,8 @@ def test_a_gpu_template_reaches_the_pod_as_written_with_the_controllers_fields_k
     # asks for more than restricted (hostIPC, IPC_LOCK, a hostPath): says so, the rest stays restricted
     assert a["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]},
                                     "allowPrivilegeEscalation": False}
-    assert sorted(pss_violations(p, "baseline")) == ["agent: capabilities.add ['IPC_LOCK']", "hostIPC",
-                                                     "volume infiniband: hostPath"]
+    assert pss_violations(p, "baseline") == ["non-default capabilities", "host namespaces", "hostPath volumes"]
+    assert pss_violations(p, "privileged") == []
     assert all(c["securityContext"]["allowPrivilegeEscalation"] is False for c in s["initContainers"] + s["containers"])
 
 
@@ -440,3 +399,40 @@ def test_an_agent_that_ended_beside_a_running_sidecar_ends_its_pod_for_the_contr
         assert out["slot-1"].state.name == "RUNNING"
     finally:
         p.close()
+
+
+def test_the_pods_are_admitted_where_restricted_is_enforced_and_a_template_asking_for_more_needs_its_namespace(
+        api, tmp_path):
+    """PodSecurity admission (the fake API server runs k8s.io/pod-security-admission's checks): the
+    generated pods pass ``restricted``; a template with hostNetwork is refused there, naming why,
+    and admitted once the namespace is labelled privileged, as docs/kubernetes.md says."""
+    import asyncio
+
+    from supervisor.platforms.base import PlatformError
+
+    v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+    v1.create_namespace({"metadata": {"name": "training", "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    s = LaunchSpec(**{**spec().__dict__, "nodes": ["slot-0", "slot-1"]})
+
+    def launched(template: dict | None, attempt: int) -> list[dict]:
+        raw = job({"pod_template": template} if template else {}, node_reads=False, slots=2)
+        raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+        p = started(api, tmp_path, raw)
+        try:
+            asyncio.run(p.launch(LaunchSpec(**{**s.__dict__, "attempt": attempt})))
+            asyncio.run(p.probe_capacity(["slot-1"]))
+        finally:
+            p.close()
+        return [o for o in api.objects("pods", "training") if o["metadata"]["labels"].get(
+            "elastic-supervisor/attempt") == str(attempt)]
+
+    assert len(launched(None, 0)) == 2
+    assert [o["metadata"]["name"] for o in api.objects("pods", "training")
+            if o["metadata"]["labels"].get("elastic-supervisor/role") == "capacity-probe"] == ["llama-probe-slot-1"]
+    host_network = {"spec": {"hostNetwork": True}}
+    with pytest.raises(PlatformError, match=r'violates PodSecurity "restricted:latest": host namespaces'):
+        launched(host_network, 1)
+    v1.patch_namespace("training", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})
+    pods = launched(host_network, 2)
+    assert len(pods) == 2 and all(o["spec"]["hostNetwork"] for o in pods)
