@@ -287,6 +287,15 @@ OWNED = [
      "pod_template.spec.initContainers[0].env[0].value: must be a string"),
     ({"spec": {"containers": [{"name": "exporter", "image": "x", "restartPolicy": "Always"}]}},
      "pod_template.spec.containers[0].restartPolicy: only Always, on an init container"),
+    ({"spec": {"affinity": {"nodeAffinity": None}}},
+     "pod_template.spec.affinity.nodeAffinity: null would remove the controller's"),
+    ({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": []}}}}},
+     "pod_template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: must hold"),
+    ({"spec": {"containers": None}}, "pod_template.spec.containers: null would remove the controller's"),
+    ({"spec": {"containers": [{"name": "agent", "env": None}]}},
+     "pod_template.spec.containers[0].env: null would remove the controller's"),
+    ({"metadata": {"labels": None}}, "pod_template.metadata.labels: must be a mapping"),
     ({"kind": "Pod"}, "pod_template.kind: unknown key"),
     ({"spec": []}, "pod_template.spec: must be a mapping"),
 ]

@@ -102,7 +102,7 @@ def problems(template: Any, mount_paths: Iterable[str] = ()) -> list[tuple[str, 
                     why = "owned by the controller" if key in ("name", "namespace", "generateName", "ownerReferences") \
                         else "only labels and annotations may be set"
                     out.append((f"metadata.{key}", why))
-                elif value is not None and not isinstance(value, dict):
+                elif not isinstance(value, dict):
                     out.append((f"metadata.{key}", "must be a mapping of strings"))
                 else:
                     for k, v in (value or {}).items():
@@ -118,6 +118,19 @@ def problems(template: Any, mount_paths: Iterable[str] = ()) -> list[tuple[str, 
     for key, why in OWNED_SPEC.items():
         if key in spec:
             out.append((f"spec.{key}", why))
+    for key in ("containers", "volumes", "affinity"):
+        if key in spec and spec[key] is None:
+            out.append((f"spec.{key}", "null would remove the controller's"))
+    affinity = spec.get("affinity")
+    if isinstance(affinity, dict):
+        node = affinity.get("nodeAffinity")
+        if "nodeAffinity" in affinity and node is None:
+            out.append(("spec.affinity.nodeAffinity", "null would remove the controller's"))
+        if isinstance(node, dict) and "requiredDuringSchedulingIgnoredDuringExecution" in node:
+            required = node["requiredDuringSchedulingIgnoredDuringExecution"]
+            if not isinstance(required, dict) or not required.get("nodeSelectorTerms"):
+                out.append(("spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
+                            "must hold at least one of nodeSelectorTerms"))
     for key, value in spec.items():
         if key in MERGE_KEYS or key in ADDED_LISTS:
             out += _list_problems(value, f"spec.{key}", MERGE_KEYS.get(key))
@@ -145,6 +158,9 @@ def problems(template: Any, mount_paths: Iterable[str] = ()) -> list[tuple[str, 
             for key, why in OWNED_AGENT.items():
                 if key in c:
                     out.append((f"{path}.{key}", why))
+            for key in ("env", "volumeMounts"):
+                if key in c and c[key] is None:
+                    out.append((f"{path}.{key}", "null would remove the controller's"))
             for j, var in enumerate(c.get("env") or []):
                 if isinstance(var, dict) and isinstance(var.get("name"), str) and owned_env(var["name"]):
                     out.append((f"{path}.env[{j}].name", f"{var['name']} is owned by the controller"))
@@ -216,11 +232,13 @@ def apply(pod: dict, template: dict | None) -> dict:
     ours = _required_terms(pod["spec"].get("affinity"))
     theirs = _required_terms(spec_t.get("affinity"))
     spec = merge(pod["spec"], spec_t)
-    if ours and theirs:
+    if ours:  # the controller's expressions in every term, whatever the merge made of them
         ours_exprs = [e for term in ours for e in term.get("matchExpressions") or []]
         terms = [dict(t, matchExpressions=list(t.get("matchExpressions") or []) + copy.deepcopy(ours_exprs))
-                 for t in theirs]
-        spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = terms
+                 for t in theirs or [{}]]
+        node = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+        spec["affinity"] = {**(spec.get("affinity") or {}), "nodeAffinity": {
+            **node, "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
     if spec.get("hostNetwork") and "dnsPolicy" not in spec_t:
         spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     out["spec"] = quantities(restrict(spec))
