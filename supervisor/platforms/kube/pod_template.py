@@ -9,7 +9,8 @@ merged item by item on their key (``containers``, ``initContainers``, ``volumes`
 ``volumeMounts`` by ``mountPath``, ``volumeDevices`` by ``devicePath``, ``ports`` by
 ``containerPort``; ``hostAliases`` by ``ip``), an item with a new key added after the generated
 ones; ``tolerations`` are added to the generated ones; every other list and every scalar is
-replaced, and ``null`` removes the key. The worker container is the one the controller names
+replaced, and ``null`` removes the key (refused where it would remove what the controller
+generated: containers, volumes, affinity, the agent's env and mounts, the labels). The worker container is the one the controller names
 ``agent`` (it stays the pod's first container); a container of another name is added. A
 required node affinity in the template is ANDed with the controller's (every one of the
 template's terms gets the controller's expressions), so it narrows where a pod may go and never
