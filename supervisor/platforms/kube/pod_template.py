@@ -131,7 +131,7 @@ def problems(template: Any, mount_paths: Iterable[str] = ()) -> list[tuple[str, 
             required = node["requiredDuringSchedulingIgnoredDuringExecution"]
             if not isinstance(required, dict) or not required.get("nodeSelectorTerms"):
                 out.append(("spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution",
-                            "must hold at least one of nodeSelectorTerms"))
+                            "must hold at least one nodeSelectorTerm"))
     for key, value in spec.items():
         if key in MERGE_KEYS or key in ADDED_LISTS:
             out += _list_problems(value, f"spec.{key}", MERGE_KEYS.get(key))
