@@ -531,3 +531,21 @@ def test_object_count_quotas_name_the_group(v1, crd):
                                'count/workloads.kueue.x-k8s.io=1, used: count/workloads.kueue.x-k8s.io=1, '
                                'limited: count/workloads.kueue.x-k8s.io=1')
     expect_error(403, "Forbidden", v1.create_namespaced_config_map, NS, {"metadata": {"name": "c1"}})
+
+
+def test_a_quota_scoped_to_a_priority_class_counts_only_its_pods(v1, scheduling):
+    v1.create_namespaced_resource_quota(NS, {"metadata": {"name": "training-gpus"}, "spec": {
+        "hard": {"requests.nvidia.com/gpu": "8"},
+        "scopeSelector": {"matchExpressions": [{"scopeName": "PriorityClass", "operator": "In",
+                                                "values": ["training"]}]}}})
+    v1.create_namespaced_pod(NS, gpu_pod("other", "1", "1Gi", 16))      # another class: not limited
+    hi = gpu_pod("hi", "1", "1Gi", 8)
+    hi["spec"]["priorityClassName"] = "training"
+    v1.create_namespaced_pod(NS, hi)
+    assert v1.read_namespaced_resource_quota("training-gpus", NS).status.used == {"requests.nvidia.com/gpu": "8"}
+    more = gpu_pod("more", "1", "1Gi", 1)
+    more["spec"]["priorityClassName"] = "training"
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, NS, more)
+    assert body["message"] == ('pods "more" is forbidden: exceeded quota: training-gpus, requested: '
+                               'requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: '
+                               'requests.nvidia.com/gpu=8')

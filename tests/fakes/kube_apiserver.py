@@ -107,7 +107,9 @@ kube-apiserver does:
   resources (422). Finished pods stop counting except in count/pods. 403 ``exceeded quota: q,
   requested: requests.cpu=1, used: requests.cpu=1500m, limited: requests.cpu=2`` and ``failed
   quota: q: must specify requests.cpu for: agent; requests.memory for: agent`` (cpu/memory
-  quotas need every container to say them);
+  quotas need every container to say them); ``scopes`` and ``scopeSelector`` (Terminating,
+  NotTerminating, BestEffort, NotBestEffort, PriorityClass, CrossNamespacePodAffinity) limit a
+  quota to the pods they match, in admission and in ``status.used``;
 - the disruption controller: each PodDisruptionBudget's status (``expectedPods``,
   ``currentHealthy`` from Ready, undeleted matching pods, ``desiredHealthy``,
   ``disruptionsAllowed``, ``observedGeneration``, the DisruptionAllowed condition
@@ -130,8 +132,7 @@ and Volcano's own webhooks and controllers), a limit without a request stored as
 (only counted so: the stored spec keeps what the client sent), quantities stored canonically
 (only quota status prints them so), the validation of status updates beyond the schema, custom
 resources' OpenAPI schemas, the PodSecurity checks for AppArmor, SELinux, procMount, sysctls,
-host probes and Windows host process, audit annotations and exemptions, quota scopes and
-scopeSelector, quota on pod updates, the quota status lag (admission never meets "status
+host probes and Windows host process, audit annotations and exemptions, quota on pod updates, the quota status lag (admission never meets "status
 unknown"), PDB ``disruptedPods`` and ``unhealthyPodEvictionPolicy``, a terminating namespace
 that waits for its pods' grace periods, garbage collection by owner references, consistent
 snapshots across list pages, server-side apply, protobuf and CBOR.
@@ -1665,6 +1666,46 @@ def pod_quota_usage(pod: JSON) -> _Usage:
     return usage
 
 
+def quota_scope_matches(quota: JSON, pod: JSON) -> bool:
+    """generic.Matches' scope half: every scope (``spec.scopes``, ``spec.scopeSelector``) the pod
+    matches, as podMatchesScopeFunc decides (no scopes: every pod)."""
+    spec = quota.get("spec") or {}
+    selectors = [{"scopeName": s, "operator": "Exists"} for s in spec.get("scopes") or []]
+    selectors += (spec.get("scopeSelector") or {}).get("matchExpressions") or []
+    pod_spec = pod.get("spec") or {}
+    for sel in selectors:
+        name, op, values = sel.get("scopeName"), sel.get("operator"), sel.get("values") or []
+        deadline = pod_spec.get("activeDeadlineSeconds")
+        terminating = deadline is not None and deadline >= 0
+        if name == "Terminating":
+            match = terminating
+        elif name == "NotTerminating":
+            match = not terminating
+        elif name in ("BestEffort", "NotBestEffort"):
+            try:
+                best_effort = qos_class(pod_spec) == "BestEffort"
+            except QuantityError:
+                best_effort = False
+            match = best_effort if name == "BestEffort" else not best_effort
+        elif name == "PriorityClass":
+            pc = pod_spec.get("priorityClassName") or ""
+            match = {"Exists": bool(pc), "DoesNotExist": not pc, "In": bool(pc) and pc in values,
+                     "NotIn": not pc or pc not in values}.get(op, False)
+        elif name == "CrossNamespacePodAffinity":
+            affinity = pod_spec.get("affinity") or {}
+            terms = []
+            for kind in ("podAffinity", "podAntiAffinity"):
+                a = affinity.get(kind) or {}
+                terms += a.get("requiredDuringSchedulingIgnoredDuringExecution") or []
+                terms += [w.get("podAffinityTerm") or {} for w in a.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+            match = any(t.get("namespaces") or t.get("namespaceSelector") is not None for t in terms)
+        else:
+            match = False
+        if not match:
+            return False
+    return True
+
+
 def _quota_must_specify(spec: JSON, required: set[str]) -> str | None:
     """The pod evaluator's Constraints: each container names every cpu/memory resource a quota limits."""
     required = required & _QUOTA_VALIDATION_SET
@@ -2754,7 +2795,7 @@ class FakeKubeAPIServer:
             status = quota.get("status") or {}
             hard = status.get("hard") or {}
             restricted = {r for r in hard if self._quota_matches(rt, r)}
-            if not restricted:
+            if not restricted or (rt.plural == "pods" and not quota_scope_matches(quota, obj)):
                 continue
             qname = quota["metadata"]["name"]
             if rt.plural == "pods":
@@ -2787,12 +2828,13 @@ class FakeKubeAPIServer:
         if rt.plural in ("pods", "poddisruptionbudgets") and self._counts[("poddisruptionbudgets.policy", namespace)]:
             self._sync_pdbs(namespace)
 
-    def _quota_used(self, namespace: str, names: list[str]) -> dict[str, str]:
+    def _quota_used(self, namespace: str, quota: JSON, names: list[str]) -> dict[str, str]:
         usage = _Usage()
         known: set[str] = set()
         if any(_quota_tracks(n) for n in names):
             for pod in self._selected(RESOURCES["pods"], namespace, Selector()):
-                usage.merge(pod_quota_usage(pod))
+                if quota_scope_matches(quota, pod):
+                    usage.merge(pod_quota_usage(pod))
             known |= {n for n in names if _quota_tracks(n)}
         for n in names:
             # count/<resource>.<group> (the core group bare), or a legacy object-count name
@@ -2811,7 +2853,7 @@ class FakeKubeAPIServer:
             hard = (quota.get("spec") or {}).get("hard") or {}
             try:
                 status = {"hard": {n: format_quantity(*_q(v)) for n, v in hard.items()},
-                          "used": self._quota_used(namespace, list(hard))}
+                          "used": self._quota_used(namespace, quota, list(hard))}
             except QuantityError:
                 continue
             status = {k: v for k, v in status.items() if v}        # empty ResourceLists are omitted
