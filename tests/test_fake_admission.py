@@ -261,6 +261,12 @@ def test_baseline_namespace_and_warnings(v1):
         '"agent" must not include "SYS_ADMIN" in securityContext.capabilities.add), host namespaces '
         '(hostNetwork=true), hostPath volumes (volume "data"), hostPort (container "agent" uses hostPort 29500), '
         'privileged (container "agent" must not set securityContext.privileged=true)')
+    tuned = pod("tuned", securityContext={"sysctls": [{"name": "net.ipv4.tcp_rmem", "value": "4096 87380 6291456"},
+                                                      {"name": "net.core.somaxconn", "value": "4096"}]})
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, "base", tuned)
+    # at v1.30 tcp_rmem is not yet a safe sysctl (1.32 made it one)
+    assert body["message"] == ('pods "tuned" is forbidden: violates PodSecurity "baseline:v1.30": forbidden sysctls '
+                               '(net.ipv4.tcp_rmem, net.core.somaxconn)')
     # baseline lets a plain pod in; the warn level says what restricted would refuse
     _, code, headers = v1.create_namespaced_pod_with_http_info("base", pod("plain"))
     assert code == 201

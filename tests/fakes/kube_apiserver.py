@@ -92,10 +92,11 @@ kube-apiserver does:
   PodSecurity "restricted:latest": <reason> (<detail>), ...`` in the policy registry's check
   order, the messages of k8s.io/pod-security-admission; ``warn`` (defaulting to a stricter
   enforce) adds ``Warning: would violate PodSecurity ...``. Checks kept: baseline host
-  namespaces, privileged, non-default capabilities, hostPath volumes, host ports, seccomp
-  Unconfined; restricted allowPrivilegeEscalation, capabilities drop ALL, volume types,
-  runAsNonRoot, runAsUser=0, seccompProfile RuntimeDefault/Localhost (Windows pods and
-  ``hostUsers: false`` relaxed as the policy versions say). Bad labels on a namespace: 422; a
+  namespaces, privileged, non-default capabilities, hostPath volumes, host ports, probe and
+  lifecycle hosts (1.34+), procMount, seccomp Unconfined, sysctls (the safe set of each
+  version); restricted allowPrivilegeEscalation, capabilities drop ALL, procMount (1.35+),
+  volume types, runAsNonRoot, runAsUser=0, seccompProfile RuntimeDefault/Localhost (Windows
+  pods and ``hostUsers: false`` relaxed as the policy versions say). Bad labels on a namespace: 422; a
   stricter enforce label on an existing namespace warns ``existing pods in namespace ... violate
   the new PodSecurity enforce level`` and names the pods, as the admission does;
 - ResourceQuota admission (any namespaced create, dry run included) and the quota controller:
@@ -131,11 +132,12 @@ above (LimitRanger, NamespaceLifecycle's 404 for a namespace never created, webh
 and Volcano's own webhooks and controllers), a limit without a request stored as the request
 (only counted so: the stored spec keeps what the client sent), quantities stored canonically
 (only quota status prints them so), the validation of status updates beyond the schema, custom
-resources' OpenAPI schemas, the PodSecurity checks for AppArmor, SELinux, procMount, sysctls,
-host probes and Windows host process, audit annotations and exemptions, quota on pod updates, the quota status lag (admission never meets "status
-unknown"), PDB ``disruptedPods`` and ``unhealthyPodEvictionPolicy``, a terminating namespace
-that waits for its pods' grace periods, garbage collection by owner references, consistent
-snapshots across list pages, server-side apply, protobuf and CBOR.
+resources' OpenAPI schemas, the PodSecurity checks for AppArmor, SELinux and Windows host
+process, the seccomp annotations of versions before 1.19, audit annotations and exemptions,
+quota on pod updates, the quota status lag (admission never meets "status unknown"), PDB
+``disruptedPods`` and ``unhealthyPodEvictionPolicy``, a terminating namespace that waits for
+its pods' grace periods, garbage collection by owner references, consistent snapshots across
+list pages, server-side apply, protobuf and CBOR.
 
 For tests: a request counter per verb and resource, also per User-Agent (``request_counts``,
 e.g. what one client alone asked for, to check its RBAC), faults injected by
@@ -1796,6 +1798,63 @@ def _check_host_ports(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | N
     return None
 
 
+def _check_host_probes(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    if minor < 34:
+        return None
+    bad, hosts = set(), set()
+    for c in _containers(spec):
+        handlers = [c.get(k) for k in ("livenessProbe", "readinessProbe", "startupProbe")]
+        handlers += [(c.get("lifecycle") or {}).get(k) for k in ("postStart", "preStop")]
+        for h in filter(None, handlers):
+            for kind in ("httpGet", "tcpSocket"):
+                if (h.get(kind) or {}).get("host"):
+                    bad.add(c.get("name", ""))
+                    hosts.add(h[kind]["host"])
+    if bad:
+        return "probe or lifecycle host", (
+            f"{_plural('container', 'containers', len(bad))} {_join_quote(sorted(bad))} "
+            f"{_plural('uses', 'use', len(bad))} "
+            f"{_plural('probe or lifecycle host', 'probe or lifecycle hosts', len(hosts))} {_join_quote(sorted(hosts))}")
+    return None
+
+
+def _proc_mount(spec: JSON) -> tuple[str, str] | None:
+    bad, types = [], set()
+    for c in _containers(spec):
+        mount = _sc(c).get("procMount")
+        if mount is not None and mount != "Default":
+            bad.append(c.get("name", ""))
+            types.add(mount)
+    if bad:
+        return "procMount", (f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)} must not set "
+                             f"securityContext.procMount to {_join_quote(sorted(types))}")
+    return None
+
+
+def _check_proc_mount_baseline(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    return None if _psa_user_namespace(spec, minor) else _proc_mount(spec)
+
+
+def _check_proc_mount_restricted(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    return _proc_mount(spec) if minor >= 35 else None
+
+
+_SYSCTLS_SAFE = ((0, {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.tcp_syncookies",
+                      "net.ipv4.ping_group_range", "net.ipv4.ip_unprivileged_port_start"}),
+                 (27, {"net.ipv4.ip_local_reserved_ports"}),
+                 (29, {"net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+                       "net.ipv4.tcp_keepalive_probes"}),
+                 (32, {"net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"}),
+                 (37, {"net.ipv4.tcp_slow_start_after_idle", "net.ipv4.tcp_notsent_lowat"}))
+
+
+def _check_sysctls(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    allowed = set().union(*(names for since, names in _SYSCTLS_SAFE if minor >= since))
+    bad = [s.get("name", "") for s in (spec.get("securityContext") or {}).get("sysctls") or []
+           if s.get("name") not in allowed]
+    return ("forbidden sysctls", ", ".join(bad)) if bad else None
+
+
 def _check_privileged(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
     bad = [c.get("name", "") for c in _containers(spec) if _sc(c).get("privileged")]
     if bad:
@@ -1939,12 +1998,16 @@ def _check_seccomp_restricted(meta: JSON, spec: JSON, minor: int) -> tuple[str, 
 # In the registry's order: baseline checks by ID, then restricted ones (which override some baseline ones).
 _PSA_BASELINE = (("capabilities_baseline", _check_capabilities_baseline), ("hostNamespaces", _check_host_namespaces),
                  ("hostPathVolumes", _check_host_path_volumes), ("hostPorts", _check_host_ports),
-                 ("privileged", _check_privileged), ("seccompProfile_baseline", _check_seccomp_baseline))
+                 ("hostProbesAndHostLifecycle", _check_host_probes), ("privileged", _check_privileged),
+                 ("procMount", _check_proc_mount_baseline), ("seccompProfile_baseline", _check_seccomp_baseline),
+                 ("sysctls", _check_sysctls))
 _PSA_RESTRICTED = (("allowPrivilegeEscalation", _check_allow_privilege_escalation),
                    ("capabilities_restricted", _check_capabilities_restricted),
+                   ("procMount_restricted", _check_proc_mount_restricted),
                    ("restrictedVolumes", _check_restricted_volumes), ("runAsNonRoot", _check_run_as_non_root),
                    ("runAsUser", _check_run_as_user), ("seccompProfile_restricted", _check_seccomp_restricted))
 _PSA_OVERRIDDEN = {"capabilities_baseline", "hostPathVolumes", "seccompProfile_baseline"}
+"""Baseline checks a restricted check replaces (procMount from 1.35: see pod_security_results)."""
 
 
 def pod_security_results(level: str, version: str, pod: JSON) -> list[tuple[str, str]]:
@@ -1954,7 +2017,8 @@ def pod_security_results(level: str, version: str, pod: JSON) -> list[tuple[str,
     minor = 10 ** 6 if version == "latest" else int(version.split(".")[1])
     checks = list(_PSA_BASELINE)
     if level == "restricted":
-        checks = [c for c in checks if c[0] not in _PSA_OVERRIDDEN] + list(_PSA_RESTRICTED)
+        overridden = _PSA_OVERRIDDEN | ({"procMount"} if minor >= 35 else set())
+        checks = [c for c in checks if c[0] not in overridden] + list(_PSA_RESTRICTED)
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     return [r for r in (check(meta, spec, minor) for _, check in checks) if r]
 
