@@ -267,6 +267,12 @@ def test_baseline_namespace_and_warnings(v1):
     # at v1.30 tcp_rmem is not yet a safe sysctl (1.32 made it one)
     assert body["message"] == ('pods "tuned" is forbidden: violates PodSecurity "baseline:v1.30": forbidden sysctls '
                                '(net.ipv4.tcp_rmem, net.core.somaxconn)')
+    labelled = pod("selinux", securityContext={"seLinuxOptions": {"type": "spc_t", "user": "root"},
+                                               "appArmorProfile": {"type": "Unconfined"}})
+    body = expect_error(403, "Forbidden", v1.create_namespaced_pod, "base", labelled)
+    assert body["message"] == ('pods "selinux" is forbidden: violates PodSecurity "baseline:v1.30": forbidden AppArmor '
+                               'profile (pod must not set AppArmor profile type to "Unconfined"), seLinuxOptions (pod '
+                               'set forbidden securityContext.seLinuxOptions: type "spc_t"; user may not be set)')
     # baseline lets a plain pod in; the warn level says what restricted would refuse
     _, code, headers = v1.create_namespaced_pod_with_http_info("base", pod("plain"))
     assert code == 201

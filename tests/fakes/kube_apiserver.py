@@ -93,8 +93,8 @@ kube-apiserver does:
   order, the messages of k8s.io/pod-security-admission; ``warn`` (defaulting to a stricter
   enforce) adds ``Warning: would violate PodSecurity ...``. Checks kept: baseline host
   namespaces, privileged, non-default capabilities, hostPath volumes, host ports, probe and
-  lifecycle hosts (1.34+), procMount, seccomp Unconfined, sysctls (the safe set of each
-  version); restricted allowPrivilegeEscalation, capabilities drop ALL, procMount (1.35+),
+  lifecycle hosts (1.34+), procMount, AppArmor, SELinux options, seccomp Unconfined, sysctls
+  (the safe set of each version), Windows hostProcess; restricted allowPrivilegeEscalation, capabilities drop ALL, procMount (1.35+),
   volume types, runAsNonRoot, runAsUser=0, seccompProfile RuntimeDefault/Localhost (Windows
   pods and ``hostUsers: false`` relaxed as the policy versions say). Bad labels on a namespace: 422; a
   stricter enforce label on an existing namespace warns ``existing pods in namespace ... violate
@@ -132,8 +132,8 @@ above (LimitRanger, NamespaceLifecycle's 404 for a namespace never created, webh
 and Volcano's own webhooks and controllers), a limit without a request stored as the request
 (only counted so: the stored spec keeps what the client sent), quantities stored canonically
 (only quota status prints them so), the validation of status updates beyond the schema, custom
-resources' OpenAPI schemas, the PodSecurity checks for AppArmor, SELinux and Windows host
-process, the seccomp annotations of versions before 1.19, audit annotations and exemptions,
+resources' OpenAPI schemas, PodSecurity's seccomp annotation check of versions before 1.19,
+its audit annotations and exemptions,
 quota on pod updates, the quota status lag (admission never meets "status unknown"), PDB
 ``disruptedPods`` and ``unhealthyPodEvictionPolicy``, a terminating namespace that waits for
 its pods' grace periods, garbage collection by owner references, consistent snapshots across
@@ -1798,6 +1798,72 @@ def _check_host_ports(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | N
     return None
 
 
+def _check_app_armor(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    setters, values = [], set()
+    profile = (spec.get("securityContext") or {}).get("appArmorProfile")
+    if profile is not None and profile.get("type") not in ("RuntimeDefault", "Localhost"):
+        setters.append("pod")
+        values.add(profile.get("type", ""))
+    bad = []
+    for c in _containers(spec):
+        profile = _sc(c).get("appArmorProfile")
+        if profile is not None and profile.get("type") not in ("RuntimeDefault", "Localhost"):
+            bad.append(c.get("name", ""))
+            values.add(profile.get("type", ""))
+    if bad:
+        setters.append(f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)}")
+    value_list = sorted(values)
+    annotations = sorted(f"{k}={json.dumps(v)}" for k, v in (meta.get("annotations") or {}).items()
+                         if k.startswith("container.apparmor.security.beta.kubernetes.io/")
+                         and not (v == "" or v == "runtime/default" or v.startswith("localhost/")))
+    if annotations:
+        value_list += annotations
+        setters.append(_plural("annotation", "annotations", len(annotations)))
+    if setters:
+        return (_plural("forbidden AppArmor profile", "forbidden AppArmor profiles", len(value_list)),
+                f"{' and '.join(setters)} must not set AppArmor profile type to {_join_quote(value_list)}")
+    return None
+
+
+def _check_se_linux(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    allowed = {"", "container_t", "container_init_t", "container_kvm_t"} | ({"container_engine_t"} if minor >= 31 else set())
+    bad_types: set[str] = set()
+    flags = {"user": False, "role": False}
+
+    def valid(opts: JSON) -> bool:
+        ok = True
+        if opts.get("type", "") not in allowed:
+            ok = False
+            bad_types.add(opts.get("type", ""))
+        for key in ("user", "role"):
+            if opts.get(key):
+                ok, flags[key] = False, True
+        return ok
+    setters = []
+    opts = (spec.get("securityContext") or {}).get("seLinuxOptions")
+    if opts is not None and not valid(opts):
+        setters.append("pod")
+    bad = [c.get("name", "") for c in _containers(spec)
+           if _sc(c).get("seLinuxOptions") is not None and not valid(_sc(c)["seLinuxOptions"])]
+    if bad:
+        setters.append(f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)}")
+    if not setters:
+        return None
+    data = [f"{_plural('type', 'types', len(bad_types))} {_join_quote(sorted(bad_types))}"] if bad_types else []
+    data += [f"{key} may not be set" for key in ("user", "role") if flags[key]]
+    return "seLinuxOptions", f"{' and '.join(setters)} set forbidden securityContext.seLinuxOptions: {'; '.join(data)}"
+
+
+def _check_windows_host_process(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
+    setters = ["pod"] if ((spec.get("securityContext") or {}).get("windowsOptions") or {}).get("hostProcess") else []
+    bad = [c.get("name", "") for c in _containers(spec) if (_sc(c).get("windowsOptions") or {}).get("hostProcess")]
+    if bad:
+        setters.append(f"{_plural('container', 'containers', len(bad))} {_join_quote(bad)}")
+    if setters:
+        return "hostProcess", f"{' and '.join(setters)} must not set securityContext.windowsOptions.hostProcess=true"
+    return None
+
+
 def _check_host_probes(meta: JSON, spec: JSON, minor: int) -> tuple[str, str] | None:
     if minor < 34:
         return None
@@ -1996,11 +2062,13 @@ def _check_seccomp_restricted(meta: JSON, spec: JSON, minor: int) -> tuple[str, 
 
 
 # In the registry's order: baseline checks by ID, then restricted ones (which override some baseline ones).
-_PSA_BASELINE = (("capabilities_baseline", _check_capabilities_baseline), ("hostNamespaces", _check_host_namespaces),
+_PSA_BASELINE = (("appArmorProfile", _check_app_armor),
+                 ("capabilities_baseline", _check_capabilities_baseline), ("hostNamespaces", _check_host_namespaces),
                  ("hostPathVolumes", _check_host_path_volumes), ("hostPorts", _check_host_ports),
                  ("hostProbesAndHostLifecycle", _check_host_probes), ("privileged", _check_privileged),
-                 ("procMount", _check_proc_mount_baseline), ("seccompProfile_baseline", _check_seccomp_baseline),
-                 ("sysctls", _check_sysctls))
+                 ("procMount", _check_proc_mount_baseline), ("seLinuxOptions", _check_se_linux),
+                 ("seccompProfile_baseline", _check_seccomp_baseline), ("sysctls", _check_sysctls),
+                 ("windowsHostProcess", _check_windows_host_process))
 _PSA_RESTRICTED = (("allowPrivilegeEscalation", _check_allow_privilege_escalation),
                    ("capabilities_restricted", _check_capabilities_restricted),
                    ("procMount_restricted", _check_proc_mount_restricted),
