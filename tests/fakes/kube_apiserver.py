@@ -2570,7 +2570,11 @@ class FakeKubeAPIServer:
 
     @staticmethod
     def _error(err: ApiError) -> web.Response:
-        return web.json_response(err.status(), status=err.code)
+        response = web.json_response(err.status(), status=err.code)
+        retry = (err.details or {}).get("retryAfterSeconds")
+        if retry:     # responsewriters.ErrorNegotiated: a Status that says when to retry says it in a header too
+            response.headers["Retry-After"] = str(retry)
+        return response
 
     async def _dispatch(self, request: web.Request, verb: str, rt: ResourceType,
                         namespace: str | None, name: str | None, sub: str | None) -> web.StreamResponse:
