@@ -27,6 +27,7 @@ from supervisor.protocol import (
     Env,
     Heartbeat,
     ProtocolError,
+    aggregate_setting,
     control_message,
     decode_heartbeat,
     decode_node_frame,
@@ -229,6 +230,17 @@ def test_first_heartbeats_go_up_at_once_not_an_interval_later(loop):
     assert sorted(hb.rank for hb, _ in got) == [0, 1, 2] and time.monotonic() - t0 < 10
 
 
+def test_a_heartbeat_of_no_launch_is_dropped_at_the_relay_and_its_node_s_others_go_up(loop):
+    # the controller refuses a node frame holding one (one agent made all of it): the relay keeps
+    # it out, so one bad rank does not silence its node
+    ctl, relay, ranks = loop
+    ranks[0].send(encode(beat(0, world=3, launch="").to_payload(), KEYS.heartbeat))
+    for r in (1, 2):
+        ranks[r].send(encode(beat(r, world=3).to_payload(), KEYS.heartbeat))
+    got, _ = receive(ctl, 2)
+    assert sorted(hb.rank for hb, _ in got) == [1, 2] and relay.rejected == {"other_launch": 1}
+
+
 def test_the_relay_sends_one_frame_per_interval_with_how_long_it_held_each(loop):
     ctl, relay, ranks = loop
     t0 = time.monotonic()
@@ -329,7 +341,7 @@ def test_the_agent_starts_a_relay_only_where_it_has_a_controller_and_aggregation
     token = tmp_path / "token"
     token.write_text("ab" * 32)
     base = {Env.HEARTBEAT_ADDR: addr, Env.TOKEN_FILE: str(token), Env.HEARTBEAT_INTERVAL: "0.5",
-            Env.AGGREGATE: "0.5"}
+            Env.AGGREGATE: aggregate_setting(0.5)}
     env = dict(base)
     relay = start_from_env(env)
     try:
@@ -339,8 +351,11 @@ def test_the_agent_starts_a_relay_only_where_it_has_a_controller_and_aggregation
         relay.close()
         ctl.close()
     older = {k: v for k, v in base.items() if k != Env.AGGREGATE}  # a controller that reads no node frames
-    for env in ({**base, Env.AGGREGATE: "off"}, older, {**base, Env.AGGREGATE: "0"}, {Env.TOKEN_FILE: str(token)},
-                {Env.HEARTBEAT_ADDR: addr, Env.AGGREGATE: "1"}):
+    # off, unset, out of range, without a controller, or node frames of another format (an older
+    # controller set a bare number: it reads the frames of version 1, which this agent no longer makes)
+    for env in ({**base, Env.AGGREGATE: "off"}, older, {**base, Env.AGGREGATE: aggregate_setting(0.01)},
+                {Env.TOKEN_FILE: str(token)}, {Env.HEARTBEAT_ADDR: addr, Env.AGGREGATE: aggregate_setting(1.0)},
+                {**base, Env.AGGREGATE: "0.5"}, {**base, Env.AGGREGATE: "1:0.5"}, {**base, Env.AGGREGATE: "2:x"}):
         before = dict(env)
         assert start_from_env(env) is None and env == before
 

@@ -49,7 +49,7 @@ from supervisor.controller.recovery import (
 )
 from supervisor.files import prune_oldest, write_atomic
 from supervisor.platforms.base import LaunchSpec, PlatformError
-from supervisor.protocol import Env, control_message
+from supervisor.protocol import Env, aggregate_setting, control_message
 
 if TYPE_CHECKING:
     from supervisor.controller.daemon import Controller
@@ -413,7 +413,7 @@ class Executor:
             Env.LOG_DIR: str(rank_log_dir),
             Env.CHECKPOINT_DIR: str(c.ckpt_root),
             Env.HEARTBEAT_INTERVAL: str(c.cfg.heartbeat.interval_s),
-            Env.AGGREGATE: f"{self.relay_flush_s or 'off'}",
+            Env.AGGREGATE: aggregate_setting(self.relay_flush_s),
             Env.WATCHDOG: c.detection.timeouts.watchdog_env(),
             Env.INSTRUMENT: "on" if c.cfg.instrument.enabled else "off",
             Env.FR_BUFFER: str(c.cfg.instrument.fr_buffer),

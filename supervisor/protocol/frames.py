@@ -483,6 +483,31 @@ of heartbeat frame apart by it, after the MAC."""
 MAX_HELD_S = 60.0
 """The longest a node's agent may say it held a heartbeat (``held``) before sending it on."""
 MAX_NODE_BEATS = 1024
+NODE_FRAMES_VERSION = 2
+"""The node frame's format. The controller asks agents for node frames of this format
+(:func:`aggregate_setting`); an agent that makes another reads no setting it knows, starts no
+relay, and its ranks send their own heartbeats, which every controller reads (version 1, before
+heartbeats travelled as arrays, was a JSON object per heartbeat against a shared ``common``)."""
+
+
+def aggregate_setting(flush_s: float | None) -> str:
+    """``SUPERVISOR_AGGREGATE`` as the controller sets it: ``VERSION:SECONDS`` (node frames of
+    :data:`NODE_FRAMES_VERSION`, sent every ``flush_s``), or ``off``."""
+    return f"{NODE_FRAMES_VERSION}:{flush_s}" if flush_s else "off"
+
+
+def aggregate_flush_s(value: str) -> float | None:
+    """How often to send node frames, as ``SUPERVISOR_AGGREGATE`` asks (:func:`aggregate_setting`):
+    None where it asks for none, for another format (a controller of another version: an older
+    one set a bare number), or for a period outside [0.05, 60] s."""
+    version, sep, seconds = value.partition(":")
+    if not sep or version != str(NODE_FRAMES_VERSION):
+        return None
+    try:
+        every = float(seconds)
+    except ValueError:
+        return None
+    return every if 0.05 <= every <= 60.0 else None
 _HB_FIELDS = Heartbeat.__struct_fields__
 _HB_DEFAULTS = tuple(_DEFAULTS.get(name, msgspec.NODEFAULT) for name in _HB_FIELDS)
 _MIN_ITEMS = _HB_FIELDS.index("launch") + 1

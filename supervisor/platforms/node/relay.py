@@ -39,10 +39,12 @@ from supervisor.protocol import (
     MAX_DATAGRAM,
     PHASE_DONE,
     PHASE_FAILED,
+    REJECT_OTHER_LAUNCH,
     Env,
     Heartbeat,
     Keys,
     ProtocolError,
+    aggregate_flush_s,
     decode_frame,
     decode_heartbeat,
     derive_keys,
@@ -193,6 +195,9 @@ class Relay:
             except ProtocolError as exc:
                 self._reject(exc.reason)
                 continue
+            if not hb.launch:  # of no launch: the controller would refuse it, and a node frame holding it
+                self._reject(REJECT_OTHER_LAUNCH)
+                continue
             held = self.held.get(hb.rank)
             newest = held[0] if held is not None else self.last_sent.get(hb.rank)
             if newest is not None and (hb.attempt < newest.attempt or (newest.pid == hb.pid and hb.seq <= newest.seq)):
@@ -258,12 +263,9 @@ def start_from_env(env: MutableMapping[str, str]) -> Relay | None:
     addr = env.get(Env.HEARTBEAT_ADDR, "")
     if not addr or env.get(Env.HEARTBEAT_UPSTREAM):
         return None  # an upstream set already: a relay of this agent's own is running (or an outer one)
-    try:
-        every = float(env.get(Env.AGGREGATE, ""))
-    except ValueError:
-        return None  # "off", or unset: a controller that does not read node frames (an older one)
-    if not 0.05 <= every <= 60.0:
-        return None
+    every = aggregate_flush_s(env.get(Env.AGGREGATE, ""))
+    if every is None:
+        return None  # "off", unset, or another node frame format: a controller of another version
     try:
         token = _token(env)
         host, sep, port = addr.rpartition(":")
