@@ -386,20 +386,24 @@ def test_silent_ranks_are_read_off_the_index_without_a_pass_over_every_rank():
     r = Registry(0, 1000)
     for rank in range(1000):
         r.observe(hb(rank, world=1000), AT)
-    for k in (4, 8):
+    # rank 7 died 6 s into its collective phase, 2 s into the wait: its indexed waits run out at
+    # AT + 24 and AT + 28 (30 s), but a silent rank is not judged on them: they must not bring the
+    # pass back
+    r.observe(hb(7, world=1000, seq=2, phase=PHASE_COLLECTIVE, coll_inside=True, coll_s=2.0, phase_s=6.0), AT)
+    for k in range(4, 40, 4):  # the others beat on
         for rank in range(1000):
             if rank not in (3, 7):
                 r.observe(hb(rank, world=1000, seq=1 + k), AT + k)
     r.ranks = _Watched(r.ranks)
     r.due(AT, T)  # (a dict replaced by hand is indexed again at the next read: that pass is not counted)
     _Watched.passes = 0
-    for now in (AT + 9, AT + 10.5, AT + 12):
+    for now in (AT + 36.5, AT + 38, AT + 40):
         found = detect(r, now, T, launched_at=AT)
         assert [(f.kind, f.ranks) for f in found] == [(Kind.DEAD, (3,)), (Kind.DEAD, (7,))]
     assert _Watched.passes == 0
-    assert found == detect_full(r, AT + 12, T, launched_at=AT)
+    assert found == detect_full(r, AT + 40, T, launched_at=AT)
     # a rank still heard that is now past its phase's timeout: the look is the full pass again
-    r.observe(hb(5, world=1000, seq=20, phase=PHASE_DATA, phase_s=9.5), AT + 12)
-    found = detect(r, AT + 12.6, T, launched_at=AT)
+    r.observe(hb(5, world=1000, seq=50, phase=PHASE_DATA, phase_s=9.5), AT + 40)
+    found = detect(r, AT + 40.6, T, launched_at=AT)
     assert _Watched.passes > 0 and (Kind.DATA_STALL, (5,)) in [(f.kind, f.ranks) for f in found]
-    assert found == detect_full(r, AT + 12.6, T, launched_at=AT)
+    assert found == detect_full(r, AT + 40.6, T, launched_at=AT)

@@ -134,16 +134,35 @@ class Registry:
         """Whether some rank still heard at ``now`` (silent no longer than ``timeouts.heartbeat_s``)
         could be waiting in a collective past its timeout, past its phase's timeout, or has a
         non-finite loss: when not, detect()'s findings at ``now`` are the silent ranks (and those
-        never heard) alone. O(1) amortised, like :meth:`due`."""
+        never heard) alone. A silent rank's last wait and loss do not count (detect() does not
+        judge them): the index's entries whose deadline came are read for a rank still heard,
+        O(1) amortised while none has come (the silent ranks' entries stay until the gang is torn
+        down: a few per look)."""
         self._check()
-        if self._nonfinite:
+        heartbeat_s, ranks = timeouts.heartbeat_s, self.ranks
+        if -math.inf in self._heard.count:
+            return True  # a receipt that is not a finite time: the full pass judges it
+        if any(now - ranks[r].received <= heartbeat_s for r in self._nonfinite):
             return True
         # the ranks heard since now - heartbeat_s, to the slot (a few silent ones may come along:
         # earlier, never later)
-        live = self._heard.first_above(now - timeouts.heartbeat_s - SLOT_S)
+        live = self._heard.first_above(now - heartbeat_s - SLOT_S)
         if live == math.inf:
             return False
-        return self._other_deadline(live, timeouts) <= max(now, self._latest)
+        at = max(now, self._latest)
+        shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None),
+                       default=math.inf)
+        if _early(live, min(shortest, timeouts.collective_s) - BRIEF_S) <= at:
+            return True  # a wait too brief to be indexed may have run out
+        waits = [(self._coll, timeouts.collective_s)] + [
+            (starts, timeouts.for_phase(phase)) for phase, starts in self._phase.items()]
+        for starts, limit in waits:
+            if limit is None or not starts.count or _early(starts.first(), limit) > at:
+                continue
+            for slot in [s for s in starts.count if _early(s, limit) <= at]:
+                if any(now - ranks[r].received <= heartbeat_s for r in starts.count[slot]):
+                    return True
+        return False
 
     def _other_deadline(self, oldest: float, timeouts: Timeouts) -> float:
         """The earliest deadline but silence, the waits too brief to index read from ``oldest``
@@ -183,8 +202,8 @@ class Registry:
         self._indexed = self.ranks  # the dict the index describes, and how many ranks it held
         self._count = 0
         self._heard = _Members()  # when each rank (not done) was last heard, and who
-        self._coll = _Starts()  # since when each rank inside a collective waits there
-        self._phase: dict[str, _Starts] = {}  # since when each rank is in its phase, by phase
+        self._coll = _Members()  # since when each rank inside a collective waits there, and who
+        self._phase: dict[str, _Members] = {}  # since when each rank is in its phase, by phase
         self._slots: dict[int, list] = {}  # rank (not done) -> [heard, collective or None, phase, phase slot]
         self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
         self._latest = -math.inf  # the latest receipt
@@ -215,9 +234,9 @@ class Registry:
             if slots is not None:
                 del self._slots[rank]
                 self._heard.move(rank, slots[0], None)
-                self._coll.move(slots[1], None)
+                self._coll.move(rank, slots[1], None)
                 if slots[3] is not None:
-                    self._phase[slots[2]].move(slots[3], None)
+                    self._phase[slots[2]].move(rank, slots[3], None)
             return
         if not hb.loss_ok:
             self._nonfinite.add(rank)
@@ -231,31 +250,31 @@ class Registry:
             self._slots[rank] = [heard, coll, phase, since]
             self._heard.move(rank, None, heard)
             if coll is not None:
-                self._coll.move(None, coll)
+                self._coll.move(rank, None, coll)
             if since is not None:
-                self._starts(phase).move(None, since)
+                self._starts(phase).move(rank, None, since)
             return
         if slots[0] != heard:
             self._heard.move(rank, slots[0], heard)
             slots[0] = heard
         if slots[1] != coll:
-            self._coll.move(slots[1], coll)
+            self._coll.move(rank, slots[1], coll)
             slots[1] = coll
         if slots[3] != since or (since is not None and slots[2] != phase):  # (no phase slot: its phase is moot)
             if slots[2] == phase:
-                self._starts(phase).move(slots[3], since)
+                self._starts(phase).move(rank, slots[3], since)
             else:
                 if slots[3] is not None:
-                    self._phase[slots[2]].move(slots[3], None)
+                    self._phase[slots[2]].move(rank, slots[3], None)
                 if since is not None:
-                    self._starts(phase).move(None, since)
+                    self._starts(phase).move(rank, None, since)
                 slots[2] = phase
             slots[3] = since
 
-    def _starts(self, phase: str) -> _Starts:
+    def _starts(self, phase: str) -> _Members:
         starts = self._phase.get(phase)
         if starts is None:
-            starts = self._phase[phase] = _Starts()
+            starts = self._phase[phase] = _Members()
         return starts
 
 
