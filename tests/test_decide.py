@@ -749,9 +749,9 @@ def test_progress_is_a_newer_checkpoint_or_for_a_script_without_the_sdk_steps_ta
 @pytest.mark.parametrize("ranks, calibration_s, progress_s, stride", [
     (8, 2.0, 0.00006103515625, 1),
     (4_096, 2.0, 0.03125, 1),
-    (4_097, 2.0, 4_097 / 131_072, 2),
-    (16_384, 2.0, 0.125, 4),
-    (131_072, 16.0, 1.0, 32),
+    (4_097, 2.0, 4_097 / 131_072, 3),
+    (16_384, 2.0, 0.125, 5),
+    (131_072, 16.0, 1.0, 33),
 ])
 def test_reads_over_every_rank_slow_down_with_the_gang(ranks, calibration_s, progress_s, stride):
     assert calibration_every_s(2.0, ranks) == calibration_s

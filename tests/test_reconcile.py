@@ -196,14 +196,15 @@ def test_timeouts_follow_the_step_times_seen_at_most_every_few_seconds_and_name_
 
 
 def test_a_large_gang_recalibrates_less_often_from_a_sample_of_its_ranks_and_scores_every_rank():
-    # 32,768 ranks: every 4 s (2 s up to 16,384 ranks); the median from every 8th rank's step times
-    # (4,096 of them): ranks 0, 8, 16, ... took 2 s steps, the others 1 s: a full median would be 1 s
-    ranks = {r: (2.0 if r % 8 == 0 else 1.0) for r in range(32_768)}
+    # 32,768 ranks: every 4 s (2 s up to 16,384 ranks); the median from every 9th rank's step times
+    # (3,641 of them), by rank number, through every local rank of 8-rank nodes: local rank 0 of
+    # every node took 1 s steps, the others 2 s (an even stride would read only the fast ones)
+    ranks = {r: (1.0 if r % 8 == 0 else 2.0) for r in range(32_768)}
     ranks[5] = 9.0  # a straggler off the sample is still scored
     reg = stepping(ranks)
     first = calibrated(Detection(TIMEOUTS), 100.0, reg, CAL)
     assert first.timeouts.compute_s == 5.0 * 2.0
-    assert first.stragglers[5] == pytest.approx(9.0) and len(first.stragglers) == 32_768
+    assert first.stragglers[5] == pytest.approx(4.5) and len(first.stragglers) == 32_768  # 9 s against 2 s
     assert calibrated(first, 103.9, reg, CAL) is first
     assert calibrated(first, 104.0, reg, CAL).calibrated_at == 104.0
 

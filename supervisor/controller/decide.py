@@ -797,8 +797,8 @@ period grows with the gang (their cost grows with it, what they are for does not
 PROGRESS_EVERY_RANKS = 131_072
 """A gang this large reads its slowest rank's step, its oldest save and its losses once a second."""
 CALIBRATION_RANKS = 4_096
-"""The step-time median that calibrates the phase timeouts is taken over the step times of at
-most this many ranks (a systematic sample of a larger gang: every k-th rank)."""
+"""The step-time median that calibrates the phase timeouts is taken over the step times of about
+this many ranks at most (a systematic sample of a larger gang: every k-th rank)."""
 
 
 def calibration_every_s(base_s: float, world_size: int) -> float:
@@ -816,8 +816,12 @@ def progress_every_s(world_size: int) -> float:
 
 
 def calibration_stride(ranks: int) -> int:
-    """Every how many ranks the calibration reads step times (1: all)."""
-    return max(1, -(-ranks // CALIBRATION_RANKS))
+    """Every how many ranks, by rank number, the calibration reads step times (1: all). Odd, so that
+    the sample goes through every local rank of nodes of 2, 4, 8, ... ranks (an even stride would
+    read the same one on every node: if it were systematically faster, the timeouts would be
+    too short)."""
+    stride = -(-ranks // CALIBRATION_RANKS)
+    return stride | 1 if stride > 1 else 1
 
 
 def rendezvous_backend(configured: str, nodes: int, *, static_from: int, in_place_restarts: int = 0) -> str:

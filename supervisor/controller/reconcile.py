@@ -8,7 +8,6 @@ verdict out: no I/O, no clock of its own, no platform. The controller observes, 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -117,7 +116,9 @@ def calibrated(det: Detection, now: float, registry: Registry, cal: Calibration)
     :func:`~.decide.calibration_stride`)."""
     if det.calibrated_at is not None and now - det.calibrated_at < calibration_every_s(cal.every_s, registry.world_size):
         return det
-    sample = itertools.islice(registry.ranks.values(), 0, None, calibration_stride(len(registry.ranks)))
+    ranks = registry.ranks
+    stride = calibration_stride(len(ranks))
+    sample = ranks.values() if stride == 1 else filter(None, map(ranks.get, range(0, max(ranks) + 1, stride)))
     step_times = [t for rec in sample for t in rec.step_times]
     timeouts = calibrate(step_times, heartbeat_s=cal.heartbeat_s, startup_s=cal.startup_s,
                          checkpoint_s=cal.checkpoint_s, factor=cal.factor, floor_s=cal.floor_s,
