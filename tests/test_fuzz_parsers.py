@@ -607,11 +607,28 @@ _GOOD_NODE = protocol.encode_node_frames(
     KEYS.heartbeat)[0]
 
 
+_NODE_BODY = _GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:]
+_NODE_CHANGES = [
+    (b'"held":[0.25,', b'"held":[1e999,'),                   # an infinite held time
+    (b'"held":[0.25,', b'"held":['),                         # one held time short
+    (b'[["j",1,0,4,9,7,', b'[["j",1,9,4,9,7,'),              # rank >= world size
+    (b'"' + b"a" * 32 + b'"', b'""'),                        # a heartbeat of no launch
+    (b',"' + b"a" * 32 + b'"', b""),                         # its launch left out: the fields after it shift
+]
+
+
+def test_each_node_frame_example_changes_the_good_frame():
+    assert all(old in _NODE_BODY for old, _ in _NODE_CHANGES)
+
+
 @fuzz(200)
-@given(body=st.one_of(mutated_json(json.loads(_GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:])),
+@given(body=st.one_of(mutated_json(json.loads(_NODE_BODY)),
                       st.integers(1, 5000).map(nested)))
-@example(body=_GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:].replace(b'"held":0.25', b'"held":1e999'))
-@example(body=_GOOD_NODE[len(protocol.MAGIC) + protocol.MAC_BYTES:].replace(b'"common":{', b'"common":{"rank":9,'))
+@example(body=_NODE_BODY.replace(*_NODE_CHANGES[0], 1))
+@example(body=_NODE_BODY.replace(*_NODE_CHANGES[1], 1))
+@example(body=_NODE_BODY.replace(*_NODE_CHANGES[2], 1))
+@example(body=_NODE_BODY.replace(*_NODE_CHANGES[3], 1))
+@example(body=_NODE_BODY.replace(*_NODE_CHANGES[4], 1))
 def test_a_node_frame_decodes_or_is_a_protocol_error(body):
     frame = framed(body, KEYS.heartbeat)
     beats = within(lambda: protocol.decode_node_frame(frame, KEYS.heartbeat), seconds=1, mib=32,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from supervisor.checkpoint import Skipped
@@ -170,3 +171,22 @@ def test_a_tail_read_drops_its_partial_first_line(tmp_path):
     assert ranklog.parse_records(["[1]", "", "{}"]) == [{}]
     with pytest.raises(ProtocolError, match="x:1: expected a JSON object"):
         ranklog.parse_records(["[1]"], source="x", strict=True)
+
+
+# ------------------------------------------------------------------ the heartbeat's field order
+NODE_FRAME_FIELDS_V2 = (
+    "job", "attempt", "rank", "world_size", "seq", "step", "phase", "phase_s", "launch", "node", "pid", "coll_seq",
+    "coll_op", "coll_inside", "coll_s", "last_data_s", "last_compute_s", "last_collective_s", "last_step_s",
+    "ckpt_step", "ckpt_state", "ckpt_s", "ckpt_persist_s", "loss_ok", "watchdog", "stack_file", "error",
+    "error_peer", "ckpt_root", "restore_state", "restored", "restore_refused", "restore_s", "steps_done",
+    "first_step_s", "outcome", "dump_seq", "source", "coll_group", "coll_groups", "trace_file",
+)
+
+
+def test_the_heartbeat_s_fields_keep_their_order_new_ones_only_at_the_end_with_a_default():
+    # a node frame carries each heartbeat as an array in this order: a field moved or inserted
+    # mid-way would read into its neighbour's place at a controller or agent of another version
+    fields = Heartbeat.__struct_fields__
+    assert fields[:len(NODE_FRAME_FIELDS_V2)] == NODE_FRAME_FIELDS_V2
+    defaults = {f.name: f.default for f in msgspec.structs.fields(Heartbeat)}
+    assert all(defaults[name] is not msgspec.NODEFAULT for name in fields[len(NODE_FRAME_FIELDS_V2):])
