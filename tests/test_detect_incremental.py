@@ -209,6 +209,10 @@ def check(r: Registry, now: float, timeouts: Timeouts, launched_at: float) -> tu
                                               and not r.all_heard())
     full = detect_full(r, now, timeouts, launched_at=launched_at)
     assert detect(r, now, timeouts, launched_at=launched_at) == full
+    # the gang-wide reads the index answers without a pass, and the one pass for the floor
+    beats = [rec.hb for rec in r.ranks.values()]
+    assert r.all_finite() == all(hb.loss_ok for hb in beats)
+    assert r.floor() == ((min(hb.step for hb in beats), min(hb.ckpt_step for hb in beats)) if beats else (0, -1))
     if gated:
         assert full == []
     return gated, full

@@ -428,7 +428,11 @@ class Controller:
             return
         if await self._capacity(now) or await self._grow() or await self._switch_release():
             return
-        self.detection = reconcile.calibrated(self.detection, now, reg, self.calibration)
+        if reconcile.calibration_due(self.detection, now, reg, self.calibration):
+            # off the loop: at 131,072 ranks the scores take ~0.5 s, and the heartbeats must go on
+            # being read meanwhile
+            self.detection = await asyncio.to_thread(reconcile.calibrated, self.detection, now, reg.snapshot(),
+                                                     self.calibration)
         self.memory, fault, findings = reconcile.fault(self.memory, self._look(now, logged=True), policy)
         if findings is not None:
             self.detection = dataclasses.replace(self.detection, findings=tuple(findings))
@@ -584,9 +588,10 @@ class Controller:
                        since_launch_s=round(now - self.launched_at, 3))
         if all_heard and now >= self.heard.progress_at:  # reads every rank: less often in a large gang
             self.heard.progress_at = now + decide.progress_every_s(reg.world_size)
-            self.heard.mark_step(now, reg.min_step())
-            self.track_release(time.time())
-            self.tell_save(reg)
+            step, saved = reg.floor()
+            self.heard.mark_step(now, step)
+            self.track_release(time.time(), step)
+            self.tell_save(reg, saved)
 
     def completed_step(self) -> dict[str, int]:
         """``completed_step``: the newest step an SDK rank has finished (its ``step`` is the one
@@ -597,11 +602,10 @@ class Controller:
             return {}
         return {"completed_step": max(hb.step for hb in hbs) - 1}
 
-    def tell_save(self, reg: Registry) -> None:
-        """Every rank has said it saved a newer step: how long that save blocked the gang (the
-        slowest rank's) and, for an asynchronous one, how long it took to reach storage: the
-        goodput's save stalls and the interval's lower bound."""
-        saved = min(rec.hb.ckpt_step for rec in reg.ranks.values())
+    def tell_save(self, reg: Registry, saved: int) -> None:
+        """Every rank has said it saved a newer step (``saved``: the oldest of their newest saves):
+        how long that save blocked the gang (the slowest rank's) and, for an asynchronous one, how
+        long it took to reach storage: the goodput's save stalls and the interval's lower bound."""
         if saved <= self.heard.saved_step or saved <= self.restored_step:  # (a restored step is no save)
             return
         self.heard.saved_step = saved
@@ -871,8 +875,9 @@ class Controller:
         self.event(told.event, **f, checkpoint=checkpoint, attempt=self.attempt,
                    **({} if isinstance(decision, Relaunch) else {"stops": decision.reason}))
 
-    def track_release(self, now_unix: float) -> None:
-        """The running version's steps past its restore (the slowest rank's): its probation's end."""
+    def track_release(self, now_unix: float, slowest_step: int) -> None:
+        """The running version's steps past its restore (``slowest_step``: the slowest rank's): its
+        probation's end."""
         reg = self.registry
         if not (0 < reg.world_size == len(reg.ranks)) or self.releases.pending is not None:
             return
@@ -880,8 +885,8 @@ class Controller:
         if pinned is not self.releases:
             self.releases = pinned
             self.save_releases()
-        steps = reg.min_step() - self.restored_step
-        finite = all(rec.hb.loss_ok for rec in reg.ranks.values())
+        steps = slowest_step - self.restored_step
+        finite = reg.all_finite()
         self.releases, told = releases.trained(self.releases, steps, finite=finite, now_unix=now_unix,
                                                policy=self.release_policy)
         if told is not None:

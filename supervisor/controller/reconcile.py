@@ -109,17 +109,22 @@ class Calibration:
     them on every look would cost more than the detectors themselves)."""
 
 
+def calibration_due(det: Detection, now: float, registry: Registry, cal: Calibration) -> bool:
+    """Whether :func:`calibrated` would recompute at ``now``."""
+    return det.calibrated_at is None or now - det.calibrated_at >= calibration_every_s(cal.every_s, registry.world_size)
+
+
 def calibrated(det: Detection, now: float, registry: Registry, cal: Calibration) -> Detection:
     """The phase timeouts and straggler scores, recomputed from the ranks' step times when
     ``cal.every_s`` has passed since the last time (longer for a large gang:
     :func:`~.decide.calibration_every_s`; its step-time median from a sample of the ranks:
     :func:`~.decide.calibration_stride`)."""
-    if det.calibrated_at is not None and now - det.calibrated_at < calibration_every_s(cal.every_s, registry.world_size):
+    if not calibration_due(det, now, registry, cal):
         return det
     ranks = registry.ranks
     stride = calibration_stride(len(ranks))
     sample = ranks.values() if stride == 1 else filter(None, map(ranks.get, range(0, max(ranks) + 1, stride)))
-    step_times = [t for rec in sample for t in rec.step_times]
+    step_times = [t for rec in sample for t in tuple(rec.step_times)]  # (tuple: whole, if another thread appends)
     timeouts = calibrate(step_times, heartbeat_s=cal.heartbeat_s, startup_s=cal.startup_s,
                          checkpoint_s=cal.checkpoint_s, factor=cal.factor, floor_s=cal.floor_s,
                          ceiling_s=cal.ceiling_s)

@@ -65,6 +65,14 @@ class Registry:
         self.ranks = {}
         self._clear_index()
 
+    def snapshot(self) -> Registry:
+        """A registry of the same records in a dict of its own (a copy in C, O(n)), for a reader on
+        another thread while this one takes heartbeats: a record's heartbeat is replaced whole,
+        and its step-time deques are read whole by ``tuple()`` or ``sorted()`` under the GIL."""
+        other = Registry(self.attempt, self.world_size)
+        other.ranks = dict(self.ranks)
+        return other
+
     def observe(self, hb: Heartbeat, now: float) -> bool:
         """Record ``hb``; False when it is older than what is held (reordered or replayed)."""
         if self.ranks is not self._indexed or len(self.ranks) != self._count:
@@ -89,6 +97,7 @@ class Registry:
         slots = self._slots.get(hb.rank)
         if (slots is not None and slots[1] is None and slots[3] is None and hb.phase_s <= BRIEF_S
                 and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok and not self._nonfinite
+                and not self._done_nonfinite
                 and hb.phase != PHASE_DONE
                 and now - now == 0.0):
             # what _index does for a healthy rank (no wait indexed before or now): only when it was heard
@@ -101,6 +110,25 @@ class Registry:
             return True
         self._index(hb, now)
         return True
+
+    def floor(self) -> tuple[int, int]:
+        """The slowest rank's step and the oldest of the ranks' newest saved steps ((0, -1) without
+        ranks), in one pass over the ranks."""
+        if not self.ranks:
+            return 0, -1
+        step = ckpt = math.inf
+        for rec in self.ranks.values():
+            hb = rec.hb
+            if hb.step < step:
+                step = hb.step
+            if hb.ckpt_step < ckpt:
+                ckpt = hb.ckpt_step
+        return int(step), int(ckpt)
+
+    def all_finite(self) -> bool:
+        """Every rank's last heartbeat reported a finite loss (O(1): the index keeps who did not)."""
+        self._check()
+        return not self._nonfinite and not self._done_nonfinite
 
     def max_step(self) -> int:
         return max(map(_STEP, self.ranks.values()), default=0)
@@ -206,6 +234,7 @@ class Registry:
         self._phase: dict[str, _Members] = {}  # since when each rank is in its phase, by phase
         self._slots: dict[int, list] = {}  # rank (not done) -> [heard, collective or None, phase, phase slot]
         self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
+        self._done_nonfinite: set[int] = set()  # ranks done whose last heartbeat did
         self._latest = -math.inf  # the latest receipt
         self._world = self.world_size
         self._in_world = 0  # ranks of range(self._world) heard
@@ -231,6 +260,10 @@ class Registry:
         slots = self._slots.get(rank)
         if hb.phase == PHASE_DONE:  # no deadline
             self._nonfinite.discard(rank)
+            if hb.loss_ok:
+                self._done_nonfinite.discard(rank)
+            else:
+                self._done_nonfinite.add(rank)
             if slots is not None:
                 del self._slots[rank]
                 self._heard.move(rank, slots[0], None)
@@ -238,6 +271,8 @@ class Registry:
                 if slots[3] is not None:
                     self._phase[slots[2]].move(rank, slots[3], None)
             return
+        if self._done_nonfinite:
+            self._done_nonfinite.discard(rank)
         if not hb.loss_ok:
             self._nonfinite.add(rank)
         elif self._nonfinite:
