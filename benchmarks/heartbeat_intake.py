@@ -832,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
                       f" load {r['load']:.1f} runq wait {r['wait_pct']:.0f}% gc {r['gc_s'] * 1e3:.0f} ms (max {r['gc_max_s'] * 1e3:.0f} ms, "
                       f"{r['gc_full']} full){lag}", flush=True)
         if args.profile:
-            r = run_once("intake", args, ranks, gens, kill_at, profile=True)
+            r = run_once("intake", args, ranks, gens, kill_at, profile=True, per_node=per_node)
             profiles[ranks] = r["profile"]
             print(f"--- cProfile of the controller over the window ({ranks} ranks; CPU {r['cpu_pct']:.1f}% with the "
                   f"profiler on) ---\n{r['profile']}", flush=True)
