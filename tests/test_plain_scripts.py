@@ -72,8 +72,14 @@ def evidence(run) -> dict:
     return json.loads(Path(run.wait_event("evidence_saved")["path"]).read_text())
 
 
+QUIET_PEERS = ["--hang-timeout-floor", "10"]
+"""For the tests of a stopped rank's silence: its peers wait for it in a collective, and with the hang
+floor at the heartbeat timeout (3 s) the two detectors race on a loaded host (both name the stopped
+rank, as dead or as the culprit of a collective hang)."""
+
+
 def test_a_sigstopped_rank_is_found_in_time_named_with_stacks_and_a_trace(supervisor_run, tmp_path, control):
-    run = start(supervisor_run, tmp_path)
+    run = start(supervisor_run, tmp_path, launch=QUIET_PEERS)
     started = run.wait_event("running")
     assert started["reported_by"] == {"torch": 2}, started  # no SDK: the instrumentation reports
     os.kill(rank_pid(run, 1, 8), signal.SIGSTOP)
@@ -120,7 +126,7 @@ def test_a_killed_rank_and_a_raising_rank_are_named(supervisor_run, tmp_path, co
 def test_an_fsdp2_script_with_a_stopped_rank(supervisor_run, tmp_path, tmp_path_factory):
     ctl = tmp_path_factory.mktemp("fsdp-control")
     run_job(ctl, 2, plain_args(ctl / "out", "--mode", "fsdp"), script=PLAIN)
-    run = start(supervisor_run, tmp_path, "--mode", "fsdp")
+    run = start(supervisor_run, tmp_path, "--mode", "fsdp", launch=QUIET_PEERS)
     os.kill(rank_pid(run, 0, 8), signal.SIGSTOP)
     fault = run.wait_event("fault_detected")
     assert (fault["kind"], fault["ranks"]) == ("dead", [0]) and fault["detection_s"] <= 4.0, fault
