@@ -125,13 +125,13 @@ def detect(registry: Registry, now: float, timeouts: Timeouts, *, launched_at: f
     the silent ranks alone, read from the index, while no rank still heard could be past another
     deadline (:meth:`Registry.due_besides_silence`: ranks that went silent stay silent until
     the gang is torn down, and each look must not then visit every rank)."""
-    startup = bool(registry.world_size) and now - launched_at > timeouts.startup_s
-    if not registry.due(now, timeouts) and not (startup and not registry.all_heard()):
+    unheard = bool(registry.world_size) and now - launched_at > timeouts.startup_s and not registry.all_heard()
+    if not registry.due(now, timeouts) and not unheard:
         return []
     if registry.due_besides_silence(now, timeouts):
         return detect_full(registry, now, timeouts, launched_at=launched_at, rank_nodes=rank_nodes)
     findings: list[Finding] = []
-    if startup and not registry.all_heard():
+    if unheard:
         findings.append(_not_started(registry, now, timeouts, launched_at, rank_nodes or {}))
     findings += [_dead(registry, rank, now, timeouts.heartbeat_s)
                  for rank in registry.silent(now, timeouts.heartbeat_s)]

@@ -178,9 +178,7 @@ class Registry:
         if live == math.inf:
             return False
         at = max(now, self._latest)
-        shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None),
-                       default=math.inf)
-        if _early(live, min(shortest, timeouts.collective_s) - BRIEF_S) <= at:
+        if _early(live, _brief_limit(timeouts)) <= at:
             return True  # a wait too brief to be indexed may have run out
         waits = [(self._coll, timeouts.collective_s)] + [
             (starts, timeouts.for_phase(phase)) for phase, starts in self._phase.items()]
@@ -197,11 +195,7 @@ class Registry:
         (the slot of the oldest receipt among the ranks that matter)."""
         if self._nonfinite:
             return -math.inf
-        # the waits not indexed (they had lasted BRIEF_S at most): none ends before the oldest
-        # receipt plus the shortest timeout, less BRIEF_S
-        shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None),
-                       default=math.inf)
-        first = _early(oldest, min(shortest, timeouts.collective_s) - BRIEF_S)
+        first = _early(oldest, _brief_limit(timeouts))
         if self._coll.count:
             first = min(first, _early(self._coll.first(), timeouts.collective_s))
         for phase, starts in self._phase.items():
@@ -394,6 +388,13 @@ def _slot(received: float, elapsed: float) -> float:
     if not math.isfinite(since):
         return -math.inf
     return since // SLOT_S * SLOT_S
+
+
+def _brief_limit(timeouts: Timeouts) -> float:
+    """The waits not indexed (they had lasted :data:`BRIEF_S` at most when heard): none ends
+    before its rank's receipt plus this (the shortest timeout, less BRIEF_S)."""
+    shortest = min((limit for limit in map(timeouts.for_phase, PHASES) if limit is not None), default=math.inf)
+    return min(shortest, timeouts.collective_s) - BRIEF_S
 
 
 def _early(since: float, limit: float) -> float:

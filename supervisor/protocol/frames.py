@@ -39,7 +39,6 @@ launch and attempt.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import hmac
@@ -362,25 +361,16 @@ def _checked(hb: Heartbeat) -> Heartbeat:
     return hb
 
 
-def _wire_type(kind: type, lo: float, hi: float) -> Any:
-    if kind is bool:
-        return bool
-    if kind is str:
-        return Annotated[str, msgspec.Meta(max_length=int(hi))]
-    if kind is tuple:  # (name, why) pairs
-        pair = tuple[Annotated[str, msgspec.Meta(max_length=NAME_CHARS)],
-                     Annotated[str, msgspec.Meta(max_length=WHY_CHARS)]]
-        return Annotated[tuple[pair, ...], msgspec.Meta(max_length=int(hi))]
-    return Annotated[kind, msgspec.Meta(ge=lo, le=hi)]
-
-
-# The same schema as _WIRE_FIELDS/_REQUIRED, decoded and checked in C: several times cheaper per
-# heartbeat than json.loads + from_payload (docs/benchmarks/heartbeat_intake.md).
+# The same schema as Heartbeat's field types (and an older SDK's restore_skipped), as the JSON object a
+# rank sends, decoded and checked in C: several times cheaper per heartbeat than json.loads +
+# from_payload (docs/benchmarks/heartbeat_intake.md).
+_LEGACY_TYPES = {"restore_skipped": Annotated[str, msgspec.Meta(max_length=LEGACY_CHARS)]}
 _WIRE = msgspec.defstruct(
     "_WireHeartbeat",
     [("type", Literal["hb"])]
-    + [(name, _wire_type(*spec)) for name, spec in _WIRE_FIELDS.items() if name in _REQUIRED]
-    + [(name, _wire_type(*spec), _DEFAULTS[name]) for name, spec in _WIRE_FIELDS.items() if name not in _REQUIRED],
+    + [(f.name, f.type) for f in msgspec.structs.fields(Heartbeat) if f.name in _REQUIRED]
+    + [(f.name, f.type, _DEFAULTS[f.name]) for f in msgspec.structs.fields(Heartbeat) if f.name not in _REQUIRED]
+    + [(name, kind, _DEFAULTS[name]) for name, kind in _LEGACY_TYPES.items()],
     kw_only=True, gc=False,
 )
 _WIRE_DECODER = msgspec.json.Decoder(_WIRE)
