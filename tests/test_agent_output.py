@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from supervisor.platforms.node.agent import note_uncopied_output
 from supervisor.platforms.node.agent_output import RANK_PREFIX, last_error, parse
 
 SCRIPT = """
@@ -47,3 +48,19 @@ def test_output_without_a_summary():
     text = "Traceback (most recent call last):\n  File x\nModuleNotFoundError: No module named 'torch'\n"
     assert last_error(text) == "ModuleNotFoundError: No module named 'torch'"
     assert last_error("all fine\n") == ""
+
+
+def test_a_log_missing_a_rank_s_last_lines_names_the_rank_s_own_files(tmp_path):
+    # a real agent's output and its ranks' own files; the log then loses the lines torchrun had
+    # not yet copied when the agent was killed (it copies them ~0.1 s late)
+    log = tmp_path / "node0.log"
+    log.write_text(torchrun(tmp_path, "raise"))
+    assert note_uncopied_output(log, tmp_path) == []  # the agent ended on its own: the log is complete
+    assert "supervisor:" not in log.read_text()
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text("".join(x for x in lines if not x.startswith("[rank1]:")))
+    named = note_uncopied_output(log, tmp_path)
+    assert [p.parent.name for p in named if "torch_nightly" in p.read_text()] == ["1"]  # local rank 1's stderr
+    last = log.read_text().splitlines()[-1]
+    assert last.startswith("supervisor: ") and all(str(p.relative_to(tmp_path)) in last for p in named)
+    assert note_uncopied_output(tmp_path / "absent.log", tmp_path / "no-such-tmp") == []

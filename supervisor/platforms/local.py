@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from supervisor.files import set_aside
-from supervisor.platforms.node.agent import AGENT_MODULE, agent_env, failure_fields, node_rank, torchrun_argv
+from supervisor.platforms.node.agent import (AGENT_MODULE, agent_env, failure_fields, node_rank, note_uncopied_output,
+                                             torchrun_argv)
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
 from supervisor.procfs import children, descendants, pid_alive, proc_state, process_tree, start_time
 from supervisor.protocol import Env, ranklog
@@ -270,6 +271,7 @@ class LocalPlatform(Platform):
         self._signal_group(node, signal.SIGKILL)
         self._signal_group(node, signal.SIGCONT)  # a stopped process only dies once continued
         await self._wait_gone([node], timeout=10)
+        await asyncio.to_thread(self._note_uncopied_output, [node])
 
     async def kill_ranks(self, name: str, pids) -> bool:
         node = self.nodes.get(name)
@@ -305,6 +307,17 @@ class LocalPlatform(Platform):
         await self._wait_gone(live, timeout=10)
         for node in live:  # ranks that outlived their agent
             self._signal_group(node, signal.SIGKILL)
+        await asyncio.to_thread(self._note_uncopied_output, live)
+
+    def _note_uncopied_output(self, nodes: list[_Node]) -> None:
+        """A killed agent may not have copied its ranks' last lines (a traceback) to its node log:
+        the log then names the files that hold them."""
+        for node in nodes:
+            if node.exit_code == -signal.SIGKILL:
+                out_dir = self.log_dir / f"attempt-{node.attempt}"
+                if note_uncopied_output(out_dir / f"{node.name}.log", out_dir / f"{node.name}-tmp"):
+                    log.info("event=node_log_incomplete node=%s attempt=%d (its ranks' own files are named at "
+                             "its end)", node.name, node.attempt)
 
     async def _wait_gone(self, nodes: list[_Node], timeout: float, *, agents: bool = True) -> None:
         """Until every rank of ``nodes`` has ended, and their agents too unless ``agents`` is False."""

@@ -113,3 +113,42 @@ async def failure_fields(log_path: Path, state_exit_code: int | None, cache: dic
     if "failures" not in cache:
         cache["failures"], cache["output_error"] = await asyncio.to_thread(read_failures, log_path)
     return {"failures": cache["failures"], "output_error": cache["output_error"]}
+
+
+RANK_OUTPUT_GLOB = "torchelastic_*/*/attempt_*/*/std*.log"
+"""Where torchrun keeps each rank's own output under the agent's TMPDIR (``--tee`` copies it to
+the agent's output from there): ``torchelastic_*/RUN/attempt_K/LOCAL_RANK/{stdout,stderr}.log``."""
+
+
+def note_uncopied_output(log_path: Path, tmp_dir: Path, *, tail: int = 1 << 20) -> list[Path]:
+    """After an agent was killed: if the last line a rank wrote never reached the agent's log
+    (``--tee`` copies each rank's output ~0.1 s late, so a rank that dies and is torn down within
+    that window is missing from it), append a line to the log naming the files that hold each
+    rank's complete output, and return them (empty when the log is complete). Reads the last
+    ``tail`` bytes of the log and the last 4 KiB of each file, whatever the job wrote."""
+
+    def last_line(path: Path) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 4096))
+                rest = f.read().rstrip(b"\n").rsplit(b"\n", 1)
+        except OSError:
+            return b""
+        return rest[-1]
+
+    files = [p for p in sorted(tmp_dir.glob(RANK_OUTPUT_GLOB)) if last_line(p)]
+    if not files:
+        return []
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail))
+            copied = {line.rstrip(b"\n").split(b"]:", 1)[-1] for line in f if line.startswith(b"[rank")}
+    except OSError:
+        copied = set()
+    if all(last_line(p) in copied for p in files):
+        return []
+    names = ", ".join(str(p.relative_to(log_path.parent)) for p in files)
+    with open(log_path, "a") as f:
+        f.write("supervisor: this node's agent was stopped before it had copied every line its ranks wrote; "
+                f"each rank's complete output (by local rank): {names}\n")
+    return files
