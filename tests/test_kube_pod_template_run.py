@@ -15,10 +15,13 @@ import pytest
 from kube_harness import (  # noqa: F401  (cluster, control, kube_run: fixtures)
     JOB_NAME,
     NS,
+    as_the_chart_installs_it,
+    assert_allowed_by_the_charts_rbac,
     assert_same_path,
     cluster,
     control,
     finished,
+    k8s_event,
     kube_run,
 )
 
@@ -78,3 +81,26 @@ def test_a_template_with_a_volume_env_from_a_secret_and_host_network_reaches_the
         # the slot's pinning kept
         node = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert node["nodeSelectorTerms"][0]["matchExpressions"][-1]["values"] == [spec["nodeName"]]
+
+
+def test_a_privileged_template_in_a_restricted_namespace_stops_the_job_before_any_pod_exists(cluster, kube_run,
+                                                                                             tmp_path):
+    """The controller's start-up dry-runs one worker pod (``dryRun=All``): PodSecurity refuses a
+    privileged template there, and the job stops at once with the API server's words (exit 8), as
+    an Event on the release's ConfigMap, having made no pod."""
+    cluster.kubelet.v1.create_namespace({"metadata": {"name": NS, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    template = {"spec": {"hostNetwork": True, "containers": [{"name": "agent", "securityContext": {
+        "privileged": True, "allowPrivilegeEscalation": True, "capabilities": {"add": ["IPC_LOCK"]}}}]}}
+    kube = as_the_chart_installs_it(cluster, tmp_path)
+    run = kube_run(kube=kube | {"worker": {"image": "fake.invalid/worker:1", "pod_template": template}})
+    refused = run.wait_event("workers_refused")
+    assert 'violates PodSecurity "restricted:latest": host namespaces' in refused["error"], refused
+    assert "privileged" in refused["error"] and "nothing was made" in refused["error"]
+    done = finished(run, 8)
+    assert done["phase"] == "stopped_startup_failure" and "violates PodSecurity" in done["reason"]
+    assert not run.events("launched") and cluster.pods() == []
+    assert cluster.api.request_count(verb="create", resource="pods") == 1  # the dry run, and no pod since
+    said = k8s_event(cluster, "WorkerPodRefused", "demo-elastic-supervisor-config")
+    assert said["type"] == "Warning" and 'violates PodSecurity "restricted:latest"' in said["message"]
+    assert_allowed_by_the_charts_rbac(cluster.api)

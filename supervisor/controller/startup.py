@@ -251,10 +251,30 @@ class Startup:
             c.finish(pick.phase, pick.reason)
             return
         c.require_checkpoint = c.history.had_checkpoint and not c.cfg.restart.allow_fresh_start
+        if not await self.check_workers(slots[:size]):
+            return
         # the loop's task (its pods may wait minutes for a node); a restart a previous controller
         # began (what it left may still hold the slots for a moment) is retried like any relaunch
         ex = c.executor
         ex.start_launch(ex.launch_retrying(slots[:size], pick, None) if saved else ex.launch(slots[:size], pick))
+
+    async def check_workers(self, nodes: list[str]) -> bool:
+        """Ask the cluster, before anything is made, whether it accepts the workers as the first
+        launch would make them (:meth:`~supervisor.platforms.base.Platform.check_workers`).
+        Refused: the job stops at once with the cluster's own words (no restart fixes a pod spec
+        the cluster forbids) and returns False."""
+        c = self.c
+        try:
+            warnings = await c.platform.check_workers(c.executor.launch_spec(nodes))
+        except PlatformError as exc:
+            log.error("event=workers_refused error=%s", exc)
+            c.event("workers_refused", error=str(exc))
+            c.finish(JobPhase.STOPPED_STARTUP_FAILURE, str(exc))
+            return False
+        for w in warnings:
+            log.warning("event=preflight_warning %s", w)
+            c.event("preflight_warning", warning=w)
+        return True
 
     def adopt(self, saved: dict, *, save: bool = True) -> None:
         c = self.c

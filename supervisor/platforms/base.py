@@ -177,6 +177,14 @@ class Platform(abc.ABC):
         such a thing does nothing. Returns the pids of what now waits (for the events)."""
         return []
 
+    async def check_workers(self, spec: LaunchSpec) -> list[str]:
+        """Ask the cluster whether it would accept the workers ``spec`` makes, making nothing (a
+        Kubernetes server-side dry run: schema, admission, PodSecurity, quota). Raises
+        :class:`PlatformError` with the cluster's own words when it refuses them; returns warnings
+        (a refusal that may pass later: a quota others use now). A platform that cannot ask
+        accepts."""
+        return []
+
     async def probe_capacity(self, slots: Sequence[str]) -> None:
         """The gang runs without these slots because the cluster could not place them: watch for
         the capacity to come back (:meth:`capacity_returned`). A platform that cannot tell does

@@ -73,6 +73,17 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
+class ApiError(PlatformError):
+    """A request the API server answered with an error (``status``: its HTTP status), or that got
+    no answer (``status`` None), after the retries."""
+
+    def __init__(self, message: str, status: int | None = None, said: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.said = said
+        """What the API server said (``HTTP 403 Forbidden: ...``), without the call's name."""
+
+
 class KubeApi:
     """Calls the client in a worker thread, each request with ``timeout_s``; transient failures
     (5xx, 429, refused, timed out) are retried for ``retry_s`` with jittered backoff."""
@@ -103,7 +114,9 @@ class KubeApi:
                             return None
                         raise
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-            raise PlatformError(f"Kubernetes API {what} failed: {describe(exc)}") from None
+            said = describe(exc)
+            raise ApiError(f"Kubernetes API {what} failed: {said}", exc.status if isinstance(exc, ApiException)
+                           else None, said) from None
         except (ValueError, TypeError) as exc:  # the client's own validation of a request (pydantic)
             raise PlatformError(f"Kubernetes API {what}: the client refused the request: "
                                 f"{' '.join(str(exc).split())[:600]}") from None

@@ -67,7 +67,7 @@ from supervisor.platforms.base import (
     PlatformError,
     free_port,
 )
-from supervisor.platforms.kube.client import KubeApi, Watcher, api_client, own_namespace
+from supervisor.platforms.kube.client import ApiError, KubeApi, Watcher, api_client, own_namespace
 from supervisor.platforms.kube import pod_template
 from supervisor.platforms.kube.pod_reading import Condition, ContainerFacts, PodFacts, Reading, read_pod
 from supervisor.protocol import TOKEN_MAX_CHARS, Env, token_problem
@@ -96,6 +96,9 @@ APP_NAME = "elastic-supervisor-worker"
 """The worker pods' ``app.kubernetes.io/name``: never the controller's (``elastic-supervisor``),
 whose Service and Deployment select by it and ``app.kubernetes.io/instance``."""
 TOKEN_KEY = "token"
+REFUSED = frozenset({400, 403, 422})
+"""What an API server answers a pod it will never accept as written: a bad request, admission
+(PodSecurity, a webhook, RBAC) or quota forbidding it, a spec its schema refuses."""
 EVENT_MESSAGE_MAX = 1000
 """Kubernetes caps an Event's message at 1 KiB; the whole record is in events.jsonl."""
 
@@ -162,6 +165,8 @@ def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] |
     if name == "release_still_rejected":
         return ("Warning", "ReleaseStillRejected", f"version {fields.get('version', '?')} was rejected earlier; "
                 f"{fields.get('runs_instead', '?')} runs instead: {fields.get('detail', '')}", [])
+    if name == "workers_refused":
+        return ("Warning", "WorkerPodRefused", f"{fields.get('error', '')}; no pod was made", [])
     if name == "job_finished":
         ok = fields.get("exit_code") == 0
         return ("Normal" if ok else "Warning", "JobFinished",
@@ -374,6 +379,30 @@ class KubernetesPlatform(Platform):
                      spec.attempt, first_name, list(spec.nodes[1:]))
             return
         await self._create_rest(spec, spec.nodes[1:], endpoint)
+
+    async def check_workers(self, spec: LaunchSpec) -> list[str]:
+        """A server-side dry run (``dryRun=All``) of the first slot's worker pod, as :meth:`launch`
+        would make it: the API server runs its schema, its admission (PodSecurity, webhooks) and
+        its quota and stores nothing. Refused: a :class:`PlatformError` with the API server's
+        message; a quota others hold now: a warning (the pods wait, as any pod would)."""
+        self._check_fenced()
+        await self._ensure_owner()
+        slot = spec.nodes[0]
+        pod = self._pod_body(spec, slot, spec.rdzv_endpoint.rsplit(":", 1)[1], is_host=True)
+        pod["metadata"]["name"] = dns_label(f"{self.base}-dry-run-check")
+        try:
+            await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, dry_run="All", ok=(409,))
+        except ApiError as exc:
+            if exc.status not in REFUSED or "exceeded quota" in exc.said:
+                return [f"the worker pod could not be checked with a dry run ({exc.said}); launching as configured"
+                        if exc.status not in REFUSED else
+                        f"the namespace's quota does not hold a worker pod now ({exc.said}); its pods will wait for it"]
+            raise PlatformError(f"the API server refuses the worker pod (a dry run: nothing was made): {exc.said}; "
+                                "fix the worker pod (chart values workers.*, config platform.kubernetes.worker) "
+                                "and upgrade the release") from None
+        log.info("event=worker_pod_accepted namespace=%s (dry run: schema, admission, PodSecurity and quota passed)",
+                 self.ns)
+        return []
 
     async def _create_rest(self, spec: LaunchSpec, slots: Sequence[str], endpoint: str) -> None:
         for slot in slots:
