@@ -2296,6 +2296,10 @@ class FakeKubeAPIServer:
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.pod_webhooks: list[Callable[[str, JSON], None]] = []
+        """Mutating admission webhooks on pod create (dry runs included), ``(namespace, pod) ->
+        None``, changing the pod in place or raising :class:`ApiError` to refuse it: what a
+        component such as Kueue (``fakes.gang.FakeKueue``) registers; run on the server's loop."""
         self.log_source: Callable[[str, str], str | None] | None = None
         """``(namespace, pod) -> text`` for ``pods/NAME/log`` (the fake kubelet keeps the output);
         None from it: the container has not started."""
@@ -2777,6 +2781,8 @@ class FakeKubeAPIServer:
         _prepare_for_create(rt, obj)
         if rt.plural == "pods":
             self._admit_priority(name, obj["spec"])
+            for webhook in self.pod_webhooks:   # mutating admission webhooks: after defaulting, before validation
+                webhook(namespace or "", obj)
         self._validate(rt, name, obj, None, required)
         self._admit(rt, namespace, name, obj, None)
         key = self._key(rt, namespace, name)
