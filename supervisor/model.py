@@ -84,6 +84,10 @@ class NodeStatus:
     bad_host: bool = False
     """The machine itself refused the node (a kubelet's admission reject: its devices are not
     what the scheduler saw): exclude it now, whatever ``restart.exclude_node_after`` says."""
+    requeued: bool = False
+    """The cluster's gang admission took the whole gang back to admit it again later (Kueue evicted
+    its workload for a preemption; a gang scheduler preempted its group): not a fault of the job or
+    of a machine, and no restart is spent on it; the ranks got their SIGTERM grace to save."""
     image_id: str = ""
     """The image the node runs, by digest, as its runtime reports it once pulled (Kubernetes:
     the container status's ``imageID``); "" where unknown. A rollback runs exactly that image."""

@@ -68,6 +68,7 @@ from supervisor.controller.decide import (
     note_refusals,
     pick_checkpoint,
     plan_next,
+    requeued,
     restore_report,
     root_verdict,
 )
@@ -426,7 +427,7 @@ class Controller:
             return
         if self.phase in TERMINAL:
             return
-        if await self._capacity(now) or await self._grow() or await self._switch_release():
+        if await self._requeue() or await self._capacity(now) or await self._grow() or await self._switch_release():
             return
         if reconcile.calibration_due(self.detection, now, reg, self.calibration):
             # off the loop: at 131,072 ranks the scores take ~0.5 s, and the heartbeats must go on
@@ -498,6 +499,24 @@ class Controller:
             elif isinstance(verdict, Shrink):
                 await self._shrink(verdict)
         return bool(said)
+
+    async def _requeue(self) -> bool:
+        """The cluster's gang admission took the gang back (:func:`~.decide.requeued`: Kueue evicted
+        its workload, a gang scheduler preempted its group): not a fault, so no restart is counted
+        and no restart timer runs. The ranks had their SIGTERM grace to write an emergency
+        checkpoint; the gang is relaunched from the newest one, and its new pods wait for
+        readmission as any gang waits for capacity (restart.capacity_wait_s)."""
+        node = requeued(self.node_status)
+        if node is None:
+            return False
+        log.warning("event=gang_requeued attempt=%d node=%s detail=%s", self.attempt, node.name, node.detail)
+        self.event("gang_requeued", attempt=self.attempt, nodes=list(self.nodes), reason=node.reason,
+                   detail=node.detail, restarts=self.history.restarts)
+        self.event("action", attempt=self.attempt, action="tear_down", reason="requeued")
+        await self.executor.relaunch(list(self.nodes), grace_s=self.cfg.restart.kill_grace_s,
+                                     saved="written by the ranks on the way out (the gang's queue took it back); "
+                                           "the readmitted gang resumes from it")
+        return True
 
     async def _shrink(self, verdict: Shrink) -> None:
         """An elastic gang that waited restart.shrink_after_s is relaunched at the size placed; the

@@ -469,6 +469,13 @@ def grow(current: Iterable[str], returned: Iterable[str], *, excluded: Iterable[
     return tuple(pool[:size])
 
 
+def requeued(nodes: Mapping[str, NodeStatus]) -> NodeStatus | None:
+    """The node whose platform says the cluster's gang admission took the gang back
+    (``NodeStatus.requeued``: a queue's preemption), if any, first by name: the gang is then
+    relaunched to wait for readmission, not recovered from a fault (no restart counted)."""
+    return next((n for _, n in sorted(nodes.items()) if n.requeued and n.state != NodeState.RUNNING), None)
+
+
 ACTION_ABORT, ACTION_KILL_NODE, ACTION_TEAR_DOWN = "abort_ranks", "kill_node", "tear_down"
 
 

@@ -68,7 +68,7 @@ from supervisor.platforms.base import (
     free_port,
 )
 from supervisor.platforms.kube.client import ApiError, KubeApi, Watcher, api_client, own_namespace
-from supervisor.platforms.kube import pod_template
+from supervisor.platforms.kube import gang, pod_template
 from supervisor.platforms.kube.pod_reading import Condition, ContainerFacts, PodFacts, Reading, read_pod
 from supervisor.protocol import TOKEN_MAX_CHARS, Env, token_problem
 
@@ -148,6 +148,10 @@ def describe_event(name: str, fields: dict) -> tuple[str, str, str, list[str]] |
     if name == "capacity_shrink":
         return ("Warning", "GangShrunk", f"attempt {attempt}: relaunching on the {len(fields.get('nodes') or [])} "
                 f"pod(s) the cluster could place: {fields.get('detail', '')}", [])
+    if name == "gang_requeued":
+        return ("Warning", "GangRequeued", f"attempt {attempt}: the gang's admission took it back "
+                f"({fields.get('reason', '')}); it saves, waits for readmission and resumes (no restart spent): "
+                f"{fields.get('detail', '')}", [])
     if name == "restart_complete":
         return ("Normal", "Restarted", f"attempt {attempt} is training again ({fields.get('reason', '')}, "
                 f"{fields.get('total_s', '?')} s)", [])
@@ -246,6 +250,9 @@ class Settings:
     token_file: str = ""
     instance: str = ""
     """The pods' ``app.kubernetes.io/instance`` (the chart's release); empty: the job's name."""
+    gang: Any = None
+    """``platform.kubernetes.gang`` (:class:`~.gang.GangConfig`): each attempt's pods admitted as
+    one group; None: one by one."""
 
 
 class KubernetesPlatform(Platform):
@@ -363,6 +370,7 @@ class KubernetesPlatform(Platform):
         self._launch_id = secrets.token_hex(4)
         self.pods = {slot: _Pod(slot, self._pod_name(spec.attempt, slot), spec.attempt) for slot in spec.nodes}
         self._fence_older()
+        await self._ensure_pod_group(spec)
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         first = spec.nodes[0]
         await self._create_pod(spec, first, port, is_host=True)
@@ -529,11 +537,56 @@ class KubernetesPlatform(Platform):
             ATTEMPT_LABEL: str(spec.attempt), SLOT_LABEL: dns_label(slot), LAUNCH_LABEL: self._launch_id}
         annotations = dict(w.annotations if w is not None else {}) | {
             "elastic-supervisor/slot": slot, "elastic-supervisor/rdzv": endpoint}
+        g = self.s.gang
+        if g is not None and g.enabled:
+            # the attempt's pods are one group, admitted whole (the template may not change these)
+            g_labels, g_annotations, scheduler = gang.pod_fields(g, self._group(spec.attempt), len(spec.nodes))
+            labels |= g_labels
+            annotations |= g_annotations
+            if scheduler:
+                pod_spec["schedulerName"] = scheduler
         meta: dict[str, Any] = {"name": name, "namespace": self.ns, "labels": labels, "annotations": annotations}
         if self._owner:
             meta["ownerReferences"] = self._owner
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
         return pod_template.apply(pod, w.pod_template if w is not None else None)
+
+    def _group(self, attempt: int) -> str:
+        """The attempt's pod group name (Kueue's pod-group-name, the PodGroup's name): a label value."""
+        return dns_label(gang.group_name(self.base, attempt), 63)
+
+    def _custom_objects(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api.api_client)
+
+    async def _ensure_pod_group(self, spec: LaunchSpec) -> None:
+        """The attempt's PodGroup (volcano, coscheduling), made before its pods: the gang
+        scheduler binds none of them until ``minMember`` can be placed together. 409: made already
+        (a launch retried)."""
+        g = self.s.gang
+        if g is None or g.api is None:
+            return
+        w = self.s.worker
+        body = gang.pod_group(g, self._group(spec.attempt), self.ns, len(spec.nodes),
+                              labels=dict(self.labels) | {ATTEMPT_LABEL: str(spec.attempt)}, owner=self._owner,
+                              priority_class=w.priority_class_name if w is not None else "")
+        group, version, plural = g.api
+        await self.api.call(self._custom_objects().create_namespaced_custom_object, group, version, self.ns, plural,
+                            body, ok=(409,))
+        log.info("event=pod_group_created name=%s api=%s/%s minMember=%d", body["metadata"]["name"], group, version,
+                 len(spec.nodes))
+
+    async def _delete_pod_group(self, attempt: int) -> None:
+        g = self.s.gang
+        if g is None or g.api is None or attempt < 0:
+            return
+        group, version, plural = g.api
+        try:
+            await self.api.call(self._custom_objects().delete_namespaced_custom_object, group, version, self.ns, plural,
+                                self._group(attempt), ok=(404,))
+        except PlatformError as exc:
+            log.warning("event=pod_group_delete_failed name=%s error=%s", self._group(attempt), exc)
 
     def _place(self, slot: str, container: dict, pod_spec: dict) -> None:
         """What makes a pod land where the slot's worker lands and ask for what it asks (a worker
@@ -731,6 +784,10 @@ class KubernetesPlatform(Platform):
         if r.kind == Reading.REJECTED_BY_NODE:
             return NodeStatus(**base, state=NodeState.LOST, bad_host=True,
                               detail=f"pod {p.name} rejected by node {host or '?'}: {r.reason}: {r.message}")
+        requeued = self._requeued(pod)
+        if requeued is not None and not p.deleted_by_us:
+            return NodeStatus(**dict(base, reason=requeued.reason), state=NodeState.LOST, requeued=True,
+                              detail=f"pod {p.name} {requeued.reason}: {requeued.message}".strip(": "))
         if r.kind in (Reading.DISRUPTED, Reading.EVICTED) and not p.deleted_by_us:
             return NodeStatus(**base, state=NodeState.LOST, detail=f"pod {p.name} {r.reason}: {r.message}".strip(": "))
         if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
@@ -767,10 +824,23 @@ class KubernetesPlatform(Platform):
             why = f"pod {p.name} {term.reason or 'terminated'} (exit code {term.exit_code})"
             return NodeStatus(p.slot, p.attempt, NodeState.EXITED, exit_code=code, killed_by_us=p.killed_by_us,
                               host=host, detail=why, reason=term.reason or "")
+        requeued = self._requeued(pod) if pod is not None and not p.deleted_by_us else None
+        if requeued is not None:
+            return NodeStatus(p.slot, p.attempt, NodeState.LOST, killed_by_us=p.killed_by_us, host=host, requeued=True,
+                              reason=requeued.reason, detail=f"pod {p.name} {requeued.reason}: {requeued.message}")
         who = "deleted by us" if p.deleted_by_us else "deleted by someone else"
         ended = f" (exit code {term.exit_code})" if term is not None else " before it reported an exit code"
         return NodeStatus(p.slot, p.attempt, NodeState.LOST, killed_by_us=p.killed_by_us, host=host,
                           detail=f"pod {p.name} {who}{ended}")
+
+    def _requeued(self, pod: Any) -> Condition | None:
+        """The condition by which the gang's admission took this pod's group back (Kueue's
+        eviction, a gang scheduler's preemption: :func:`~.gang.requeued`), if it did."""
+        g = self.s.gang
+        if g is None or not g.enabled:
+            return None
+        return next((c for c in pod_facts(pod).conditions
+                     if c.status == "True" and gang.requeued(g, c.type, c.reason)), None)
 
     def _fence_older(self, pods: dict | None = None) -> None:
         """Delete, once, every pod of this job that is not the current gang's: older attempts',
@@ -877,7 +947,7 @@ class KubernetesPlatform(Platform):
         for p in live:
             p.deleted_by_us = True
         grace = max(0, int(round(grace_s)))
-        await asyncio.gather(*(self._delete(p.name, grace) for p in live))
+        await asyncio.gather(*(self._delete(p.name, grace) for p in live), self._delete_pod_group(self.attempt))
         deadline = time.monotonic() + grace + self.s.delete_confirm_s
         while time.monotonic() < deadline:
             left = [p.name for p in live if p.name in self.pod_watch.snapshot()]
@@ -1142,6 +1212,7 @@ def settings_from_config(cfg, namespace: str) -> Settings:
         leader_election=k.leader_election, lease=k.lease, lease_duration_s=k.lease_duration_s,
         renew_deadline_s=k.renew_deadline_s, owner_configmap=k.owner_config_map, token_secret=k.token_secret.name,
         token_key=k.token_secret.key, token_file=k.token_file, join_timeout_s=join_timeout_s(cfg), instance=k.instance,
+        gang=k.gang,
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor.config import ConfigError
+from supervisor.platforms.kube.gang import GangConfig, owned_by_gang
 from supervisor.platforms.kube.pod_template import OWNED_PREFIX, owned_label, problems
 
 
@@ -114,6 +115,9 @@ class KubernetesConfig:
     ``status.podIP`` (clusters without pod DNS)."""
     volumes: VolumesConfig = field(default_factory=VolumesConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    gang: GangConfig = field(default_factory=GangConfig)
+    """Gang admission: each attempt's pods admitted as one group by Kueue, Volcano or the
+    scheduler-plugins coscheduling plugin (:mod:`supervisor.platforms.kube.gang`); ``none``: one by one."""
     python: str = "python"
     """The worker image's python (it runs the node agent, ``python -m supervisor.platforms.node.forking_agent``:
     torchrun's own, with its arguments)."""
@@ -168,6 +172,15 @@ class KubernetesConfig:
         mounts += ["/dev/shm"] if self.worker.shm_size else []
         for where, why in problems(self.worker.pod_template or {}, mount_paths=mounts):
             raise ConfigError(f"platform.kubernetes.worker.pod_template.{where}: {why}")
+        template = self.worker.pod_template if isinstance(self.worker.pod_template, dict) else {}
+        meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
+        spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+        for where, why in owned_by_gang(self.gang, self.worker.labels, self.worker.annotations, None):
+            raise ConfigError(f"platform.kubernetes.worker.{where}: {why}")
+        for where, why in owned_by_gang(self.gang, meta.get("labels") or {}, meta.get("annotations") or {},
+                                        spec.get("schedulerName")):
+            raise ConfigError(f"platform.kubernetes.worker.pod_template.{'' if where.startswith('spec') else 'metadata.'}"
+                              f"{where}: {why}")
         if self.token_secret.name and not self.token_file:
             raise ConfigError("platform.kubernetes.token_file: required with token_secret.name (where the controller "
                               "has the Secret mounted)")
