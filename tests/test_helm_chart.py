@@ -250,8 +250,8 @@ def test_validators_have_teeth(chart):
 
 def test_objects_per_value_set(chart):
     kinds = {name: sorted(by_kind(objects(render(chart, v)))) for name, v in VALUE_SETS.items()}
-    base = ["ConfigMap", "Deployment", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"]
-    assert kinds["defaults"] == base
+    base = ["ConfigMap", "Deployment", "Pod", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount"]
+    assert kinds["defaults"] == base  # the Pod: `helm test`'s check of the workers
     assert kinds["custom_resources"] == base
     assert kinds["monitoring"] == sorted(base + ["PrometheusRule", "ServiceMonitor"])
     assert kinds["node_reads"] == sorted(base + ["ClusterRole", "ClusterRoleBinding"])
@@ -361,6 +361,30 @@ def test_non_root_security_context(chart, value_set):
 
 
 @pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_test_dry_runs_a_worker_pod_as_the_controller(chart, value_set):
+    """`helm test`: the controller's start-up check alone (supervisor run --check), as the
+    controller runs: its image, service account (its Role allows the dry-run create), config and
+    token, non-root."""
+    objs = objects(render(chart, VALUE_SETS[value_set]))
+    (pod,) = by_kind(objs)["Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    controller = one(objs, "Deployment")["spec"]["template"]["spec"]
+    spec = pod["spec"]
+    (check,) = spec["containers"]
+    (supervisor,) = controller["containers"]
+    assert check["command"] == [*supervisor["command"], "--check"] and check["image"] == supervisor["image"]
+    assert spec["serviceAccountName"] == controller["serviceAccountName"] and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"] == controller["securityContext"]
+    assert check["securityContext"] == supervisor["securityContext"]
+    mounts = {m["mountPath"]: m["name"] for m in supervisor["volumeMounts"]}
+    volumes = {v["name"]: v for v in controller["volumes"]}
+    for m in check["volumeMounts"]:
+        if m["mountPath"] != "/tmp":
+            assert {k: v for k, v in {v["name"]: v for v in spec["volumes"]}[m["name"]].items() if k != "name"} == \
+                {k: v for k, v in volumes[mounts[m["mountPath"]]].items() if k != "name"}
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
 def test_deployment_runs_one_controller(chart, value_set):
     objs = objects(render(chart, VALUE_SETS[value_set]))
     dep = one(objs, "Deployment")
@@ -441,6 +465,7 @@ def test_notes_tell_how_to_watch(chart):
     assert f"kubectl -n {NAMESPACE} logs -f deploy/{FULLNAME}" in notes
     assert f"kubectl -n {NAMESPACE} port-forward svc/{FULLNAME} 9400:9400" in notes
     assert "supervisor status --url http://127.0.0.1:9400" in notes
+    assert f"helm test {RELEASE} -n {NAMESPACE} --logs" in notes and "WorkerPodRefused" in notes
 
 
 # ------------------------------------------------------------------ the token Secret

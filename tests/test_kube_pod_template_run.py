@@ -8,6 +8,7 @@ an uninterrupted torchrun run."""
 from __future__ import annotations
 
 import base64
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,11 @@ def test_a_privileged_template_in_a_restricted_namespace_stops_the_job_before_an
     said = k8s_event(cluster, "WorkerPodRefused", "demo-elastic-supervisor-config")
     assert said["type"] == "Warning" and 'violates PodSecurity "restricted:latest"' in said["message"]
     assert_allowed_by_the_charts_rbac(cluster.api)
+    # what `helm test` runs: the same dry run, from the same config, its verdict as an exit code
+    check = [str(run.controller), "-m", "supervisor", "run", "--config", str(run.config), "--check"]
+    refused = subprocess.run(check, env=run.env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert refused.returncode == 1 and 'violates PodSecurity "restricted:latest"' in refused.stderr, refused
+    cluster.kubelet.v1.patch_namespace(NS, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})
+    accepted = subprocess.run(check, env=run.env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert accepted.returncode == 0 and accepted.stdout.startswith("ok: "), accepted
+    assert cluster.pods() == []  # a dry run makes nothing

@@ -50,6 +50,45 @@ def _run_controller(cfg, fresh: bool = False) -> int:
         return 1
 
 
+def _check_workers(cfg) -> int:
+    """``supervisor run --check``: build the job's platform and ask the cluster whether it accepts
+    the workers the first launch would make, making nothing (Kubernetes: a server-side dry run of
+    one worker pod: schema, admission, PodSecurity, quota). What ``helm test`` runs."""
+    import asyncio
+
+    from supervisor.controller.daemon import Controller
+    from supervisor.platforms import registry
+    from supervisor.platforms.base import PlatformError
+
+    log_dir = Path(cfg.log_dir).resolve()
+    try:
+        platform = registry.build(cfg, log_dir)
+    except PlatformError as exc:
+        print(f"error: {cfg.platform.kind}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        cfg = platform.prepare(cfg)
+        slots = platform.slots()
+        if not slots:
+            print(f"error: {cfg.platform.kind}: no node slot to place a worker on (no Ready, schedulable node "
+                  "matches the workers' node selector)", file=sys.stderr)
+            return EXIT_FAILED
+        spec = Controller(cfg, platform).executor.launch_spec(slots[:cfg.nodes.max])
+        warnings = asyncio.run(platform.check_workers(spec))
+    except PlatformError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        close = getattr(platform, "close", None)
+        if close is not None:
+            close()
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"ok: the {cfg.platform.kind} platform accepts the workers of job {cfg.job} "
+          f"({len(spec.nodes)} node(s) x {cfg.nproc_per_node}); nothing was made")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from supervisor.config import ConfigError, load
 
@@ -58,6 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.check:
+        return _check_workers(cfg)
     if args.allow_fresh_start:
         import dataclasses
 
@@ -83,5 +124,10 @@ def add_parser(sub) -> None:
                        "6 no usable checkpoint left, 1 failed/stopped, 2 bad config or the job's state refused "
                        "(another controller runs it, or its state file is unreadable: see --fresh).")
     p.add_argument("--config", required=True, metavar="JOB.yaml", help="the job config (see examples/job.yaml)")
+    p.add_argument("--check", action="store_true",
+                   help="do not run the job: ask the platform whether it accepts the workers the first launch would "
+                   "make, making nothing (Kubernetes: a server-side dry run of one worker pod, so the schema, "
+                   "admission, PodSecurity and quota all answer), print the verdict and exit 0 (accepted) or 1 "
+                   "(refused, with the cluster's words). What the chart's `helm test` runs")
     _add_run_args(p)
     p.set_defaults(func=cmd_run)
