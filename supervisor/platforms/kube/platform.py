@@ -250,6 +250,8 @@ class Settings:
     token_file: str = ""
     instance: str = ""
     """The pods' ``app.kubernetes.io/instance`` (the chart's release); empty: the job's name."""
+    disruption_budget: bool = False
+    """A PodDisruptionBudget per attempt, ``minAvailable`` = the gang (``platform.kubernetes.disruption_budget``)."""
     gang: Any = None
     """``platform.kubernetes.gang`` (:class:`~.gang.GangConfig`): each attempt's pods admitted as
     one group; None: one by one."""
@@ -371,14 +373,15 @@ class KubernetesPlatform(Platform):
         self.pods = {slot: _Pod(slot, self._pod_name(spec.attempt, slot), spec.attempt) for slot in spec.nodes}
         self._fence_older()
         await self._ensure_pod_group(spec)
+        await self._ensure_budget(spec)
         port = spec.rdzv_endpoint.rsplit(":", 1)[1]
         first = spec.nodes[0]
         await self._create_pod(spec, first, port, is_host=True)
         first_name = self.pods[first].name
         # by DNS name the others can be made at once: their agents keep dialing the name until
         # the first pod is placed (torchrun's join and read timeouts: join_timeout_s)
-        endpoint = await self._wait_first(first_name, port) if self.s.rdzv_address == "ip" else \
-            self._endpoint_of(None, port, name=first_name)
+        endpoint = (self._host_endpoint(first, port) or await self._wait_first(first_name, port)) \
+            if self.s.rdzv_address == "ip" else self._endpoint_of(None, port, name=first_name)
         if endpoint is None:
             # the first pod waits (for capacity, or it cannot start): the others, which dial its
             # IP, are made once it has one (observe), and the controller reads the wait meanwhile
@@ -430,6 +433,20 @@ class KubernetesPlatform(Platform):
             return
         await self._create_rest(spec, slots, endpoint)
         self._deferred = None
+
+    def _host_endpoint(self, slot: str, port: str) -> str | None:
+        """With ``rendezvous: ip``, host-network pods pinned to their nodes (``node_reads``): the
+        first pod's IP is its node's InternalIP, known before the pod is placed, so the whole gang
+        is made at once (a gang admitted whole needs every pod to exist). None otherwise."""
+        w = self.s.worker
+        template = (w.pod_template if w is not None and isinstance(w.pod_template, dict) else None) or {}
+        if self.node_watch is None or not (template.get("spec") or {}).get("hostNetwork"):
+            return None
+        node = self.node_watch.snapshot().get(slot.split("--", 1)[0])
+        for address in (node.status.addresses or []) if node is not None and node.status else []:
+            if address.type == "InternalIP" and address.address:
+                return f"{address.address}:{port}"
+        return None
 
     def _endpoint_of(self, first: Any, port: str, name: str = "") -> str | None:
         """Where the other pods dial the first pod's store: its DNS name under the Service, or
@@ -576,6 +593,38 @@ class KubernetesPlatform(Platform):
                             body, ok=(409,))
         log.info("event=pod_group_created name=%s api=%s/%s minMember=%d", body["metadata"]["name"], group, version,
                  len(spec.nodes))
+
+    def _budget_name(self, attempt: int) -> str:
+        return dns_label(f"{self.base}-a{attempt}", 63)
+
+    async def _ensure_budget(self, spec: LaunchSpec) -> None:
+        """The attempt's PodDisruptionBudget (``disruption_budget``): ``minAvailable`` = the gang,
+        so that a drain or the autoscaler's consolidation (evictions) waits for the job instead of
+        taking the gang apart pod by pod, one whole restart each. The controller's own deletes are
+        not evictions: it never blocks a restart. An earlier attempt's budget (a controller that
+        died before its teardown) goes first. 409: made already (a launch retried)."""
+        if not self.s.disruption_budget:
+            return
+        if spec.attempt > 0:
+            await self._delete_budget(spec.attempt - 1)
+        selector = dict(self.labels) | {ATTEMPT_LABEL: str(spec.attempt)}
+        body = disruption_budget(self._budget_name(spec.attempt), self.ns, selector, len(spec.nodes), self._owner)
+        await self.api.call(self._policy().create_namespaced_pod_disruption_budget, self.ns, body, ok=(409,))
+        log.info("event=disruption_budget_created name=%s minAvailable=%d", body["metadata"]["name"], len(spec.nodes))
+
+    async def _delete_budget(self, attempt: int) -> None:
+        if not self.s.disruption_budget or attempt < 0:
+            return
+        try:
+            await self.api.call(self._policy().delete_namespaced_pod_disruption_budget, self._budget_name(attempt),
+                                self.ns, ok=(404,))
+        except PlatformError as exc:
+            log.warning("event=disruption_budget_delete_failed name=%s error=%s", self._budget_name(attempt), exc)
+
+    def _policy(self) -> Any:
+        from kubernetes import client
+
+        return client.PolicyV1Api(self.api.api_client)
 
     async def _delete_pod_group(self, attempt: int) -> None:
         g = self.s.gang
@@ -947,7 +996,8 @@ class KubernetesPlatform(Platform):
         for p in live:
             p.deleted_by_us = True
         grace = max(0, int(round(grace_s)))
-        await asyncio.gather(*(self._delete(p.name, grace) for p in live), self._delete_pod_group(self.attempt))
+        await asyncio.gather(*(self._delete(p.name, grace) for p in live), self._delete_pod_group(self.attempt),
+                             self._delete_budget(self.attempt))
         deadline = time.monotonic() + grace + self.s.delete_confirm_s
         while time.monotonic() < deadline:
             left = [p.name for p in live if p.name in self.pod_watch.snapshot()]
@@ -1107,6 +1157,17 @@ class KubernetesPlatform(Platform):
             self.close()
 
 
+def disruption_budget(name: str, namespace: str, selector: dict[str, str], min_available: int,
+                      owner: list[dict] | None) -> dict:
+    """A policy/v1 PodDisruptionBudget over an attempt's pods: evictions wait while fewer than
+    ``min_available`` of them would be left Ready."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(selector)}
+    if owner:
+        meta["ownerReferences"] = copy.deepcopy(owner)
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": dict(selector)}}}
+
+
 def _quantities(resources: dict) -> dict:
     """``{limits: {nvidia.com/gpu: 8}}`` as the API's quantities: strings (YAML gives numbers)."""
     return {section: ({k: str(v) for k, v in values.items()} if isinstance(values, dict) else copy.deepcopy(values))
@@ -1212,6 +1273,7 @@ def settings_from_config(cfg, namespace: str) -> Settings:
         leader_election=k.leader_election, lease=k.lease, lease_duration_s=k.lease_duration_s,
         renew_deadline_s=k.renew_deadline_s, owner_configmap=k.owner_config_map, token_secret=k.token_secret.name,
         token_key=k.token_secret.key, token_file=k.token_file, join_timeout_s=join_timeout_s(cfg), instance=k.instance,
+        disruption_budget=k.disruption_budget,
         gang=k.gang,
     )
 

@@ -148,6 +148,10 @@ class KubernetesConfig:
     """Only the holder of the Lease acts; a standby controller waits for it."""
     lease_duration_s: int = 15
     renew_deadline_s: float = 10.0
+    disruption_budget: bool = True
+    """A PodDisruptionBudget per attempt (``minAvailable`` = the gang, deleted with its attempt): a
+    node drain or the autoscaler's consolidation waits for the job instead of evicting its pods
+    one by one (one whole restart each). Off: voluntary disruptions take pods when they like."""
 
     def __post_init__(self) -> None:
         if self.rendezvous not in ("dns", "ip"):
@@ -175,6 +179,10 @@ class KubernetesConfig:
         template = self.worker.pod_template if isinstance(self.worker.pod_template, dict) else {}
         meta = template.get("metadata") if isinstance(template.get("metadata"), dict) else {}
         spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+        if self.gang.enabled and self.rendezvous == "ip" and not (self.node_reads and spec.get("hostNetwork")):
+            raise ConfigError(f"platform.kubernetes.gang.mode: {self.gang.mode} admits the gang only once every pod "
+                              "exists, and with rendezvous ip the pods after the first are made once it has an IP: "
+                              "use rendezvous dns (or host-network pods with node_reads, whose first IP is its node's)")
         for where, why in owned_by_gang(self.gang, self.worker.labels, self.worker.annotations, None):
             raise ConfigError(f"platform.kubernetes.worker.{where}: {why}")
         for where, why in owned_by_gang(self.gang, meta.get("labels") or {}, meta.get("annotations") or {},
