@@ -286,6 +286,7 @@ ROLE_RULES = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create", "delete"]},
 ]
 """Exactly the calls in supervisor/platforms/kube/ (tests/test_kube_platform.py checks the requests a
 real run sends against the rendered rules): no secrets (the chart's token Secret reaches the
@@ -316,6 +317,18 @@ def test_rbac_least_verbs(chart, value_set):
     else:
         assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
         assert rendered_job_config(objs)["platform"]["kubernetes"]["node_reads"] is False
+
+
+def test_no_disruption_budget_no_rule(chart):
+    objs = objects(render(chart, {"workers": {"disruptionBudget": False}}))
+    assert one(objs, "Role")["rules"] == ROLE_RULES[:-1]
+    assert rendered_job_config(objs)["platform"]["kubernetes"]["disruption_budget"] is False
+
+
+def test_lease_timings_reach_the_controller(chart):
+    objs = objects(render(chart, {"leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20}}))
+    k8s = rendered_job_config(objs)["platform"]["kubernetes"]
+    assert (k8s["lease_duration_s"], k8s["renew_deadline_s"], k8s["disruption_budget"]) == (30, 20, True)
 
 
 def test_rbac_off(chart):
@@ -607,7 +620,8 @@ def test_job_config_loads_with_config_py(chart, value_set):
     assert raw["platform"]["kind"] == "kubernetes"
     assert set(raw["platform"]["kubernetes"]) == {
         "namespace", "service", "owner_config_map", "lease", "token_secret", "token_file", "node_reads",
-        "instance", "termination_grace_s", "rendezvous", "volumes", "worker"}
+        "instance", "termination_grace_s", "rendezvous", "volumes", "worker", "disruption_budget", "lease_duration_s",
+        "renew_deadline_s"}
     k8s = job_config.from_dict(copy.deepcopy(raw)).platform.kubernetes  # the platform reads what the chart writes
     assert k8s.token_secret.name and k8s.token_file.endswith("/" + k8s.token_secret.key)
     assert k8s.worker.image and k8s.service == FULLNAME and k8s.namespace == NAMESPACE
@@ -717,6 +731,9 @@ def test_a_gpu_teams_template_reaches_the_worker_pod_as_written(chart):
 
 BAD_VALUES = [
     ({"replicas": 2}, "additional properties 'replicas'"),
+    ({"leaderElection": {"leaseDurationSeconds": 1}}, "/leaderElection/leaseDurationSeconds"),
+    ({"leaderElection": {"renewDeadlineSeconds": 0}}, "/leaderElection/renewDeadlineSeconds"),
+    ({"workers": {"disruptionBudget": "yes"}}, "/workers/disruptionBudget"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
     ({"config": {"nodes": {"min": 0, "max": 1}}}, "/config/nodes/min"),
     ({"config": {"job": "Bad_Name"}}, "/config/job"),
@@ -847,6 +864,8 @@ def test_schema_refuses_bad_values_naming_the_field(chart, values, field):
     ({"workers": {"podTemplate": {"spec": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}}}},
      'workers.podTemplate.spec.volumes[1].name: "a" appears twice'),
     ({"nameOverride": "elastic-supervisor-worker"}, "nameOverride"),
+    ({"leaderElection": {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10}},
+     "leaderElection.renewDeadlineSeconds: 10 must be under leaseDurationSeconds (10)"),
 ])
 def test_cross_field_checks(chart, values, message):
     """What the schema cannot say (a field against another) fails the render, naming the field."""

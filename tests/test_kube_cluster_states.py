@@ -9,7 +9,8 @@ knows some images, real cgroup memory limits, kubelet admission), the controller
   once another pod frees them; an elastic one starts smaller after the grace and grows back;
 - an unknown image stops in seconds with the kubelet's message, after one attempt;
 - a rank OOMKilled once resumes without excluding its node; twice at the same step stops named;
-- a kubelet's admission reject excludes its node and the slot goes to the spare.
+- a kubelet's admission reject excludes its node and the slot goes to the spare;
+- a drain's eviction waits for the gang (a PodDisruptionBudget per attempt).
 """
 
 from __future__ import annotations
@@ -303,5 +304,49 @@ def test_a_pod_evicted_for_node_pressure_checkpoints_on_its_way_out_and_its_node
     assert relaunch["excluded"] == [] and pod["spec"]["nodeName"] in relaunch["nodes"], relaunch
     # the ranks had the eviction's grace: they agreed to stop and wrote the emergency checkpoint
     assert int(relaunch["restore_from"].split("-")[1]) % 5 != 0, relaunch
+    assert finished(run)["phase"] == "completed"
+    assert_same_path(run, control)
+
+
+def test_a_drain_s_eviction_waits_for_the_gang_and_the_budget_follows_the_attempt(cluster, kube_run, control):
+    """A PodDisruptionBudget per attempt (minAvailable = the gang): a drain's eviction of a
+    training pod is refused (429) and the job trains on untouched; a restart deletes the old
+    attempt's budget and makes the new one's; the job completes bit-identical."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    policy = client.PolicyV1Api(cluster.kubelet.v1.api_client)
+    run = kube_run()
+    run.wait_event("launched", attempt=0)
+
+    def budget(attempt: int):
+        try:
+            return policy.read_namespaced_pod_disruption_budget(f"{JOB_NAME}-a{attempt}", NS)
+        except ApiException as exc:
+            assert exc.status == 404
+            return None
+
+    deadline = time.monotonic() + 60
+    while (b := budget(0)) is None or not b.status or b.status.current_healthy != 2:
+        assert time.monotonic() < deadline, b
+        time.sleep(0.1)
+    assert b.spec.min_available == 2
+    assert b.spec.selector.match_labels == {"app.kubernetes.io/managed-by": "elastic-supervisor",
+                                            "elastic-supervisor/job": JOB_NAME, "elastic-supervisor/attempt": "0"}
+    run.wait_checkpoint(5)
+    name = cluster.pod_of_rank(run.log_dir, 1, attempt=0)["metadata"]["name"]
+    with pytest.raises(ApiException) as refused:  # kubectl drain's eviction
+        cluster.kubelet.v1.create_namespaced_pod_eviction(name, NS, client.V1Eviction(
+            metadata=client.V1ObjectMeta(name=name, namespace=NS)))
+    assert refused.value.status == 429 and "disruption budget" in refused.value.body
+    run.wait_checkpoint(10)
+    assert not run.events("fault_detected")  # the gang was never touched
+    cluster.kubelet.v1.delete_namespaced_pod(name, NS)  # not an eviction: a budget never blocks a delete
+    run.wait_event("launched", attempt=1)
+    deadline = time.monotonic() + 60
+    while budget(0) is not None or budget(1) is None:
+        assert time.monotonic() < deadline, (budget(0), budget(1))
+        time.sleep(0.1)
+    assert budget(1).spec.min_available == 2
     assert finished(run)["phase"] == "completed"
     assert_same_path(run, control)

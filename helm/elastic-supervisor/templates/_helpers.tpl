@@ -117,6 +117,10 @@ checks at startup, this only says it at install time.
 {{- if eq (int .Values.service.httpPort) (int .Values.service.heartbeatPort) -}}
 {{- fail (printf "service.heartbeatPort: %v is the HTTP port too; give them different numbers" .Values.service.heartbeatPort) -}}
 {{- end -}}
+{{- $le := .Values.leaderElection -}}
+{{- if not (lt (float64 $le.renewDeadlineSeconds) (float64 $le.leaseDurationSeconds)) -}}
+{{- fail (printf "leaderElection.renewDeadlineSeconds: %v must be under leaseDurationSeconds (%v)" $le.renewDeadlineSeconds $le.leaseDurationSeconds) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -174,6 +178,9 @@ ends in a hash of the whole name (never a truncation that two releases could sha
       "node_reads" .Values.rbac.nodeReads
       "instance" .Release.Name
       "termination_grace_s" (int $w.terminationGracePeriodSeconds)
+      "disruption_budget" $w.disruptionBudget
+      "lease_duration_s" (int .Values.leaderElection.leaseDurationSeconds)
+      "renew_deadline_s" .Values.leaderElection.renewDeadlineSeconds
       "rendezvous" $w.rendezvous
       "volumes" $volumes
       "worker" $worker -}}
