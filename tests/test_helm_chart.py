@@ -160,6 +160,13 @@ VALUE_SETS: dict[str, dict] = {
             {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
     },
     "gpu_fleet": GPU_FLEET,
+    "kueue_gang": {**GPU_FLEET, "workers": {**GPU_FLEET["workers"], "gang": {"mode": "kueue", "queue": "gpu-h100"},
+                                            "podTemplate": {**GPU_FLEET["workers"]["podTemplate"], "metadata": {
+                                                "labels": {"team": "llm"}}}}},
+    "volcano_gang": {"config": {"nodes": {"min": 4, "max": 4}, "nproc_per_node": 8},
+                     "workers": {"image": {"repository": "registry.example/train", "tag": "v3"},
+                                 "resources": {"limits": {"nvidia.com/gpu": 8}}, "priorityClassName": "training",
+                                 "gang": {"mode": "volcano", "queue": "research"}}},
 }
 
 
@@ -298,7 +305,9 @@ NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "wat
 def test_rbac_least_verbs(chart, value_set):
     objs = objects(render(chart, VALUE_SETS[value_set]))
     role = one(objs, "Role")
-    assert role["rules"] == ROLE_RULES  # exactly: no secrets, no wildcard, events created only
+    mode = VALUE_SETS[value_set].get("workers", {}).get("gang", {}).get("mode", "none")
+    extra = [GANG_RULES[mode]] if mode in GANG_RULES else []
+    assert role["rules"] == ROLE_RULES + extra  # exactly: no secrets, no wildcard, events created only
     sa = one(objs, "ServiceAccount")["metadata"]["name"]
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     binding = one(objs, "RoleBinding")
@@ -317,6 +326,35 @@ def test_rbac_least_verbs(chart, value_set):
     else:
         assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
         assert rendered_job_config(objs)["platform"]["kubernetes"]["node_reads"] is False
+
+
+GANG_RULES = {"volcano": {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"],
+                          "verbs": ["create", "delete"]},
+              "coscheduling": {"apiGroups": ["scheduling.x-k8s.io"], "resources": ["podgroups"],
+                               "verbs": ["create", "delete"]}}
+
+
+@pytest.mark.parametrize("mode, queue", [("none", ""), ("kueue", "team-a"), ("volcano", "research"),
+                                         ("coscheduling", "")])
+def test_gang_mode_reaches_the_controller_and_the_role_grants_what_it_calls(chart, mode, queue):
+    objs = objects(render(chart, {"workers": {"gang": {"mode": mode, "queue": queue}}}))
+    gang = rendered_job_config(objs)["platform"]["kubernetes"]["gang"]
+    assert (gang["mode"], gang["queue"]) == (mode, queue)
+    job_config.from_dict(rendered_job_config(objs))  # the controller accepts it
+    extra = [GANG_RULES[mode]] if mode in GANG_RULES else []  # kueue: its webhook and controller act, not ours
+    assert one(objs, "Role")["rules"] == ROLE_RULES + extra
+
+
+def test_gang_pods_as_the_chart_would_have_them_made(chart):
+    pods = sample_worker_pods(objects(render(chart, VALUE_SETS["kueue_gang"])))
+    for pod in pods:
+        labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "gpu-h100" and labels["team"] == "llm"
+        assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"  # the gang these samples make
+    assert len({p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in pods}) == 1
+    for pod in sample_worker_pods(objects(render(chart, VALUE_SETS["volcano_gang"]))):
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"]
 
 
 def test_no_disruption_budget_no_rule(chart):
@@ -621,7 +659,7 @@ def test_job_config_loads_with_config_py(chart, value_set):
     assert set(raw["platform"]["kubernetes"]) == {
         "namespace", "service", "owner_config_map", "lease", "token_secret", "token_file", "node_reads",
         "instance", "termination_grace_s", "rendezvous", "volumes", "worker", "disruption_budget", "lease_duration_s",
-        "renew_deadline_s"}
+        "renew_deadline_s", "gang"}
     k8s = job_config.from_dict(copy.deepcopy(raw)).platform.kubernetes  # the platform reads what the chart writes
     assert k8s.token_secret.name and k8s.token_file.endswith("/" + k8s.token_secret.key)
     assert k8s.worker.image and k8s.service == FULLNAME and k8s.namespace == NAMESPACE
@@ -732,6 +770,8 @@ def test_a_gpu_teams_template_reaches_the_worker_pod_as_written(chart):
 BAD_VALUES = [
     ({"replicas": 2}, "additional properties 'replicas'"),
     ({"leaderElection": {"leaseDurationSeconds": 1}}, "/leaderElection/leaseDurationSeconds"),
+    ({"workers": {"gang": {"mode": "yunikorn"}}}, "/workers/gang/mode"),
+    ({"workers": {"gang": {"mode": "kueue", "queue": "Team_A"}}}, "/workers/gang/queue"),
     ({"leaderElection": {"renewDeadlineSeconds": 0}}, "/leaderElection/renewDeadlineSeconds"),
     ({"workers": {"disruptionBudget": "yes"}}, "/workers/disruptionBudget"),
     ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -864,6 +904,11 @@ def test_schema_refuses_bad_values_naming_the_field(chart, values, field):
     ({"workers": {"podTemplate": {"spec": {"volumes": [{"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}}}},
      'workers.podTemplate.spec.volumes[1].name: "a" appears twice'),
     ({"nameOverride": "elastic-supervisor-worker"}, "nameOverride"),
+    ({"workers": {"gang": {"mode": "kueue"}}}, "workers.gang.queue: required with mode kueue"),
+    ({"workers": {"gang": {"mode": "coscheduling", "queue": "q"}}}, "workers.gang.queue: only with mode kueue or volcano"),
+    ({"workers": {"gang": {"mode": "kueue", "queue": "q", "schedulerName": "x"}}},
+     "workers.gang.schedulerName: only with mode volcano or coscheduling"),
+    ({"workers": {"gang": {"mode": "volcano", "queue": "q"}, "rendezvous": "ip"}}, "use rendezvous dns"),
     ({"leaderElection": {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10}},
      "leaderElection.renewDeadlineSeconds: 10 must be under leaseDurationSeconds (10)"),
 ])
@@ -963,3 +1008,19 @@ def test_the_default_job_name_is_the_release_name_so_two_releases_are_two_jobs(c
     assert len(set(jobs.values())) == 4  # two long names that share their head stay two jobs
     pinned = rendered_job_config(objects(render(chart, {"config": {"job": "llama"}}, name="team-a")))
     assert pinned["job"] == "llama"
+
+
+@pytest.mark.parametrize("name, mode", [("llama-kueue.yaml", "kueue"), ("llama-volcano.yaml", "volcano")])
+def test_the_worked_values_files_in_the_docs_install(chart, name, mode):
+    """docs/kubernetes.md's values files for Kueue and Volcano render, validate strict and give the
+    controller the gang they say."""
+    doc = (CHART.parent.parent / "docs" / "kubernetes.md").read_text()
+    block = next(b for b in doc.split("```yaml\n")[1:] if b.startswith(f"# {name}")).split("```")[0]
+    values = yaml.safe_load(block)
+    objs = objects(render(chart, values))
+    for obj in objs:
+        kubernetes_validate.validate(obj, KUBE_VERSIONS[0], strict=True)
+    cfg = job_config.from_dict(rendered_job_config(objs))
+    assert cfg.platform.kubernetes.gang.mode == mode and cfg.nodes.max == 32
+    for pod in sample_worker_pods(objs):
+        kubernetes_validate.validate(pod, KUBE_VERSIONS[0], strict=True)

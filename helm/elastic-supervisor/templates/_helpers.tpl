@@ -117,6 +117,22 @@ checks at startup, this only says it at install time.
 {{- if eq (int .Values.service.httpPort) (int .Values.service.heartbeatPort) -}}
 {{- fail (printf "service.heartbeatPort: %v is the HTTP port too; give them different numbers" .Values.service.heartbeatPort) -}}
 {{- end -}}
+{{- $g := .Values.workers.gang -}}
+{{- if and (eq $g.mode "kueue") (not $g.queue) -}}
+{{- fail "workers.gang.queue: required with mode kueue (the LocalQueue the pods are queued in)" -}}
+{{- end -}}
+{{- if and $g.queue (not (has $g.mode (list "kueue" "volcano"))) -}}
+{{- fail (printf "workers.gang.queue: only with mode kueue or volcano (mode is %s)" $g.mode) -}}
+{{- end -}}
+{{- if and $g.priorityClassName (ne $g.mode "volcano") -}}
+{{- fail (printf "workers.gang.priorityClassName: only with mode volcano (mode is %s)" $g.mode) -}}
+{{- end -}}
+{{- if and $g.schedulerName (not (has $g.mode (list "volcano" "coscheduling"))) -}}
+{{- fail (printf "workers.gang.schedulerName: only with mode volcano or coscheduling (mode is %s)" $g.mode) -}}
+{{- end -}}
+{{- if and (ne $g.mode "none") (eq .Values.workers.rendezvous "ip") (not (and .Values.rbac.nodeReads (dig "spec" "hostNetwork" false .Values.workers.podTemplate))) -}}
+{{- fail (printf "workers.gang.mode: %s admits the gang only once every pod exists, and with workers.rendezvous ip the pods after the first are made once it has an IP: use rendezvous dns (or host-network pods with rbac.nodeReads)" $g.mode) -}}
+{{- end -}}
 {{- $le := .Values.leaderElection -}}
 {{- if not (lt (float64 $le.renewDeadlineSeconds) (float64 $le.leaseDurationSeconds)) -}}
 {{- fail (printf "leaderElection.renewDeadlineSeconds: %v must be under leaseDurationSeconds (%v)" $le.renewDeadlineSeconds $le.leaseDurationSeconds) -}}
@@ -179,6 +195,8 @@ ends in a hash of the whole name (never a truncation that two releases could sha
       "instance" .Release.Name
       "termination_grace_s" (int $w.terminationGracePeriodSeconds)
       "disruption_budget" $w.disruptionBudget
+      "gang" (dict "mode" $w.gang.mode "queue" $w.gang.queue "priority_class" $w.gang.priorityClassName
+               "scheduler_name" $w.gang.schedulerName)
       "lease_duration_s" (int .Values.leaderElection.leaseDurationSeconds)
       "renew_deadline_s" .Values.leaderElection.renewDeadlineSeconds
       "rendezvous" $w.rendezvous
