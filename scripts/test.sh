@@ -31,7 +31,8 @@ fi
 # script ends both (bash runs a trap only between commands, and a background job ignores SIGINT):
 # no pytest is left driving the cluster.
 LANE_A=(tests/test_kube_cluster_states.py tests/test_kube_platform.py tests/test_kube_releases.py
-        tests/test_kube_release_identity.py tests/test_kube_pod_template_run.py tests/test_releases.py)
+        tests/test_kube_release_identity.py tests/test_kube_pod_template_run.py tests/test_kube_gang_run.py
+        tests/test_releases.py)
 ignore=()
 for f in tests/test_slurm.py "${LANE_A[@]}"; do ignore+=("--ignore=$f"); done
 lane_a_log="$(mktemp)"
