@@ -828,12 +828,13 @@ class KubernetesPlatform(Platform):
     def _status(self, p: _Pod, pod: Any, nodes: dict) -> NodeStatus:
         """What the pod says (:func:`~.pod_reading.read_pod`), as the controller takes a node."""
         host = (pod.spec.node_name if pod.spec else None) or ""
-        r = read_pod(pod_facts(pod))
+        facts = pod_facts(pod)  # once per pod and tick: at 1,024 pods each reading is milliseconds
+        r = read_pod(facts)
         base = dict(name=p.slot, attempt=p.attempt, host=host, killed_by_us=p.killed_by_us, reason=r.reason)
         if r.kind == Reading.REJECTED_BY_NODE:
             return NodeStatus(**base, state=NodeState.LOST, bad_host=True,
                               detail=f"pod {p.name} rejected by node {host or '?'}: {r.reason}: {r.message}")
-        requeued = self._requeued(pod)
+        requeued = self._requeued(facts)
         if requeued is not None and not p.deleted_by_us:
             return NodeStatus(**dict(base, reason=requeued.reason), state=NodeState.LOST, requeued=True,
                               detail=f"pod {p.name} {requeued.reason}: {requeued.message}".strip(": "))
@@ -863,7 +864,8 @@ class KubernetesPlatform(Platform):
         host = (pod.spec.node_name if pod is not None and pod.spec else None) or ""
         term = _terminated(pod)
         code = exit_code(term.exit_code) if term is not None else None
-        r = read_pod(pod_facts(pod)) if pod is not None else None
+        facts = pod_facts(pod) if pod is not None else None
+        r = read_pod(facts) if facts is not None else None
         if r is not None and r.kind == Reading.OUT_OF_MEMORY:
             return NodeStatus(p.slot, p.attempt, NodeState.EXITED, exit_code=code if code is not None else -9,
                               killed_by_us=p.killed_by_us, host=host, reason=r.reason, out_of_memory=True,
@@ -873,7 +875,7 @@ class KubernetesPlatform(Platform):
             why = f"pod {p.name} {term.reason or 'terminated'} (exit code {term.exit_code})"
             return NodeStatus(p.slot, p.attempt, NodeState.EXITED, exit_code=code, killed_by_us=p.killed_by_us,
                               host=host, detail=why, reason=term.reason or "")
-        requeued = self._requeued(pod) if pod is not None and not p.deleted_by_us else None
+        requeued = self._requeued(facts) if facts is not None and not p.deleted_by_us else None
         if requeued is not None:
             return NodeStatus(p.slot, p.attempt, NodeState.LOST, killed_by_us=p.killed_by_us, host=host, requeued=True,
                               reason=requeued.reason, detail=f"pod {p.name} {requeued.reason}: {requeued.message}")
@@ -882,13 +884,14 @@ class KubernetesPlatform(Platform):
         return NodeStatus(p.slot, p.attempt, NodeState.LOST, killed_by_us=p.killed_by_us, host=host,
                           detail=f"pod {p.name} {who}{ended}")
 
-    def _requeued(self, pod: Any) -> Condition | None:
+    def _requeued(self, facts: PodFacts) -> Condition | None:
         """The condition by which the gang's admission took this pod's group back (Kueue's
-        eviction, a gang scheduler's preemption: :func:`~.gang.requeued`), if it did."""
+        eviction, a gang scheduler's preemption: :func:`~.gang.requeued`), if it did: from the
+        pod's facts (:func:`pod_facts`), read once per pod and tick."""
         g = self.s.gang
         if g is None or not g.enabled:
             return None
-        return next((c for c in pod_facts(pod).conditions
+        return next((c for c in facts.conditions
                      if c.status == "True" and gang.requeued(g, c.type, c.reason)), None)
 
     def _fence_older(self, pods: dict | None = None) -> None:
