@@ -39,6 +39,9 @@ pytestmark = pytest.mark.slow
 
 # ------------------------------------------------------------------------------------ the tests
 def test_a_job_runs_as_pods_and_completes_bit_identical(cluster, kube_run, control, tmp_path):
+    # in a namespace that enforces PodSecurity restricted: the default worker pods are admitted
+    cluster.kubelet.v1.create_namespace({"metadata": {"name": NS, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
     run = kube_run(kube=as_the_chart_installs_it(cluster, tmp_path))
     launched = run.wait_event("launched", attempt=0)
     assert launched["nodes"] == ["fake-node-0", "fake-node-1"] and launched["world_size"] == 2
