@@ -115,6 +115,9 @@ def test_two_releases_with_one_job_name_in_one_namespace_both_complete(tmp_path,
         owners = {p["metadata"]["labels"]["elastic-supervisor/owner"] for p in c.pods(**{
             "elastic-supervisor/job": JOB_NAME})}
         assert len(owners) == 2
+        budgets = c.api.objects("poddisruptionbudgets", NS)  # one per release's attempt, each selecting its own
+        assert {b["spec"]["selector"]["matchLabels"]["elastic-supervisor/owner"] for b in budgets} == owners
+        assert len({b["metadata"]["name"] for b in budgets}) == 2
         for run in runs:  # neither fenced, adopted or counted the other's pods
             assert "stale_pod_deleted" not in run.output() and "deleted by someone else" not in run.output()
     finally:
