@@ -412,6 +412,41 @@ def test_eviction_respects_the_disruption_budget(v1, policy, api):
     assert body["message"] == "name in URL does not match name in Eviction object"
 
 
+def test_a_budgets_status_follows_each_pod_written_after_it_and_a_new_selector(v1, policy, api):
+    """The disruption controller's count is kept pod by pod (a pod write looks at that pod, not
+    the namespace): each change of a selected pod, of a pod's labels and of the selector shows."""
+    policy.create_namespaced_pod_disruption_budget(NS, {
+        "metadata": {"name": "gang"}, "spec": {"minAvailable": 2, "selector": {"matchLabels": {"attempt": "0"}}}})
+
+    def counts() -> tuple[int, int, int]:
+        st = policy.read_namespaced_pod_disruption_budget("gang", NS).status
+        return st.expected_pods, st.current_healthy, st.disruptions_allowed
+
+    assert counts() == (0, 0, 0)
+    for i in range(3):
+        v1.create_namespaced_pod(NS, pod(f"a0-{i}", {"attempt": "0"}, node="n0"))
+    v1.create_namespaced_pod(NS, pod("other", {"attempt": "1"}, node="n0"))
+    assert counts() == (3, 0, 0)
+    for i in range(3):
+        ready(v1, f"a0-{i}")
+    ready(v1, "other")
+    assert counts() == (3, 3, 1)
+    v1.patch_namespaced_pod("a0-2", NS, {"metadata": {"labels": {"attempt": "2"}}})    # leaves the selector
+    assert counts() == (2, 2, 0)
+    v1.patch_namespaced_pod("other", NS, {"metadata": {"labels": {"attempt": "0"}}})   # joins it
+    assert counts() == (3, 3, 1)
+    v1.delete_namespaced_pod("a0-0", NS)    # graceful: still there, no longer healthy
+    assert counts() == (3, 2, 0)
+    api.finish_deletion("pods", NS, "a0-0")
+    assert counts() == (2, 2, 0)
+    policy.patch_namespaced_pod_disruption_budget("gang", NS, {"spec": {"selector": {"matchLabels": {"attempt": "2"}}}})
+    assert counts() == (1, 1, 0)
+    policy.delete_namespaced_pod_disruption_budget("gang", NS)
+    policy.create_namespaced_pod_disruption_budget(NS, {   # the same name again: counted afresh
+        "metadata": {"name": "gang"}, "spec": {"minAvailable": 1, "selector": {"matchLabels": {"attempt": "0"}}}})
+    assert counts() == (2, 2, 1)
+
+
 def test_budgets_by_percentage_need_a_controller_the_fake_cannot_scale(v1, policy):
     owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "u-1", "controller": True}
     body = pod("p0", {"app": "job"}, node="n0")

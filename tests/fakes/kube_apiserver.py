@@ -2283,6 +2283,9 @@ class FakeKubeAPIServer:
         self._objects: dict[tuple[str, str, str], JSON] = {}
         self._counts: collections.Counter[tuple[str, str]] = collections.Counter()
         """How many objects of a type one namespace holds (whether a quota or a budget is there)."""
+        self._pdb_members: dict[tuple[str, str], tuple[str, dict[str, tuple[bool, bool]]]] = {}
+        """(namespace, budget) -> (the budget's uid and selector, its pods: name -> (healthy, has a
+        controller)), kept pod by pod: a pod write re-reads that pod only, not the namespace."""
         self._rv = first_resource_version
         self._compacted_rv = first_resource_version
         self._history: collections.deque[_Change] = collections.deque()
@@ -2673,7 +2676,7 @@ class FakeKubeAPIServer:
             self._counts[key[:2]] += 1
         self._objects[key] = obj
         self._record(_Change(self._rv, rt.qualified, key[1], kind, obj, old))
-        self._controllers(rt, key[1])
+        self._controllers(rt, key[1], key[2])
         return obj
 
     def _remove(self, rt: ResourceType, key: tuple[str, str, str], obj: JSON) -> JSON:
@@ -2685,7 +2688,7 @@ class FakeKubeAPIServer:
         del self._objects[key]
         self._counts[key[:2]] -= 1
         self._record(_Change(self._rv, rt.qualified, key[1], "DELETED", gone))
-        self._controllers(rt, key[1])
+        self._controllers(rt, key[1], key[2])
         return gone
 
     def _record(self, change: _Change) -> None:
@@ -2962,13 +2965,14 @@ class FakeKubeAPIServer:
                                            f"used: {','.join(f'{r}={used.get(r, chr(48))}' for r in exceeded)}, "
                                            f"limited: {','.join(f'{r}={hard[r]}' for r in exceeded)}")
 
-    def _controllers(self, rt: ResourceType, namespace: str) -> None:
-        """What kube-controller-manager does at once after a write: the quota controller keeps
-        ``status.hard``/``used``, the disruption controller each PodDisruptionBudget's status."""
+    def _controllers(self, rt: ResourceType, namespace: str, name: str = "") -> None:
+        """What kube-controller-manager does at once after a write of ``name``: the quota
+        controller keeps ``status.hard``/``used``, the disruption controller each
+        PodDisruptionBudget's status."""
         if rt.namespaced and self._counts[("resourcequotas", namespace)]:
             self._sync_quotas(namespace)
         if rt.plural in ("pods", "poddisruptionbudgets") and self._counts[("poddisruptionbudgets.policy", namespace)]:
-            self._sync_pdbs(namespace)
+            self._sync_pdbs(namespace, pod=name if rt.plural == "pods" else "")
 
     def _quota_used(self, namespace: str, quota: JSON, names: list[str]) -> dict[str, str]:
         usage = _Usage()
@@ -3004,26 +3008,25 @@ class FakeKubeAPIServer:
                 new["status"] = status
                 self._write(rt, self._key(rt, namespace, quota["metadata"]["name"]), new, "MODIFIED", quota)
 
-    def _pdb_status(self, pdb: JSON, pods: list[JSON]) -> JSON:
-        """The disruption controller's trySync (or its failSafe) for one budget."""
+    def _pdb_status(self, pdb: JSON, members: dict[str, tuple[bool, bool]]) -> JSON:
+        """The disruption controller's trySync (or its failSafe) for one budget; ``members``: the
+        pods its selector selects, name -> (healthy: Ready and not deleting, has a controller)."""
         spec, old = pdb.get("spec") or {}, pdb.get("status") or {}
         generation = pdb["metadata"].get("generation", 1)
-        pods = sorted((p for p in pods if _selector_matches(spec.get("selector"), p["metadata"].get("labels") or {}, True)),
-                      key=lambda p: p["metadata"]["name"])
         error, expected, desired = None, 0, 0
         max_unavailable, min_available = spec.get("maxUnavailable"), spec.get("minAvailable")
         if max_unavailable is not None or isinstance(min_available, str):
             # getExpectedScale: a pod's controller's scale; unmanaged pods are skipped, and the
             # fake keeps no Deployment, ReplicaSet or StatefulSet to find a controller among
-            owned = [p for p in pods if any(r.get("controller") for r in p["metadata"].get("ownerReferences") or [])]
+            owned = sorted(name for name, (_, controlled) in members.items() if controlled)
             if owned:
-                error = f'found no controllers for pod "{owned[0]["metadata"]["name"]}"'
+                error = f'found no controllers for pod "{owned[0]}"'
             elif max_unavailable is not None:
                 desired = max(0, expected - _scaled(max_unavailable, expected, True))
             else:
                 desired = _scaled(min_available, expected, True)
         elif min_available is not None:
-            desired, expected = int(min_available), len(pods)
+            desired, expected = int(min_available), len(members)
         conditions = [c for c in old.get("conditions") or [] if c.get("type") != "DisruptionAllowed"]
         previous = next((c for c in old.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), None)
 
@@ -3038,7 +3041,7 @@ class FakeKubeAPIServer:
             status = {**old, "disruptionsAllowed": 0}
             status["conditions"] = conditions + [condition("False", "SyncFailed", error, old.get("observedGeneration"))]
             return status
-        healthy = sum(1 for p in pods if not p["metadata"].get("deletionTimestamp") and _pod_ready(p))
+        healthy = sum(1 for ready, _ in members.values() if ready)
         allowed = healthy - desired
         if expected <= 0 or allowed <= 0:
             allowed = 0
@@ -3049,14 +3052,49 @@ class FakeKubeAPIServer:
             else condition("False", "InsufficientPods", "", generation)]
         return status
 
-    def _sync_pdbs(self, namespace: str) -> None:
+    @staticmethod
+    def _pdb_member(pod: JSON) -> tuple[bool, bool]:
+        """What a budget counts of one of its pods: (healthy, has a controller)."""
+        meta = pod["metadata"]
+        return (not meta.get("deletionTimestamp") and _pod_ready(pod),
+                any(r.get("controller") for r in meta.get("ownerReferences") or []))
+
+    def _members(self, namespace: str, pdb: JSON, pod: str) -> dict[str, tuple[bool, bool]]:
+        """The pods ``pdb`` selects, kept up to date by the pod just written (``pod``; empty: a
+        budget was written). A budget new here, or whose selector changed, reads them all again."""
+        selector = (pdb.get("spec") or {}).get("selector")
+        ident = f"{pdb['metadata'].get('uid', '')} {json.dumps(selector, sort_keys=True)}"
+        key = (namespace, pdb["metadata"]["name"])
+        known = self._pdb_members.get(key)
+        if known is None or known[0] != ident:
+            members = {obj["metadata"]["name"]: self._pdb_member(obj)
+                       for (plural, ns, _), obj in self._objects.items()
+                       if plural == "pods" and ns == namespace
+                       and _selector_matches(selector, obj["metadata"].get("labels") or {}, True)}
+            self._pdb_members[key] = (ident, members)
+            return members
+        members = known[1]
+        if not pod:
+            return members
+        obj = self._objects.get(("pods", namespace, pod))
+        if obj is not None and _selector_matches(selector, obj["metadata"].get("labels") or {}, True):
+            members[pod] = self._pdb_member(obj)
+        else:
+            members.pop(pod, None)
+        return members
+
+    def _sync_pdbs(self, namespace: str, pod: str = "") -> None:
+        """Each budget's status after a write of ``pod`` (empty: of a budget), as the disruption
+        controller keeps it; a pod write costs one look at that pod per budget, not a pass over
+        the namespace's pods (at 1,024 pods that pass made each pod write milliseconds slower)."""
         rt = RESOURCES["poddisruptionbudgets"]
-        pdbs = self._selected(rt, namespace, Selector())
-        if not pdbs:
-            return
-        pods = self._selected(RESOURCES["pods"], namespace, Selector())
+        pdbs = sorted((obj for (plural, ns, _), obj in self._objects.items() if plural == rt.qualified and ns == namespace),
+                      key=lambda obj: obj["metadata"]["name"])  # not _selected: it sorts every object stored
+        names = {p["metadata"]["name"] for p in pdbs}
+        for gone in [k for k in self._pdb_members if k[0] == namespace and k[1] not in names]:
+            del self._pdb_members[gone]
         for pdb in pdbs:
-            status = self._pdb_status(pdb, pods)
+            status = self._pdb_status(pdb, self._members(namespace, pdb, pod))
             if pdb.get("status") != status:
                 new = copy.deepcopy(pdb)
                 new["status"] = status
