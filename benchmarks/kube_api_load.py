@@ -1,14 +1,17 @@
 """The Kubernetes controller's load on the API server at 1,024 pods, against a GET-per-pod design.
 
 One command; every number comes from this invocation, on this machine. The real
-``KubernetesPlatform`` (built from ``Settings`` with the config's defaults, the real
-``kubernetes`` client) drives the in-repo fake API server (``tests/fakes/kube_apiserver.py``),
-which counts every request by verb and resource. No processes run: this script is a trivial
-kubelet itself, writing through the API what a kubelet writes (``pods/binding`` to a node,
-``pods/status`` Running; Failed for the lost pod) and ending terminating pods with
-``FakeKubeAPIServer.finish_deletion`` (the kubelet's last word once a pod's processes are gone).
-Those kubelet requests go to subresources the controller never uses, so they are counted
-apart. The controller side is what the daemon does: ``observe()`` every ``TICK_S`` (0.2 s,
+``KubernetesPlatform`` (built from ``Settings`` with the ``platform.kubernetes`` defaults, so a
+PodDisruptionBudget per attempt, and the gang mode of ``--gang``: by default ``volcano``, a
+PodGroup per attempt; the real ``kubernetes`` client) drives the in-repo fake API server
+(``tests/fakes/kube_apiserver.py``), which counts every request by verb, resource and User-Agent.
+No processes run: this script is a trivial kubelet and gang scheduler itself, writing through the
+API what they write (``pods/binding`` to a node, ``pods/status`` Running, Failed for the lost pod;
+with a PodGroup, its status ``Running`` once its pods are bound, as the gang scheduler does) and
+ending terminating pods with ``FakeKubeAPIServer.finish_deletion`` (the kubelet's last word once
+a pod's processes are gone). Its requests carry their own User-Agent and are counted apart from
+the controller's (the controller's User-Agent, ``elastic-supervisor-controller``). The
+controller side is what the daemon does: ``observe()`` every ``TICK_S`` (0.2 s,
 ``supervisor/controller/daemon.py``) and the Lease elector with the config's defaults (as
 ``KubernetesPlatform.supervise`` runs it).
 
@@ -24,7 +27,8 @@ Baseline, computed in the same run: a design that GETs each pod every tick costs
 1,024 / TICK_S requests per second; one such sweep (1,024 sequential GETs) is also timed
 against the same fake server.
 
-Usage: python benchmarks/kube_api_load.py [--pods 1024] [--steady 20] [--out docs/benchmarks/kube_api_load.md]
+Usage: python benchmarks/kube_api_load.py [--pods 1024] [--steady 20] [--gang volcano|coscheduling|none]
+       [--no-disruption-budget] [--out docs/benchmarks/kube_api_load.md]
 """
 
 from __future__ import annotations
@@ -56,14 +60,15 @@ from supervisor.config import RestartConfig  # noqa: E402
 from supervisor.controller.daemon import TICK_S  # noqa: E402
 from supervisor.platforms.base import LaunchSpec, NodeState  # noqa: E402
 from supervisor.platforms.kube.client import USER_AGENT, KubeApi  # noqa: E402
+from supervisor.platforms.kube.gang import GangConfig  # noqa: E402
 from supervisor.platforms.kube.lease import LeaseConfig, LeaseElector  # noqa: E402
 from supervisor.platforms.kube.platform import KubernetesPlatform, Settings  # noqa: E402
 from supervisor.platforms.kube.settings import KubernetesConfig  # noqa: E402
 
 NS = "ml"
 JOB = "load"
-KUBELET_RESOURCES = ("pods/status", "pods/binding")  # the controller never writes these
 PER_POD_VERBS = ("get", "create", "update", "patch", "delete")
+BUDGETS = "poddisruptionbudgets"
 
 
 class Kubelet:
@@ -75,6 +80,7 @@ class Kubelet:
         ac.user_agent = "bench-kubelet"
         ac.rest_client.pool_manager.connection_pool_kw["maxsize"] = threads
         self.v1 = client.CoreV1Api(ac)
+        self.crd = client.CustomObjectsApi(ac)
         self.pool = ThreadPoolExecutor(threads)
         self.sent: collections.Counter = collections.Counter()
         self._lock = threading.Lock()
@@ -98,8 +104,15 @@ class Kubelet:
         self.v1.patch_namespaced_pod_status(name, NS, {"status": status}, _preload_content=False)
         self._count(("patch", "pods/status"))
 
-    def run_pods(self, names: list[str]) -> None:
+    def run_pods(self, names: list[str], group: tuple[str, str, str, str] | None = None) -> None:
+        """Bind and run ``names``; ``group``: their PodGroup (group, version, plural, name), whose
+        status the gang scheduler sets ``Running`` once the whole group is bound."""
         list(self.pool.map(self.run_pod, names, range(len(names))))
+        if group is not None:
+            g, version, plural, name = group
+            self.crd.patch_namespaced_custom_object_status(g, version, NS, plural, name, {"status": {
+                "phase": "Running", "running": len(names)}})
+            self._count(("patch", f"{plural}/status"))
 
     def fail(self, name: str, code: int = 137) -> None:
         self.set_status(name, {"phase": "Failed", "containerStatuses": [
@@ -135,12 +148,14 @@ class Kubelet:
 
 
 class Window:
-    """Requests the API server counted between ``open`` and ``close``, less the kubelet's."""
+    """Requests the API server counted between ``open`` and ``close``: the controller's (its
+    User-Agent) and, apart, the rest (this script as the kubelet and the gang scheduler)."""
 
     def __init__(self, name: str, api: FakeKubeAPIServer) -> None:
         self.name, self.api = name, api
         self.t0 = time.monotonic()
         self.before = api.request_counts()
+        self.before_ours = api.request_counts(user_agent=USER_AGENT)
         self.seconds = 0.0
         self.counts: collections.Counter = collections.Counter()
         self.kubelet: collections.Counter = collections.Counter()
@@ -153,11 +168,15 @@ class Window:
 
     def close(self) -> "Window":
         self.seconds = time.monotonic() - self.t0
-        delta = self.api.request_counts()
-        delta.subtract(self.before)
-        for key, n in delta.items():
-            if n:
-                (self.kubelet if key[1] in KUBELET_RESOURCES else self.counts)[key] += n
+        ours = self.api.request_counts(user_agent=USER_AGENT)
+        ours.subtract(self.before_ours)
+        every = self.api.request_counts()
+        every.subtract(self.before)
+        for key, n in every.items():
+            if n - ours.get(key, 0):
+                self.kubelet[key] += n - ours.get(key, 0)
+            if ours.get(key, 0):
+                self.counts[key] += ours[key]
         return self
 
     @property
@@ -166,6 +185,11 @@ class Window:
 
     def per_pod(self) -> int:
         return sum(n for (verb, res), n in self.counts.items() if res == "pods" and verb in PER_POD_VERBS)
+
+    def of(self, resource: str) -> str:
+        """The controller's requests on ``resource`` (a plural, or its qualified name), by verb."""
+        got = sorted((verb, n) for (verb, res), n in self.counts.items() if res.split(".")[0] == resource)
+        return ", ".join(f"{n} {verb}" for verb, n in got) or "0"
 
 
 def spec(attempt: int, slots: list[str]) -> LaunchSpec:
@@ -195,12 +219,12 @@ async def until_running(platform: KubernetesPlatform, w: Window, attempt: int, n
     raise SystemExit(f"the watch did not see {n} pods of attempt {attempt} Running within {timeout:.0f} s")
 
 
-async def measure(api: FakeKubeAPIServer, n: int, steady_s: float, tmp: Path) -> dict:
+async def measure(api: FakeKubeAPIServer, n: int, steady_s: float, tmp: Path, gang: str, budget: bool) -> dict:
     k = KubernetesConfig()
     grace = RestartConfig().teardown_grace_s
     settings = Settings(namespace=NS, job=JOB, image="img:1", slots=n, termination_grace_s=k.termination_grace_s,
                         delete_confirm_s=k.delete_confirm_s, lease_duration_s=k.lease_duration_s,
-                        renew_deadline_s=k.renew_deadline_s)
+                        renew_deadline_s=k.renew_deadline_s, disruption_budget=budget, gang=GangConfig(mode=gang))
     ac = client.ApiClient(api.configuration())
     ac.user_agent = USER_AGENT
     kube = KubeApi(ac, timeout_s=k.api_timeout_s, retry_s=k.api_retry_s)
@@ -215,6 +239,15 @@ async def measure(api: FakeKubeAPIServer, n: int, steady_s: float, tmp: Path) ->
     await elector.wait_leading()
     kubelet = Kubelet(api)
     out: dict = {"grace": grace, "lease": lease, "settings": settings}
+
+    def group(attempt: int) -> tuple[str, str, str, str] | None:
+        """The attempt's PodGroup, as the gang scheduler finds it (None: the mode makes none)."""
+        if settings.gang.api is None:
+            return None
+        g, version, plural = settings.gang.api
+        (made,) = [pg for pg in api.objects(f"{plural}.{g}", NS)
+                   if pg["metadata"]["labels"].get("elastic-supervisor/attempt") == str(attempt)]
+        return g, version, plural, made["metadata"]["name"]
     try:
         slots = platform.slots()
         # launch: attempt 0
@@ -222,7 +255,7 @@ async def measure(api: FakeKubeAPIServer, n: int, steady_s: float, tmp: Path) ->
         await platform.launch(spec(0, slots))
         w.mark("pods created")
         names = [p.name for p in platform.pods.values()]
-        runner = asyncio.get_running_loop().run_in_executor(None, kubelet.run_pods, names)
+        runner = asyncio.get_running_loop().run_in_executor(None, kubelet.run_pods, names, group(0))
         await until_running(platform, w, 0, n)
         await runner
         out["launch"] = w.close()
@@ -250,7 +283,7 @@ async def measure(api: FakeKubeAPIServer, n: int, steady_s: float, tmp: Path) ->
         await platform.launch(spec(1, slots))
         w.mark("pods created")
         names = [p.name for p in platform.pods.values()]
-        runner = asyncio.get_running_loop().run_in_executor(None, kubelet.run_pods, names)
+        runner = asyncio.get_running_loop().run_in_executor(None, kubelet.run_pods, names, group(1))
         await until_running(platform, w, 1, n)
         await runner
         w.mark("all Running")
@@ -279,8 +312,18 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
     baseline = n / TICK_S
     steady, restart, launch = out["steady"], out["restart"], out["launch"]
     L = [f"# Kubernetes controller: API server load at {n:,} pods", ""]
-    L.append(f"Command: `python benchmarks/kube_api_load.py --pods {n} --steady {args.steady:g}` ({started}, "
+    flags = f" --gang {args.gang}" + (" --no-disruption-budget" if args.no_disruption_budget else "")
+    L.append(f"Command: `python benchmarks/kube_api_load.py --pods {n} --steady {args.steady:g}{flags}` ({started}, "
              f"{wall:.0f} s; commit {commit}).")
+    s = out["settings"]
+    g = s.gang
+    L.append("")
+    L.append(f"Controller: gang mode `{g.mode}` (" + (
+        f"a `{g.api[0]}/{g.api[1]}` PodGroup per attempt, `minMember` {n:,}, made before its pods and deleted with "
+        "its attempt" if g.api else "no pod-group object") + "); " + (
+        f"a PodDisruptionBudget per attempt (`minAvailable` {n:,}, the default), made at each launch and deleted "
+        "with its attempt (and, at the next launch, once more in case a dead controller left it)"
+        if s.disruption_budget else "no PodDisruptionBudget") + ".")
     L.append("")
     L.append(f"Environment: {os.cpu_count()} cores, Python {sys.version.split()[0]}, kubernetes client "
              f"{kubernetes.__version__}; the in-repo fake API server in "
@@ -291,19 +334,25 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
     L.append("## Summary")
     L.append("")
     L.append(f"| window | seconds | controller requests | requests/s | GET-per-pod baseline ({n:,} / {TICK_S} s tick) "
-             "requests/s | ratio (controller / baseline) | per-pod requests | ticks | observe() per tick, median / "
-             "max ms |")
-    L.append("|---|---|---|---|---|---|---|---|---|")
+             "requests/s | ratio (controller / baseline) | per-pod requests | PodGroup requests | "
+             "PodDisruptionBudget requests | ticks | observe() per tick, median / max ms |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for w in (launch, steady, restart):
         rate = w.total / w.seconds if w.seconds else 0.0
         L.append(f"| {w.name} | {w.seconds:.1f} | {w.total} | {rate:.2f} | {baseline:,.0f} | "
-                 f"**{rate / baseline:.5f}** | {w.per_pod()} | {w.ticks} | "
+                 f"**{rate / baseline:.5f}** | {w.per_pod()} | {w.of('podgroups')} | {w.of(BUDGETS)} | {w.ticks} | "
                  f"{statistics.median(w.tick_s) * 1e3:.1f} / {max(w.tick_s) * 1e3:.1f} |")
     L.append("")
     ok = steady.per_pod() == 0
     L.append(f"* **Steady state makes no per-pod requests: {'yes' if ok else 'NO'}** ({steady.per_pod()} per-pod "
              f"requests in {steady.seconds:.0f} s; a GET-per-pod design makes {baseline * steady.seconds:,.0f} in "
              f"the same time). What it does send: {fmt_counts(steady.counts)}.")
+    L.append(f"* The attempt's own objects cost requests per launch, not per pod or per tick. PodGroup: launch "
+             f"{launch.of('podgroups')}, restart {restart.of('podgroups')}, steady state {steady.of('podgroups')}. "
+             f"PodDisruptionBudget: launch {launch.of(BUDGETS)}, restart {restart.of(BUDGETS)}, steady state "
+             f"{steady.of(BUDGETS)}" + (" (the restart's second delete is the launch's clean-up of the previous "
+                                        "attempt's budget, answered 404 after the teardown's)"
+                                        if out["settings"].disruption_budget else "") + ".")
     L.append(f"* Restart: {restart.total} controller requests in {restart.seconds:.1f} s "
              f"({restart.total / restart.seconds:.1f}/s), i.e. about {restart.total / n:.2f} per pod for the whole "
              f"restart; a GET-per-pod design spends {n} requests on every single tick. Marks (s from the Failed "
@@ -315,7 +364,7 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
                 "of time per sweep)." if sweep > TICK_S else
                 f"it fits in a tick here, at {sweep / TICK_S:.0%} of the tick spent on requests."))
     L.append("")
-    L.append("## Requests by verb and resource (the controller's; the kubelet's apart)")
+    L.append("## Requests by verb and resource (the controller's; the kubelet's and gang scheduler's apart)")
     L.append("")
     L.append("| window | verb | resource | requests | per second |")
     L.append("|---|---|---|---|---|")
@@ -323,27 +372,29 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
         for (verb, res), c in sorted(w.counts.items(), key=lambda kv: (-kv[1], kv[0])):
             L.append(f"| {w.name.split(' (')[0]} | {verb} | {res} | {c} | {c / w.seconds:.2f} |")
         for (verb, res), c in sorted(w.kubelet.items()):
-            L.append(f"| {w.name.split(' (')[0]} | {verb} | {res} (this script as the kubelet, not counted above) "
-                     f"| {c} | {c / w.seconds:.2f} |")
+            L.append(f"| {w.name.split(' (')[0]} | {verb} | {res} (this script as the kubelet or gang scheduler, "
+                     f"not counted above) | {c} | {c / w.seconds:.2f} |")
     L.append("")
     L.append("## Method")
     L.append("")
-    s = out["settings"]
     lease = out["lease"]
     L.append(
         f"`KubernetesPlatform(KubeApi(...), Settings(namespace={NS!r}, job={JOB!r}, slots={n}, "
-        f"termination_grace_s={s.termination_grace_s}, delete_confirm_s={s.delete_confirm_s:g}))` (the "
+        f"termination_grace_s={s.termination_grace_s}, delete_confirm_s={s.delete_confirm_s:g}, "
+        f"disruption_budget={s.disruption_budget}, gang=GangConfig(mode={g.mode!r})))` (the "
         "`platform.kubernetes` defaults; without `node_reads`, so no Node watch), the controller's User-Agent, "
         f"and a `LeaseElector` with the defaults the platform uses (lease {lease.lease_duration_s} s, renew "
         f"deadline {lease.renew_deadline_s:g} s, retry period {lease.retry_period_s:g} s). The controller side "
         f"runs on one asyncio loop: `observe()` every {TICK_S} s (`TICK_S`), the restart's `teardown("
         f"{out['grace']:g})` (`restart.teardown_grace_s`) and `launch`. The pods are watched (list + watch with a "
         "label selector, the `Watcher`); the requests counted are the fake API server's own counter "
-        "(`request_counts()`), by verb and resource, over each window. This script is the kubelet: a pool of 8 "
-        "threads binds each pod to a node (`pods/binding`) and writes its status (`pods/status`: Running; Failed "
-        "with exit code 137 for the lost pod), and a thread completes each graceful deletion with "
-        "`finish_deletion` (in process, not a request). The kubelet's requests are listed apart and not counted "
-        "as the controller's. A window ends when the controller's own watch has seen what it waits for. "
+        "(`request_counts()`), by verb and resource, over each window: the controller's are those with its "
+        "User-Agent. This script is the kubelet and the gang scheduler: a pool of 8 threads binds each pod to a "
+        "node (`pods/binding`; with a PodGroup, the gang scheduler's whole-group bind, after the group exists) and "
+        "writes its status (`pods/status`: Running; Failed with exit code 137 for the lost pod), then sets the "
+        "attempt's PodGroup `Running` (`podgroups/status`), and a thread completes each graceful deletion with "
+        "`finish_deletion` (in process, not a request). Its requests carry their own User-Agent and are listed "
+        "apart, not counted as the controller's. A window ends when the controller's own watch has seen what it waits for. "
         f"Baseline: a controller that GETs every pod on every tick sends {n} / {TICK_S} = {baseline:,.0f} "
         "requests/s whatever happens; the ratio is the controller's rate over that. The sweep is timed with one "
         "client, sequential GETs, after the windows.")
@@ -355,9 +406,11 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
         "(a GET and an UPDATE of `leases` every retry period) and, once a minute per watch, a watch re-opened "
         "(the watch's `timeoutSeconds` is 60, so a 20 s window may see none). Pod changes arrive as watch "
         "events on one open stream; `observe()` reads the watch cache, never the API.\n"
-        "* A launch is one POST per pod (plus the Service and the Secret the first time); a teardown one DELETE "
-        "per live pod; the lost pod's log is read once (`pods/log`) for its ranks' failures. These are per-pod "
-        "but happen once per restart, not per tick.\n"
+        "* A launch is one POST per pod (plus the Service and the Secret the first time, and the attempt's "
+        "PodGroup and PodDisruptionBudget: one POST each, whatever the gang's size); a teardown one DELETE "
+        "per live pod (and one for each of the attempt's two objects); the lost pod's log is read once "
+        "(`pods/log`) for its ranks' failures. The pod requests are per-pod but happen once per restart, not "
+        "per tick.\n"
         f"* The controller's own cost per tick at {n:,} pods: `observe()` (a copy of the watch cache and a "
         f"status per pod, no request) took {statistics.median(steady.tick_s) * 1e3:.1f} ms median in steady "
         f"state, {statistics.median(steady.tick_s) / TICK_S:.0%} of a {TICK_S} s tick. The daemon sleeps "
@@ -371,7 +424,9 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
         "rates) are this machine's, the request counts are the design's. No pods run (no real kubelet: its "
         "own status writes, about 2 per pod start, are the cluster's load whatever the controller does). The fake "
         "server keeps 20,000 changes of history here (so that a watch re-opened after a burst of a thousand "
-        "pod writes resumes rather than relists; etcd keeps about five minutes of changes). A real "
+        "pod writes resumes rather than relists; etcd keeps about five minutes of changes). Its disruption "
+        "controller updates the budget's status on the write path of each pod write it concerns (a real "
+        "kube-controller-manager does it from its own queue, off the API server), looking at that pod only. A real "
         "API server also serves watch events to every watcher, which the counts here do not show: the controller "
         "holds one pod watch (and, with `node_reads`, one Node watch).")
     L.append("")
@@ -382,6 +437,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pods", type=int, default=1024)
     p.add_argument("--steady", type=float, default=20.0, help="seconds of steady state")
+    p.add_argument("--gang", choices=("volcano", "coscheduling", "none"), default="volcano",
+                   help="platform.kubernetes.gang.mode: volcano and coscheduling make a PodGroup per attempt")
+    p.add_argument("--no-disruption-budget", action="store_true",
+                   help="platform.kubernetes.disruption_budget: false (default: a PodDisruptionBudget per attempt)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "kube_api_load.md")
     args = p.parse_args()
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # "connection pool is full" under the delete burst
@@ -392,7 +451,8 @@ def main() -> int:
     api = FakeKubeAPIServer(history_size=20000).start()  # a launch's 1,024 creates plus statuses in the history
     try:
         with tempfile.TemporaryDirectory(prefix="kube-api-load-") as tmp:
-            out = asyncio.run(measure(api, args.pods, args.steady, Path(tmp)))
+            out = asyncio.run(measure(api, args.pods, args.steady, Path(tmp), args.gang,
+                                      not args.no_disruption_budget))
     finally:
         api.stop()
     loads.append(os.getloadavg()[0])
