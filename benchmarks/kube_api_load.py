@@ -320,9 +320,10 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
     L.append("")
     L.append(f"Controller: gang mode `{g.mode}` (" + (
         f"a `{g.api[0]}/{g.api[1]}` PodGroup per attempt, `minMember` {n:,}, made before its pods and deleted with "
-        "its attempt" if g.api else "no pod-group object") + "); " + (
+        "its attempt, as the budget" if g.api else "no pod-group object") + "); " + (
         f"a PodDisruptionBudget per attempt (`minAvailable` {n:,}, the default), made at each launch and deleted "
-        "with its attempt (and, at the next launch, once more in case a dead controller left it)"
+        "with its attempt (a launch deletes the previous attempt's only when no teardown of this controller did: "
+        "one a dead controller left)"
         if s.disruption_budget else "no PodDisruptionBudget") + ".")
     L.append("")
     L.append(f"Environment: {os.cpu_count()} cores, Python {sys.version.split()[0]}, kubernetes client "
@@ -350,9 +351,7 @@ def report(args, out: dict, started: str, wall: float, commit: str, loads: list[
     L.append(f"* The attempt's own objects cost requests per launch, not per pod or per tick. PodGroup: launch "
              f"{launch.of('podgroups')}, restart {restart.of('podgroups')}, steady state {steady.of('podgroups')}. "
              f"PodDisruptionBudget: launch {launch.of(BUDGETS)}, restart {restart.of(BUDGETS)}, steady state "
-             f"{steady.of(BUDGETS)}" + (" (the restart's second delete is the launch's clean-up of the previous "
-                                        "attempt's budget, answered 404 after the teardown's)"
-                                        if out["settings"].disruption_budget else "") + ".")
+             f"{steady.of(BUDGETS)}.")
     L.append(f"* Restart: {restart.total} controller requests in {restart.seconds:.1f} s "
              f"({restart.total / restart.seconds:.1f}/s), i.e. about {restart.total / n:.2f} per pod for the whole "
              f"restart; a GET-per-pod design spends {n} requests on every single tick. Marks (s from the Failed "

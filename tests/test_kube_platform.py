@@ -236,6 +236,9 @@ def test_a_controller_killed_in_the_middle_of_a_restart_is_replaced_by_one_that_
     assert [e["kind"] for e in run.events("fault_detected")] == ["crash"]
     assert not [p for p in cluster.pods() if p["metadata"]["labels"].get("elastic-supervisor/attempt") !=
                 str(relaunch["attempt"]) and p["status"].get("phase") not in ("Succeeded", "Failed")]
+    # whatever the killed controller's teardown left of the attempt it ended, its budget included, is gone
+    assert [b["metadata"]["labels"]["elastic-supervisor/attempt"] for b in cluster.api.objects(
+        "poddisruptionbudgets", NS)] == [str(relaunch["attempt"])]
     assert_same_path(run, control)
 
 

@@ -295,6 +295,9 @@ class KubernetesPlatform(Platform):
         self._token_written: bytes | None = None
         self._launch_id = ""
         self._deferred: tuple[LaunchSpec, str, list[str]] | None = None
+        self._torn_down = -1
+        """The attempt this controller tore down (its PodGroup and budget deleted): a launch deletes an
+        earlier attempt's only when it was not (a controller that died before its teardown left them)."""
         self.probes: dict[str, str] = {}
         """slot -> the name of its capacity probe (:meth:`probe_capacity`)."""
         """(spec, port, slots) of a gang whose first pod had no IP yet at launch."""
@@ -584,6 +587,8 @@ class KubernetesPlatform(Platform):
         g = self.s.gang
         if g is None or g.api is None:
             return
+        if spec.attempt > 0 and self._torn_down != spec.attempt - 1:
+            await self._delete_pod_group(spec.attempt - 1)  # left by a controller that died before its teardown
         w = self.s.worker
         body = gang.pod_group(g, self._group(spec.attempt), self.ns, len(spec.nodes),
                               labels=dict(self.labels) | {ATTEMPT_LABEL: str(spec.attempt)}, owner=self._owner,
@@ -605,7 +610,7 @@ class KubernetesPlatform(Platform):
         died before its teardown) goes first. 409: made already (a launch retried)."""
         if not self.s.disruption_budget:
             return
-        if spec.attempt > 0:
+        if spec.attempt > 0 and self._torn_down != spec.attempt - 1:
             await self._delete_budget(spec.attempt - 1)
         selector = dict(self.labels) | {ATTEMPT_LABEL: str(spec.attempt)}
         body = disruption_budget(self._budget_name(spec.attempt), self.ns, selector, len(spec.nodes), self._owner)
@@ -1001,6 +1006,7 @@ class KubernetesPlatform(Platform):
         grace = max(0, int(round(grace_s)))
         await asyncio.gather(*(self._delete(p.name, grace) for p in live), self._delete_pod_group(self.attempt),
                              self._delete_budget(self.attempt))
+        self._torn_down = self.attempt
         deadline = time.monotonic() + grace + self.s.delete_confirm_s
         while time.monotonic() < deadline:
             left = [p.name for p in live if p.name in self.pod_watch.snapshot()]
