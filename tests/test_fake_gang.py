@@ -118,6 +118,38 @@ def test_kueue_gates_a_group_until_the_whole_group_fits_then_preempts_for_a_high
         assert all(api.get("pods", NS, f"b-{i}")["spec"]["schedulingGates"] for i in range(2))
 
 
+@pytest.mark.parametrize("retriable", [True, False])
+def test_a_group_whose_pods_were_deleted_keeps_its_quota_unless_it_is_not_retriable(cluster, retriable):
+    """Kueue keeps an ended group's quota for its replacement pods; a group marked
+    ``retriable-in-group: "false"`` is finished once no pod is active, and the next group runs."""
+    api, kubelet, v1, crd = cluster
+    with FakeKueue(api, NS):
+        kueue_queues(crd, gpus=2)
+        labels, annotations = group_labels("a0")
+        if not retriable:
+            annotations["kueue.x-k8s.io/retriable-in-group"] = "false"
+        for i in range(2):
+            v1.create_namespaced_pod(NS, worker(f"a0-{i}", labels, annotations))
+        wait_for(lambda: phase(api, "a0-0") == "Running" and phase(api, "a0-1") == "Running", what="a0 running")
+        for i in range(2):  # the attempt torn down
+            v1.delete_namespaced_pod(f"a0-{i}", NS, grace_period_seconds=0)
+        wait_for(lambda: api.get("pods", NS, "a0-0") is None and api.get("pods", NS, "a0-1") is None, what="a0 gone")
+        labels, annotations = group_labels("a1")  # the next attempt's group
+        for i in range(2):
+            v1.create_namespaced_pod(NS, worker(f"a1-{i}", labels, annotations))
+        if retriable:
+            wl = wait_for(lambda: next((w for w in api.objects("workloads", NS) if w["metadata"]["name"] == "a1"
+                                        and w.get("status")), None), what="a1's workload status")
+            quota = next(c for c in wl["status"]["conditions"] if c["type"] == "QuotaReserved")
+            assert (quota["status"], quota["reason"]) == ("False", "Pending")  # a0 still holds the GPUs
+            assert all(api.get("pods", NS, f"a1-{i}")["spec"]["schedulingGates"] for i in range(2))
+            (held,) = [w for w in api.objects("workloads", NS) if w["metadata"]["name"] == "a0"]
+            assert held["status"]["admission"]
+        else:
+            wait_for(lambda: phase(api, "a1-0") == "Running" and phase(api, "a1-1") == "Running", what="a1 running")
+            assert "a0" not in {w["metadata"]["name"] for w in api.objects("workloads", NS)}
+
+
 @pytest.mark.parametrize("mode", ["volcano", "coscheduling"])
 def test_a_gang_scheduler_binds_a_group_only_whole(cluster, mode):
     api, kubelet, v1, crd = cluster

@@ -28,7 +28,7 @@ def worker_pod(mode: dict, slot: str = "node-b", attempt: int = 3, **worker) -> 
     ({"mode": "none"}, {}, {}, None),
     ({"mode": "kueue", "queue": "gpu-h100"},
      {"kueue.x-k8s.io/queue-name": "gpu-h100", "kueue.x-k8s.io/pod-group-name": "llama-a3"},
-     {"kueue.x-k8s.io/pod-group-total-count": "2"}, None),
+     {"kueue.x-k8s.io/pod-group-total-count": "2", "kueue.x-k8s.io/retriable-in-group": "false"}, None),
     ({"mode": "volcano"}, {}, {"scheduling.k8s.io/group-name": "llama-a3"}, "volcano"),
     ({"mode": "volcano", "scheduler_name": "volcano-gpu"}, {}, {"scheduling.k8s.io/group-name": "llama-a3"},
      "volcano-gpu"),
@@ -108,7 +108,11 @@ def test_a_template_may_name_the_gangs_own_scheduler():
 
 @pytest.mark.parametrize("mode, type_, reason, taken_back", [
     ("kueue", "TerminationTarget", "WorkloadEvictedDueToPreempted", True),
-    ("kueue", "TerminationTarget", "WorkloadEvicted", True),
+    ("kueue", "TerminationTarget", "WorkloadEvicted", False),
+    # Kueue's other evictions: the pods never Ready (the job's fault), an administrator's stop
+    ("kueue", "TerminationTarget", "WorkloadEvictedDueToPodsReadyTimeout", False),
+    ("kueue", "TerminationTarget", "WorkloadEvictedDueToDeactivated", False),
+    ("kueue", "TerminationTarget", "WorkloadEvictedDueToClusterQueueStopped", False),
     ("kueue", "TerminationTarget", "WorkloadDeleted", False),      # the workload deleted: not a requeue
     ("kueue", "DisruptionTarget", "PreemptionByScheduler", False),  # the default scheduler: a lost pod
     ("volcano", "DisruptionTarget", "PreemptionByScheduler", True),

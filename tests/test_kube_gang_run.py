@@ -69,8 +69,11 @@ def other_group(c: Cluster, group: str, priority: str | None = None, mode: str =
             spec["schedulerName"] = "volcano"
             meta = {"name": name, "annotations": {"scheduling.k8s.io/group-name": group}}
         else:
+            # not retriable, as the controller marks its own groups: deleting its pods ends it and frees its
+            # quota (a retriable group keeps it for replacement pods, as Kueue does)
             meta = {"name": name, "labels": {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/pod-group-name": group},
-                    "annotations": {"kueue.x-k8s.io/pod-group-total-count": "2"}}
+                    "annotations": {"kueue.x-k8s.io/pod-group-total-count": "2",
+                                    "kueue.x-k8s.io/retriable-in-group": "false"}}
         c.kubelet.v1.create_namespaced_pod(NS, {"metadata": meta, "spec": spec})
     wait_for(lambda: all((c.api.get("pods", NS, n) or {}).get("status", {}).get("phase") == "Running" for n in names),
              timeout=60, what=f"{group} running")
@@ -123,6 +126,24 @@ def test_a_gang_preempted_by_kueue_saves_waits_and_resumes_without_a_restart(clu
     assert launched and launched[0]["restore_from"] == saved["name"]
     finished(run)
     assert run.events("fault_detected") == []
+    assert_same_path(run, control)
+
+
+def test_a_kueue_gang_restarted_after_a_fault_is_admitted_again_in_the_quota_it_held(cluster, kube_run, control):
+    """A ClusterQueue of 2 GPUs and a gang of 2: after a rank's crash the next attempt's group needs
+    the very quota the torn-down one held. The controller marks its groups not retriable, so Kueue
+    finishes the old group once its pods end (a retriable one keeps the quota for replacement pods,
+    and the next attempt would wait gated until the job stopped for capacity)."""
+    run = kube_run(kube=GANG, fault="kind=crash,rank=1,step=8,attempt=0",
+                   overrides={"restart": {"kill_grace_s": 10, "capacity_wait_s": 120},
+                              "heartbeat": {"interval_s": 0.5, "timeout_s": 10}})
+    fault = run.wait_event("fault_detected", timeout=180)
+    assert fault["kind"] == "crash"
+    run.wait_event("launched", attempt=1, timeout=120)
+    assert finished(run)["phase"] == "completed"
+    assert not run.events("gang_requeued")  # a fault of the job, counted as one
+    groups = {w["metadata"]["name"] for w in cluster.api.objects("workloads", NS)}
+    assert not [g for g in groups if g.endswith("-a0")], groups  # the first attempt's group finished and went
     assert_same_path(run, control)
 
 

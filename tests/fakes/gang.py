@@ -26,7 +26,12 @@ for Volcano's and scheduler-plugins' PodGroups. Pairs with :mod:`fakes.kube_apis
   due to prioritization in the ClusterQueue``, and its pods are stopped as Kueue's pod controller
   stops them: the condition ``TerminationTarget`` True, reason ``WorkloadEvictedDueToPreempted``,
   the same message, then a graceful delete. Their quota is held until the pods have terminated;
-- a workload whose pods all succeeded gets ``Finished``; one whose pods are all gone is deleted.
+- a workload whose pods all succeeded gets ``Finished``, and so does one with no pod active whose
+  group is not retriable (a pod of it carried ``kueue.x-k8s.io/retriable-in-group: "false"``):
+  its quota is released. A retriable group whose pods all ended (failed, or deleted) keeps its
+  admission and the quota of its whole pod set, as Kueue keeps it for replacement pods (the
+  real pods would also stay Terminating under Kueue's finalizer, which is not modelled). A
+  finished or unadmitted workload whose pods are all gone is deleted.
 
 Not modelled: the finalizer Kueue puts on pods, flavors' node labels and taints, cohorts and
 borrowing, fair sharing, admission checks, waitForPodsReady, partial admission, replacement pods.
@@ -65,6 +70,7 @@ KUEUE = ("kueue.x-k8s.io", "v1beta1")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 MANAGED_LABEL = "kueue.x-k8s.io/managed"
 GATE = "kueue.x-k8s.io/admission"
 TERMINAL = ("Succeeded", "Failed")
@@ -161,6 +167,9 @@ class FakeKueue(_Loop):
         self.admitted: list[str] = []
         """Workload names in the order they were admitted (a workload admitted again is listed again)."""
         self.evicted: list[str] = []
+        self._not_retriable: set[str] = set()
+        """Groups one of whose pods carried ``kueue.x-k8s.io/retriable-in-group: "false"`` (Kueue's
+        webhook forbids removing it): with no pod active, such a group is finished."""
 
     def start(self):
         self.api.pod_webhooks.append(self.webhook)
@@ -197,6 +206,8 @@ class FakeKueue(_Loop):
                 continue
             key = labels.get(GROUP_LABEL) or f"pod-{pod['metadata']['name']}"
             groups.setdefault(key, []).append(pod)
+            if (pod["metadata"].get("annotations") or {}).get(RETRIABLE_ANNOTATION) == "false":
+                self._not_retriable.add(key)
         return groups
 
     @staticmethod
@@ -260,13 +271,29 @@ class FakeKueue(_Loop):
         for name, w in sorted(workloads.items()):
             pods = groups.get(name, [])
             live = [p for p in pods if (p.get("status") or {}).get("phase") not in TERMINAL]
-            if not pods:
+            retriable = name not in self._not_retriable
+            if not live and not self._is(w, "Finished"):
+                if pods and all((p.get("status") or {}).get("phase") == "Succeeded" for p in pods):
+                    self._write_status(name, [("Finished", "True", "Succeeded",
+                                               f"Pods succeeded: {len(pods)}/{len(pods)}.")])
+                    w = self.api.get("workloads", self.namespace, name) or w
+                elif not retriable:  # no pod active and the group not retriable: Kueue finishes it
+                    self._write_status(name, [("Finished", "True", "Failed", "Pods failed or were deleted, "
+                                               "and the group is not retriable")], admission=None)
+                    w = self.api.get("workloads", self.namespace, name) or w
+            if not pods and (self._is(w, "Finished") or not (w.get("status") or {}).get("admission")):
                 self.crd.delete_namespaced_custom_object(*KUEUE, self.namespace, "workloads", name)
+                self._not_retriable.discard(name)
                 continue
-            if self._is(w, "Admitted") and not live and all((p.get("status") or {}).get("phase") == "Succeeded"
-                                                             for p in pods) and not self._is(w, "Finished"):
-                self._write_status(name, [("Finished", "True", "Succeeded",
-                                           f"Pods succeeded: {len(pods)}/{len(pods)}.")])
+            if (w.get("status") or {}).get("admission") and not live and retriable and not self._is(w, "Evicted") \
+                    and not self._is(w, "Finished"):
+                # a retriable group whose pods ended: Kueue keeps its quota for the replacement pods
+                cq = w["status"]["admission"]["clusterQueue"]
+                holding.setdefault(cq, []).append(name)
+                podset = w["spec"]["podSets"][0]
+                for res, q in pod_requests({"spec": podset["template"]["spec"]}).items():
+                    used.setdefault(cq, {})[res] = used.setdefault(cq, {}).get(res, Fraction(0)) + q * podset["count"]
+                continue
             if (w.get("status") or {}).get("admission") and live:
                 cq = w["status"]["admission"]["clusterQueue"]
                 holding.setdefault(cq, []).append(name)

@@ -37,7 +37,17 @@ KUEUE_STOP_CONDITION = "TerminationTarget"
 """The pod condition Kueue's pod controller sets on each pod of a workload it stops, before it
 deletes the pod; its reason is ``WorkloadEvicted`` or ``WorkloadEvictedDueTo<why>`` (``Preempted``,
 ``PodsReadyTimeout``...)."""
-KUEUE_EVICTED = "WorkloadEvicted"
+KUEUE_PREEMPTED = "WorkloadEvictedDueToPreempted"
+"""The one Kueue eviction that is the queue taking the gang back to admit it again: another
+workload's priority. The others are not: ``...PodsReadyTimeout`` (the pods never became Ready:
+the job's own fault), ``...Deactivated`` and ``...ClusterQueueStopped``/``...LocalQueueStopped``
+(an administrator's stop, which a relaunch must not undo), ``...AdmissionCheck``; their pods are
+lost as any deleted pod is."""
+KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+"""``"false"`` on every pod of a group: the controller never replaces a pod inside a group (each
+attempt is a new group), so once the group's pods have all ended Kueue finishes its Workload,
+releases its quota and lifts its finalizers. Without it Kueue waits for replacement pods: the old
+attempt's pods stay Terminating and its Workload keeps the quota the next attempt needs."""
 
 VOLCANO_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
@@ -113,7 +123,7 @@ def owned_by_gang(cfg: GangConfig, labels: dict, annotations: dict, scheduler_na
     """What a pod template or the worker values set that the chosen mode sets itself:
     ``(where, why)``, for a refusal naming the field."""
     out = []
-    keys = {KUEUE: ([KUEUE_QUEUE_LABEL, KUEUE_GROUP_LABEL], [KUEUE_COUNT_ANNOTATION]),
+    keys = {KUEUE: ([KUEUE_QUEUE_LABEL, KUEUE_GROUP_LABEL], [KUEUE_COUNT_ANNOTATION, KUEUE_RETRIABLE_ANNOTATION]),
             VOLCANO: ([], [VOLCANO_GROUP_ANNOTATION]),
             COSCHEDULING: ([COSCHEDULING_GROUP_LABEL], [])}.get(cfg.mode, ([], []))
     for key in keys[0]:
@@ -138,7 +148,7 @@ def pod_fields(cfg: GangConfig, group: str, size: int) -> tuple[dict[str, str], 
     ``size`` pods; empty for mode none."""
     if cfg.mode == KUEUE:
         return ({KUEUE_QUEUE_LABEL: cfg.queue, KUEUE_GROUP_LABEL: group},
-                {KUEUE_COUNT_ANNOTATION: str(size)}, "")
+                {KUEUE_COUNT_ANNOTATION: str(size), KUEUE_RETRIABLE_ANNOTATION: "false"}, "")
     if cfg.mode == VOLCANO:
         return {}, {VOLCANO_GROUP_ANNOTATION: group}, cfg.scheduler
     if cfg.mode == COSCHEDULING:
@@ -167,10 +177,11 @@ def pod_group(cfg: GangConfig, name: str, namespace: str, size: int, *, labels: 
 
 def requeued(cfg: GangConfig, condition_type: str, reason: str) -> bool:
     """Whether a pod condition (``True``) says the gang's admission took the whole group back, to
-    admit it again later: Kueue evicted its workload (``TerminationTarget``/``WorkloadEvicted...``),
-    or, for a group under a gang scheduler, the scheduler preempted it. Not a fault of the job."""
+    admit it again later: Kueue preempted its workload (``TerminationTarget``/
+    ``WorkloadEvictedDueToPreempted``; :data:`KUEUE_PREEMPTED`), or, for a group under a gang
+    scheduler, the scheduler preempted it. Not a fault of the job."""
     if cfg.mode == KUEUE:
-        return condition_type == KUEUE_STOP_CONDITION and reason.startswith(KUEUE_EVICTED)
+        return condition_type == KUEUE_STOP_CONDITION and reason == KUEUE_PREEMPTED
     if cfg.mode in (VOLCANO, COSCHEDULING):
         return condition_type == "DisruptionTarget" and reason == PREEMPTION_BY_SCHEDULER
     return False
