@@ -445,3 +445,48 @@ def test_the_pods_are_admitted_where_restricted_is_enforced_and_a_template_askin
     v1.patch_namespace("training", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})
     pods = launched(host_network, 2)
     assert len(pods) == 2 and all(o["spec"]["hostNetwork"] for o in pods)
+
+
+def test_the_dry_run_tells_a_refusal_from_a_cluster_that_cannot_dry_run(api, tmp_path):
+    """``check_workers``: PodSecurity's refusal stops the job with the API server's words; a
+    webhook with side effects (the API server will not dry-run it), a quota others hold now and
+    RBAC get their own answers; the pod is never made."""
+    import asyncio
+
+    from supervisor.platforms.base import PlatformError
+
+    raw = job({"pod_template": {"spec": {"hostNetwork": True}}}, node_reads=False, slots=2)
+    raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+    v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+    v1.create_namespace({"metadata": {"name": "training", "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    s = LaunchSpec(**{**spec().__dict__, "nodes": ["slot-0", "slot-1"]})
+
+    def check() -> list[str]:
+        p = started(api, tmp_path, raw)
+        try:
+            return asyncio.run(p.check_workers(s))
+        finally:
+            p.close()
+
+    with pytest.raises(PlatformError, match=r'refuses the worker pod \(a dry run: nothing was made\): HTTP 403 '
+                                            r'Forbidden: .*violates PodSecurity "restricted:latest": host namespaces'):
+        check()
+
+    def audit(namespace, pod):  # a policy webhook registered with sideEffects: Unknown
+        raise AssertionError("never called on a dry run")
+
+    audit.side_effects, audit.webhook_name = "Unknown", "audit.example.com"
+    api.pod_webhooks.append(audit)
+    (warning,) = check()
+    assert 'could not be checked with a dry run (HTTP 400 Bad Request: admission webhook "audit.example.com" does ' \
+           'not support dry run)' in warning
+    api.pod_webhooks.remove(audit)
+    v1.patch_namespace("training", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}})
+    assert check() == []
+    api.inject_fault(403, verb="create", resource="pods", message='pods is forbidden: User "system:serviceaccount:'
+                     'training:llama" cannot create resource "pods" in API group "" in the namespace "training"')
+    with pytest.raises(PlatformError, match="the controller may not create worker pods in namespace training: .*"
+                                            "grant it pods create"):
+        check()
+    assert [o for o in api.objects("pods", "training")] == []

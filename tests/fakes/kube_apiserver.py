@@ -2302,7 +2302,10 @@ class FakeKubeAPIServer:
         self.pod_webhooks: list[Callable[[str, JSON], None]] = []
         """Mutating admission webhooks on pod create (dry runs included), ``(namespace, pod) ->
         None``, changing the pod in place or raising :class:`ApiError` to refuse it: what a
-        component such as Kueue (``fakes.gang.FakeKueue``) registers; run on the server's loop."""
+        component such as Kueue (``fakes.gang.FakeKueue``) registers; run on the server's loop. A
+        webhook whose ``side_effects`` attribute is not ``None``/``NoneOnDryRun`` (the
+        registration's ``sideEffects``) makes a dry run fail with 400 ``admission webhook "NAME"
+        does not support dry run`` (``webhook_name``), as kube-apiserver answers."""
         self.log_source: Callable[[str, str], str | None] | None = None
         """``(namespace, pod) -> text`` for ``pods/NAME/log`` (the fake kubelet keeps the output);
         None from it: the container has not started."""
@@ -2785,6 +2788,11 @@ class FakeKubeAPIServer:
         if rt.plural == "pods":
             self._admit_priority(name, obj["spec"])
             for webhook in self.pod_webhooks:   # mutating admission webhooks: after defaulting, before validation
+                side_effects = getattr(webhook, "side_effects", "None")
+                if _DRY_RUN.get() and side_effects not in ("None", "NoneOnDryRun"):
+                    # the API server does not call a webhook that may have side effects on a dry run
+                    raise ApiError(400, f'admission webhook "{getattr(webhook, "webhook_name", "webhook")}" does '
+                                        "not support dry run")
                 webhook(namespace or "", obj)
         self._validate(rt, name, obj, None, required)
         self._admit(rt, namespace, name, obj, None)

@@ -407,11 +407,17 @@ class KubernetesPlatform(Platform):
         try:
             await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, dry_run="All", ok=(409,))
         except ApiError as exc:
-            if exc.status not in REFUSED or "exceeded quota" in exc.said:
-                return [f"the worker pod could not be checked with a dry run ({exc.said}); launching as configured"
-                        if exc.status not in REFUSED else
-                        f"the namespace's quota does not hold a worker pod now ({exc.said}); its pods will wait for it"]
-            raise PlatformError(f"the API server refuses the worker pod (a dry run: nothing was made): {exc.said}; "
+            said = exc.said
+            if exc.status not in REFUSED or "does not support dry run" in said:
+                # no answer, or a webhook with side effects that the API server will not call on a
+                # dry run: the cluster cannot tell without making the pod
+                return [f"the worker pod could not be checked with a dry run ({said}); launching as configured"]
+            if "exceeded quota" in said:
+                return [f"the namespace's quota does not hold a worker pod now ({said}); its pods will wait for it"]
+            if exc.status == 403 and "cannot create resource" in said:
+                raise PlatformError(f"the controller may not create worker pods in namespace {self.ns}: {said}; "
+                                    "grant it pods create (the chart's Role: rbac.create)") from None
+            raise PlatformError(f"the API server refuses the worker pod (a dry run: nothing was made): {said}; "
                                 "fix the worker pod (chart values workers.*, config platform.kubernetes.worker) "
                                 "and upgrade the release") from None
         log.info("event=worker_pod_accepted namespace=%s (dry run: schema, admission, PodSecurity and quota passed)",
@@ -1174,7 +1180,10 @@ def disruption_budget(name: str, namespace: str, selector: dict[str, str], min_a
     if owner:
         meta["ownerReferences"] = copy.deepcopy(owner)
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta,
-            "spec": {"minAvailable": min_available, "selector": {"matchLabels": dict(selector)}}}
+            # a pod Running but not Ready (starting, or broken) may be evicted: it is not training,
+            # and under the default (IfHealthyBudget) one such pod would block every drain of the node
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": dict(selector)},
+                     "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
 def _quantities(resources: dict) -> dict:
