@@ -83,6 +83,26 @@ def test_skipped_collective_names_the_rank_that_never_entered():
     assert "ranks 0,2,3 wait in allreduce #7" in f[0].detail
 
 
+def test_a_rank_idle_in_data_past_its_timeout_while_peers_wait_is_a_skipped_collective_whichever_came_first():
+    # the culprit went idle in data a moment before its peers entered the collective: its data
+    # timeout comes first, before theirs in the collective (CI met this on a loaded host)
+    r = reg(
+        hb(0, coll_seq=7, coll_inside=True, coll_s=9.8, phase="collective", phase_s=9.8, coll_op="allreduce"),
+        hb(1, coll_seq=6, coll_inside=False, phase="data", phase_s=10.1),
+        world=2,
+    )
+    f = detect(r, 100.0, T, launched_at=0)
+    assert kinds(f) == {(Kind.COLLECTIVE_HANG, (1,))}, f
+    assert f[0].culprit and "rank 1 never entered it (in phase data" in f[0].detail
+    # not behind its peers (it left #7 already; they are on their way out): its own data stall
+    r = reg(
+        hb(0, coll_seq=7, coll_inside=True, coll_s=0.5, phase="collective", phase_s=0.5, coll_op="allreduce"),
+        hb(1, coll_seq=7, coll_inside=False, phase="data", phase_s=10.1),
+        world=2,
+    )
+    assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.DATA_STALL, (1,))}
+
+
 def test_hang_in_compute_is_the_culprit_of_the_collective_wait():
     r = reg(
         hb(0, coll_seq=7, coll_inside=True, coll_s=30, phase="collective", phase_s=30),

@@ -214,10 +214,13 @@ def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_
     claimed.update(dead)
 
     # 3. collective hang and its culprit
-    if not waiting and any(alive[r].hb.phase == PHASE_TRAINING and not alive[r].hb.coll_inside for r in overdue):
-        # an instrumented rank made no progress past its timeout: if peers wait in a collective it
-        # never entered (however briefly yet: it went idle before they arrived), it is their culprit
-        waiting = inside
+    borrowed = False
+    if not waiting and any(alive[r].hb.phase in (PHASE_TRAINING, PHASE_DATA) and not alive[r].hb.coll_inside
+                           for r in overdue):
+        # a rank made no progress past its timeout (an instrumented one, or one idle in data): if
+        # peers wait in a collective it never entered (however briefly yet: it went idle before they
+        # arrived), it is their culprit, whichever of the two deadlines came first
+        waiting, borrowed = inside, True
     if waiting:
         # the ranks the others wait for are compared in the one process group the waiters wait in
         # (an instrumented rank's flight recorder numbers each group apart; the SDK counts one stream)
@@ -251,12 +254,13 @@ def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_
                          or _phase_elapsed(alive[r], now) >= 0.9 * waited)]
             kind = Kind.HANG if hung and len(hung) == len(culprits) else Kind.COLLECTIVE_HANG
             add(kind, culprits, f"{head}; " + "; ".join(parts))
-        elif dead_culprits:
-            pass  # the silent ranks are the culprits; the waiting ones are victims
+        elif dead_culprits or borrowed:
+            pass  # the silent ranks are the culprits, the waiting ones victims; or no rank is behind the
+            # peers that are inside a collective (not yet past its timeout): the phase timeout speaks
         else:
             add(Kind.COLLECTIVE_HANG, in_n, f"{head}; every rank is inside it: no rank to blame "
                 "(a rank died inside the collective, or the network)", culprit=False)
-        victims = set(in_n) | set(waiting)
+        victims = set() if borrowed and not culprits else set(in_n) | set(waiting)
     else:
         victims = set()
 
