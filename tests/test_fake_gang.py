@@ -109,7 +109,8 @@ def test_kueue_gates_a_group_until_the_whole_group_fits_then_preempts_for_a_high
         labels_c, annotations_c = group_labels("c")
         for i in range(2):
             v1.create_namespaced_pod(NS, worker(f"c-{i}", labels_c, annotations_c, priority="high"))
-        stopped = wait_for(lambda: condition(api, "a-0", "TerminationTarget"), what="a-0 stopped")
+        # (read from what the fake wrote: with its 1 s grace the pod may be gone before this thread looks)
+        stopped = wait_for(lambda: kueue.stopped.get("a-0"), what="a-0 stopped")
         assert (stopped["status"], stopped["reason"]) == ("True", "WorkloadEvictedDueToPreempted")
         assert stopped["message"].startswith("Preempted to accommodate a workload (UID: ")
         wait_for(lambda: phase(api, "c-0") == "Running" and phase(api, "c-1") == "Running", what="c running")

@@ -93,6 +93,7 @@ class _Loop:
         self.crd = client.CustomObjectsApi(api_client)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self.stopped: dict[str, JSON] = {}
         self.errors: list[str] = []
 
     def start(self):
@@ -145,8 +146,11 @@ class _Loop:
                     raise
 
     def _stop_pod(self, pod: JSON, type_: str, reason: str, message: str) -> None:
-        """A condition on the pod, then its graceful delete (its own terminationGracePeriodSeconds)."""
+        """A condition on the pod, then its graceful delete (its own terminationGracePeriodSeconds).
+        Each stop is kept in ``stopped`` (name -> the condition written): a pod with a short grace
+        may be gone before a test reads it back."""
         meta = pod["metadata"]
+        self.stopped[meta["name"]] = {"type": type_, "status": "True", "reason": reason, "message": message}
         self._pod_status(meta["name"], meta["uid"], lambda status: _set_condition(
             status.setdefault("conditions", []), type_, "True", reason, message))
         try:
