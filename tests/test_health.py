@@ -299,3 +299,17 @@ def test_a_culprit_computing_all_the_while_its_peers_waited_is_a_hang_even_a_tic
     r = reg(hb(0, coll_seq=25, coll_inside=True, coll_s=10.2, phase="collective", phase_s=10.2, coll_op="allreduce"),
             hb(1, coll_seq=24, phase="compute", phase_s=2.0), world=2)
     assert kinds(detect(r, 100.0, T, launched_at=0)) == {(Kind.COLLECTIVE_HANG, (1,))}
+
+
+@pytest.mark.parametrize("said, expected", [
+    ((), 0.0),  # no rank
+    ((0.0, 0.0), 0.0),  # an older SDK, or before two steps: nobody says
+    ((0.05,), 0.05),
+    ((0.05, 0.0, 0.06), 0.06),  # the ranks that say it, their median
+    ((0.05, 0.05, 0.05, 9.0), 0.05),  # one rank's slow loop does not move it
+])
+def test_the_gang_s_loop_time_per_step_is_the_median_the_ranks_say(said, expected):
+    r = Registry(0, max(1, len(said)))
+    for rank, t in enumerate(said):
+        r.observe(hb(rank, world=max(1, len(said)), loop_step_s=t), 1.0)
+    assert r.loop_step_time() == expected

@@ -364,6 +364,34 @@ def test_snapshot_reports_collective_in_flight():
     assert state.take_collective_busy() == {}
 
 
+@pytest.mark.parametrize("ended", ["sdk", "optimizer hook"])
+def test_a_rank_s_loop_time_per_step_leaves_its_saves_out_and_one_slow_step_does_not_move_it(ended):
+    clock = FakeClock()
+    state = RankState(clock=clock)
+
+    def step(n):
+        if ended == "sdk":
+            state.step_ended((0.0, 0.02, 0.0, 0.02))
+        else:
+            state.set_step(n, (0.0, 0.0, 0.0, 0.0), "compute")
+
+    step(1)
+    assert state.snapshot().loop_step_s == 0.0  # one step end: nothing to measure from
+    for n in range(2, 30):
+        clock.t += 0.05  # the loop: the step, then what the script does around it
+        if n % 10 == 0:  # a save blocks the loop 1.5 s, in the checkpoint phase
+            with state.phase_scope("checkpoint"):
+                clock.t += 1.5
+        if n == 17:
+            clock.t += 0.4  # one slow step
+        step(n)
+    assert state.snapshot().loop_step_s == pytest.approx(0.05)
+    for n in range(30, 60):  # the loop slows down: the median follows within its window
+        clock.t += 0.2
+        step(n)
+    assert state.snapshot().loop_step_s == pytest.approx(0.2)
+
+
 # ----------------------------------------------------------------- a rank's last word
 
 RAISES = """

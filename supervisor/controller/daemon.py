@@ -729,7 +729,7 @@ class Controller:
                   list(fault.ranks), list(fault.nodes), fault.detail)
         # the step the gang had reached and its step time (the loop's, a save's stall not in
         # it): what a restore to an older step recomputes
-        took = self.heard.step_time()
+        took = self.registry.loop_step_time() or self.heard.step_time()
         self.event("fault_detected", attempt=self.attempt, **fault.to_dict(),
                    detection_s=round(now - fault.fault_at, 3), **reported_by(self.registry, fault.ranks),
                    step=self.registry.max_step(), **self.completed_step(),

@@ -113,7 +113,9 @@ class Heard:
 
     def step_time(self) -> float:
         """The loop's wall time per step over the window: the median over the marks between
-        which the gang moved on (a save's stall, when it did not, is left out). 0 before that."""
+        which the gang moved on. 0 before that. Coarse (a mark sees a step only when a heartbeat
+        says it, and an interval that moved on may hold part of a save's stall): only for ranks
+        that do not say their own (``Registry.loop_step_time``)."""
         per = sorted((t1 - t0) / (s1 - s0) for (t0, s0), (t1, s1) in zip(self.step_marks, self.step_marks[1:])
                      if s1 > s0 and t1 > t0)
         return per[len(per) // 2] if per else 0.0

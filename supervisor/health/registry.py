@@ -136,6 +136,13 @@ class Registry:
     def min_step(self) -> int:
         return min(map(_STEP, self.ranks.values()), default=0)
 
+    def loop_step_time(self) -> float:
+        """The training loop's wall time per step, its saves left out: the median over the ranks
+        of what each says (``loop_step_s``); 0 when none says it (an older SDK, or before each
+        has taken two steps)."""
+        said = sorted(t for t in (rec.hb.loop_step_s for rec in self.ranks.values()) if t > 0)
+        return said[len(said) // 2] if said else 0.0
+
     # ------------------------------------------------------------------ deadlines
     def next_deadline(self, timeouts: Timeouts) -> float:
         """The earliest clock reading at which :func:`~supervisor.health.detect.detect` could find

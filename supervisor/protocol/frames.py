@@ -261,6 +261,11 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     joined by spaces (:func:`supervisor.protocol.groups.decode_groups`); "" from the SDK."""
     trace_file: Str1024 = ""
     """The flight recorder's trace, written with the stacks of the last dump request ("" if none)."""
+    loop_step_s: Seconds = 0.0
+    """The training loop's wall time per step (the median of this rank's last 16: from one step's
+    end to the next's, less the time saves blocked it; 0 before two steps): what a step recomputed
+    after a restore costs. ``last_step_s`` is the step's own time, without what the loop does
+    around it."""
 
     def to_payload(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _FIELDS}

@@ -270,7 +270,7 @@ class Worker:
         data = self._phase_totals.get(PHASE_DATA, 0.0)
         # exposed compute: time in the compute phase not spent waiting on a collective
         compute = max(0.0, self._phase_totals.get(PHASE_COMPUTE, 0.0) - busy.get(PHASE_COMPUTE, 0.0))
-        self.state.last = (data, compute, coll, total)
+        self.state.step_ended((data, compute, coll, total))
         st = self.state
         st.steps_done += 1
         if st.steps_done == 1:

@@ -7,8 +7,10 @@ writes are a few attribute stores, so the training loop pays microseconds per ph
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -52,7 +54,11 @@ class Snapshot:
     coll_group: str
     coll_groups: str
     trace_file: str
+    loop_step_s: float
 
+
+LOOPS_KEPT = 16
+"""How many of its last loop iterations a rank's ``loop_step_s`` is the median of."""
 
 _COLLECTIVE_PHASES = (PHASE_COMPUTE, PHASE_COLLECTIVE, PHASE_IDLE)
 """A rank in one of these with a collective in flight reports the collective phase (from its start)."""
@@ -95,12 +101,20 @@ class RankState:
         self.coll_group = ""
         self.coll_groups = ""
         self.trace_file = ""
+        # the loop's wall time per step, its saves left out (supervisor.protocol.Heartbeat.loop_step_s)
+        self.loop_step_s = 0.0
+        self._loop_at: float | None = None  # when the last step ended
+        self._saving_s = 0.0  # time in the checkpoint phase since then
+        self._loops: deque[float] = deque(maxlen=LOOPS_KEPT)
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
         with self._lock:
+            now = self._clock()
+            if self.phase == PHASE_CHECKPOINT and name != PHASE_CHECKPOINT:
+                self._saving_s += now - self.phase_since
             self.phase = name
-            self.phase_since = self._clock()
+            self.phase_since = now
 
     @contextmanager
     def phase_scope(self, name: str) -> Iterator[None]:
@@ -157,9 +171,28 @@ class RankState:
             self.step = step
             self.steps_done = step
             self.last = timings
+            self._loop_done()
             if self.phase not in (PHASE_FAILED, PHASE_CHECKPOINT):
                 self.phase = progress_phase
                 self.phase_since = self._clock()
+
+    def step_ended(self, timings: tuple[float, float, float, float]) -> None:
+        """A step of the SDK's ended: its data/compute/collective/step seconds."""
+        with self._lock:
+            self.last = timings
+            self._loop_done()
+
+    def _loop_done(self) -> None:
+        """(Under the lock, at a step's end.) One more loop iteration: the wall time from the
+        previous step's end, less what saves blocked in between; ``loop_step_s`` is the median of
+        the last :data:`LOOPS_KEPT` (a save's stall or one slow step does not move it)."""
+        now = self._clock()
+        if self._loop_at is not None:
+            saving = self._saving_s + (now - self.phase_since if self.phase == PHASE_CHECKPOINT else 0.0)
+            self._loops.append(max(0.0, now - self._loop_at - saving))
+            self.loop_step_s = statistics.median(self._loops)
+        self._loop_at = now
+        self._saving_s = 0.0
 
     def progress(self, phase: str) -> None:
         """Progress seen (a collective enqueued or completed): the phase's clock starts again,
@@ -214,4 +247,5 @@ class RankState:
                 coll_group=self.coll_group,
                 coll_groups=self.coll_groups,
                 trace_file=self.trace_file,
+                loop_step_s=self.loop_step_s,
             )
