@@ -172,6 +172,29 @@ def test_the_earliest_rank_sets_the_registry_deadline():
     assert r.next_deadline(T) == math.inf and not r.all_heard()
 
 
+def test_ranks_heard_again_and_again_are_due_from_their_latest_receipt_and_one_that_stops_is_found_on_time():
+    # a healthy rank's heartbeat leaves it where it was indexed; the look that could be due moves it on
+    r = Registry(0, 3)
+    for k in range(9):
+        for rank in range(3):
+            if rank != 0 or k <= 4:  # rank 0 is last heard at AT + 4
+                r.observe(hb(rank, world=3, seq=k + 1), AT + k)
+        now = AT + k + 0.5
+        assert r.due(now, T) is (now >= AT + 4 + 5)
+        assert detect(r, now, T, launched_at=0) == detect_full(r, now, T, launched_at=0) == []
+    assert r.next_deadline(T, AT + 8.5) > AT + 8.5
+    assert r.next_deadline(T) == pytest.approx(AT + 9)  # without a clock: exact
+    assert r.due(AT + 9.1, T)
+    found = detect(r, AT + 9.1, T, launched_at=0)
+    assert [(f.kind, f.ranks) for f in found] == [(Kind.DEAD, (0,))] and found == detect_full(r, AT + 9.1, T,
+                                                                                          launched_at=0)
+    # dated back by its node's relay to before where it is indexed: moved back at once
+    r.observe(hb(1, world=3, seq=20), AT + 2)
+    assert r.next_deadline(T, AT + 9.1) == pytest.approx(AT + 2 + 5)  # now before rank 0's
+    assert r.silent(AT + 7.5, 5) == [1] and detect(r, AT + 9.1, T, launched_at=0) == detect_full(
+        r, AT + 9.1, T, launched_at=0)
+
+
 def test_receipts_out_of_order_are_read_right():
     r = Registry(0, 2)
     r.observe(hb(0), AT)

@@ -175,11 +175,13 @@ CAL = Calibration(heartbeat_s=3.0, startup_s=60.0, checkpoint_s=60.0, factor=5.0
 
 
 def stepping(rank_seconds: dict[int, float], steps: int = 4) -> Registry:
-    """Ranks that each took ``steps`` steps of their given duration (half of it computing)."""
+    """Ranks that each took ``steps`` steps of their given duration (half of it computing), as
+    their heartbeats say it: the medians of their last steps."""
     reg = Registry(0, len(rank_seconds))
     for step in range(1, steps + 1):
         for rank, s in rank_seconds.items():
-            reg.observe(hb(rank, seq=step, step=step, last_step_s=s, last_compute_s=s / 2), 100.0 + step)
+            said = {"step_median_s": s, "work_median_s": s / 2} if step >= 3 else {}
+            reg.observe(hb(rank, seq=step, step=step, last_step_s=s, last_compute_s=s / 2, **said), 100.0 + step)
     return reg
 
 

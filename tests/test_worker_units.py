@@ -392,6 +392,22 @@ def test_a_rank_s_loop_time_per_step_leaves_its_saves_out_and_one_slow_step_does
     assert state.snapshot().loop_step_s == pytest.approx(0.2)
 
 
+def test_a_rank_says_the_medians_of_its_last_steps_times_and_work_once_it_took_three():
+    state = RankState(clock=FakeClock())
+    state.step_ended((0.0, 0.0, 0.0, 0.0))  # a step with no timing (an instrumented rank's first): not counted
+    for n, step_s in enumerate((0.4, 9.0), start=1):
+        state.step_ended((0.1, step_s / 2, 0.05, step_s))
+    s = state.snapshot()
+    assert (s.step_median_s, s.work_median_s) == (0.0, 0.0)  # two steps: too few to say
+    state.step_ended((0.1, 0.2, 0.05, 0.5))
+    s = state.snapshot()
+    assert (s.step_median_s, s.work_median_s) == (0.5, pytest.approx(0.3))
+    for _ in range(40):  # the last 20 only: the old slow step is gone from them
+        state.step_ended((0.0, 0.1, 0.0, 0.2))
+    s = state.snapshot()
+    assert (s.step_median_s, s.work_median_s) == (0.2, 0.1)
+
+
 # ----------------------------------------------------------------- a rank's last word
 
 RAISES = """

@@ -180,21 +180,23 @@ class Intake(asyncio.DatagramProtocol):
         wire.node_frames += 1
         # Each heartbeat fenced, checked and recorded as _take_one does, with what they share read
         # once per frame (the controller's hot path: 16,384 frames a second at 131,072 ranks).
-        launch, attempt, job, world = c.launch_id, c.attempt, c.cfg.job, c.registry.world_size
-        observe, addr_by_rank = c.registry.observe, c.heard.addr_by_rank
+        state = c.state  # (its fields, not the controller's InState views: read once per frame, the hot path)
+        launch, attempt, job, world = state.launch_id, state.attempt, c.cfg.job, c.registry.world_size
         now = c.clock()
-        taken = recorded = 0
-        for hb, h in zip(beats, held):
+        for hb in beats:
             if hb.launch != launch or hb.attempt != attempt or hb.job != job or (world and hb.world_size != world):
-                self._take_one(hb, addr, h)  # not this launch's, attempt's or gang's: counted by reason
-                continue
-            taken += 1
-            if observe(hb, now - h):
-                addr_by_rank[hb.rank] = addr  # only an accepted heartbeat may move a rank's reply address
-                recorded += 1
-        wire.received += taken
-        if recorded and c.signals.wants_heartbeats:
-            c.wake()
+                break
+        else:  # all of this launch's, attempt's and gang's: the frame's heartbeats recorded in one call
+            wire.received += len(beats)
+            recorded = c.registry.observe_many(beats, now, held)
+            if recorded:
+                # only an accepted heartbeat may move a rank's reply address
+                c.heard.addr_by_rank.update(dict.fromkeys(recorded, addr))
+                if c.signals.wants_heartbeats:
+                    c.wake()
+            return
+        for hb, h in zip(beats, held):  # one at a time: some are not (counted by reason)
+            self._take_one(hb, addr, h)
 
     def _take_one(self, hb, addr, held: float) -> None:
         """One authenticated heartbeat, sent ``held`` seconds ago (by its node's relay; 0: by the

@@ -124,7 +124,7 @@ def calibrated(det: Detection, now: float, registry: Registry, cal: Calibration)
     ranks = registry.ranks
     stride = calibration_stride(len(ranks))
     sample = ranks.values() if stride == 1 else filter(None, map(ranks.get, range(0, max(ranks) + 1, stride)))
-    step_times = [t for rec in sample for t in tuple(rec.step_times)]  # (tuple: whole, if another thread appends)
+    step_times = [t for t in (rec.hb.step_median_s for rec in sample) if t > 0]  # each rank's median of its last steps
     timeouts = calibrate(step_times, heartbeat_s=cal.heartbeat_s, startup_s=cal.startup_s,
                          checkpoint_s=cal.checkpoint_s, factor=cal.factor, floor_s=cal.floor_s,
                          ceiling_s=cal.ceiling_s)

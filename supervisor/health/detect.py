@@ -280,15 +280,17 @@ def detect_full(registry: Registry, now: float, timeouts: Timeouts, *, launched_
     return findings
 
 
-def straggler_scores(registry: Registry, *, min_samples: int = 3) -> dict[int, float]:
-    """Each rank's median exposed work time (data + compute) over the median of its peers'
-    (the others, so that one slow rank of two still stands out).
+def straggler_scores(registry: Registry) -> dict[int, float]:
+    """Each rank's median exposed work time (data + compute, over its last steps: the
+    heartbeat's ``work_median_s``) over the median of its peers' (the others, so that one slow
+    rank of two still stands out).
 
-    1.0 is typical; 2.0 means twice as slow as the middle rank. Ranks with too few samples
-    are left out. Exposed work excludes time waiting in collectives, so the ranks that wait
-    for a straggler do not look slow themselves.
+    1.0 is typical; 2.0 means twice as slow as the middle rank. Ranks that have not yet said
+    theirs (fewer than :data:`~supervisor.protocol.MEDIAN_MIN_STEPS` steps, or an SDK older than
+    the field) are left out. Exposed work excludes time waiting in collectives, so the ranks that
+    wait for a straggler do not look slow themselves.
     """
-    medians = {r: _median(rec.work_times) for r, rec in registry.ranks.items() if len(rec.work_times) >= min_samples}
+    medians = {r: rec.hb.work_median_s for r, rec in registry.ranks.items() if rec.hb.work_median_s > 0}
     if len(medians) < 2:
         return {r: 1.0 for r in medians}
     # One sort, then each rank's peers' median by index arithmetic: O(n log n), not O(n^2).
@@ -299,14 +301,6 @@ def straggler_scores(registry: Registry, *, min_samples: int = 3) -> dict[int, f
         peers = _median_without(values, i)
         scores[r] = medians[r] / peers if peers > 0 else 1.0
     return scores
-
-
-def _median(values) -> float:
-    """statistics.median of a few values, without its checks (a third of its time, and it runs for
-    every rank of the gang)."""
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def _median_without(values: list[float], skip: int) -> float:

@@ -6,16 +6,14 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from collections import deque
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
 from supervisor.protocol import PHASE_DONE, PHASES, Heartbeat
 
 if TYPE_CHECKING:
     from supervisor.health.detect import Timeouts
 
-STEP_HISTORY = 20
 _STEP = operator.attrgetter("hb.step")
 SLOT_S = 1 / 16
 """The index keeps when waits began to this (rounded down: deadlines come early by less than
@@ -24,6 +22,7 @@ BRIEF_S = 1.0
 """A wait (a phase, a collective) that had lasted no longer than this when its heartbeat came is
 not indexed on its own: it ends no earlier than the oldest receipt plus the shortest timeout, less
 this, which the index reads instead. Healthy ranks change phase every step: no index work for them."""
+_NOT_HELD = (0.0,)
 _SLACK = 1e-9
 """Relative margin by which the index's deadlines come early besides, so that float rounding
 never makes one later than what detect()'s own arithmetic finds."""
@@ -33,10 +32,6 @@ never makes one later than what detect()'s own arithmetic finds."""
 class RankRecord:
     hb: Heartbeat
     received: float
-    first_received: float
-    step_changed: float
-    step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
-    work_times: deque = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
 
 
 class Registry:
@@ -47,6 +42,9 @@ class Registry:
     waits inside a collective and since when each is in its phase (to :data:`SLOT_S`; a wait
     shorter than :data:`BRIEF_S` is left out), and the ranks with a non-finite loss. Receipts may
     come in any order (a node's relay dates its ranks' heartbeats back to when they were sent).
+    When a healthy rank was heard is indexed lazily: its entry may be older than its latest
+    receipt (never newer), and is moved on only when a read reaches that entry's deadline
+    (``_catch_up``): about once per heartbeat timeout per rank, not once per heartbeat.
     :meth:`due` reads it in O(1) amortised with the timeouts the caller holds, so a recalibration
     costs nothing here. The index follows :meth:`observe` and :meth:`reset`: a ``ranks`` dict
     replaced or resized by hand is indexed again at the next read; a record edited in place is
@@ -67,49 +65,65 @@ class Registry:
 
     def snapshot(self) -> Registry:
         """A registry of the same records in a dict of its own (a copy in C, O(n)), for a reader on
-        another thread while this one takes heartbeats: a record's heartbeat is replaced whole,
-        and its step-time deques are read whole by ``tuple()`` or ``sorted()`` under the GIL."""
+        another thread while this one takes heartbeats: a record's heartbeat is replaced whole."""
         other = Registry(self.attempt, self.world_size)
         other.ranks = dict(self.ranks)
         return other
 
     def observe(self, hb: Heartbeat, now: float) -> bool:
-        """Record ``hb``; False when it is older than what is held (reordered or replayed)."""
+        """Record ``hb``, received at ``now``; False when it is older than what is held
+        (reordered or replayed)."""
+        return bool(self.observe_many((hb,), now, _NOT_HELD))
+
+    def observe_many(self, beats: Sequence[Heartbeat], now: float, held: Sequence[float]) -> list[int]:
+        """Record each of ``beats``, received ``held`` (its own) seconds before ``now`` (a node's
+        relay dates its ranks' heartbeats back to when they were sent): the ranks recorded, in
+        order, those older than what is held left out (reordered or replayed). The controller's
+        hot path: a node frame's heartbeats in one call, a healthy rank's in a few operations."""
         if self.ranks is not self._indexed or len(self.ranks) != self._count:
             self._rebuild()
-        rec = self.ranks.get(hb.rank)
-        if rec is None:
-            self.ranks[hb.rank] = RankRecord(hb=hb, received=now, first_received=now, step_changed=now)
-            self._count += 1
-            if 0 <= hb.rank < self._world:
-                self._in_world += 1
-            self._index(hb, now)
-            return True
-        if hb.seq <= rec.hb.seq and hb.pid == rec.hb.pid:
-            return False  # reordered or replayed datagram: keep the newer state
-        if hb.step != rec.hb.step:
-            rec.step_changed = now
-            if hb.last_step_s > 0:
-                rec.step_times.append(hb.last_step_s)
-                rec.work_times.append(hb.last_data_s + hb.last_compute_s)
-        rec.hb = hb
-        rec.received = now
-        slots = self._slots.get(hb.rank)
-        if (slots is not None and slots[1] is None and slots[3] is None and hb.phase_s <= BRIEF_S
-                and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok and not self._nonfinite
-                and not self._done_nonfinite
-                and hb.phase != PHASE_DONE
-                and now - now == 0.0):
-            # what _index does for a healthy rank (no wait indexed before or now): only when it was heard
-            if now > self._latest:
-                self._latest = now
-            heard = now // SLOT_S * SLOT_S
-            if slots[0] != heard:
-                self._heard.move(hb.rank, slots[0], heard)
-                slots[0] = heard
-            return True
-        self._index(hb, now)
-        return True
+        ranks, slots_of = self.ranks, self._slots
+        latest = self._latest
+        quiet = not self._nonfinite and not self._done_nonfinite
+        recorded: list[int] = []
+        for hb, h in zip(beats, held):
+            at = now - h
+            rank = hb.rank
+            rec = ranks.get(rank)
+            if rec is None:
+                ranks[rank] = RankRecord(hb=hb, received=at)
+                self._count += 1
+                if 0 <= rank < self._world:
+                    self._in_world += 1
+            else:
+                last = rec.hb
+                if hb.seq <= last.seq and hb.pid == last.pid:
+                    continue  # reordered or replayed datagram: keep the newer state
+                rec.hb = hb
+                rec.received = at
+                slots = slots_of.get(rank)
+                if (quiet and slots is not None and slots[1] is None and slots[3] is None and hb.phase_s <= BRIEF_S
+                        and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
+                        and hb.phase != PHASE_DONE and at - at == 0.0):
+                    # what _index does for a healthy rank (no wait indexed before or now): only that
+                    # it was heard, and lazily: the slot it is indexed in may stay older than this
+                    # receipt (its deadlines come early; _catch_up moves it on when that slot comes
+                    # due), never newer
+                    if at > latest:
+                        latest = at
+                    if at < slots[0]:  # dated back before the slot it is indexed in
+                        heard = at // SLOT_S * SLOT_S
+                        self._heard.move(rank, slots[0], heard)
+                        slots[0] = heard
+                    recorded.append(rank)
+                    continue
+            self._latest = latest
+            self._index(hb, at)
+            latest = self._latest
+            quiet = not self._nonfinite and not self._done_nonfinite
+            recorded.append(rank)
+        self._latest = latest
+        return recorded
 
     def floor(self) -> tuple[int, int]:
         """The slowest rank's step and the oldest of the ranks' newest saved steps ((0, -1) without
@@ -144,14 +158,21 @@ class Registry:
         return said[len(said) // 2] if said else 0.0
 
     # ------------------------------------------------------------------ deadlines
-    def next_deadline(self, timeouts: Timeouts) -> float:
+    def next_deadline(self, timeouts: Timeouts, now: float | None = None) -> float:
         """The earliest clock reading at which :func:`~supervisor.health.detect.detect` could find
         a rank dead, waiting in a collective past ``timeouts.collective_s``, past its phase's
         timeout or with a non-finite loss (-inf: already; inf: never), early rather than late (by
         less than :data:`SLOT_S`; :data:`BRIEF_S` for a wait too brief to be indexed). It holds for
         a clock at or past the latest receipt (a rank whose heartbeat already says it is past a
-        timeout has its deadline before that receipt)."""
+        timeout has its deadline before that receipt).
+
+        With ``now``, it is that exact only where it is at or before ``now`` (or the latest
+        receipt): a later one may come out earlier still (a rank heard since its slot was indexed
+        is moved on only when that slot's deadline comes: O(1) per heartbeat, a move per rank
+        and timeout instead of per heartbeat)."""
         self._check()
+        at = math.inf if now is None else max(now, self._latest)
+        self._catch_up(at - min(timeouts.heartbeat_s, _brief_limit(timeouts)) + SLOT_S)
         oldest = self._heard.first()
         if oldest == math.inf:
             return -math.inf if self._nonfinite else math.inf
@@ -162,7 +183,7 @@ class Registry:
         detect() finds no rank dead, waiting, past its phase's timeout or with a non-finite loss.
         A clock read before the latest receipt counts as that receipt (a heartbeat that arrived
         after the caller read its clock: detect() takes its silence as 0)."""
-        first = self.next_deadline(timeouts)
+        first = self.next_deadline(timeouts, now)
         return first == -math.inf or first <= max(now, self._latest)
 
     def due_besides_silence(self, now: float, timeouts: Timeouts) -> bool:
@@ -175,6 +196,8 @@ class Registry:
         down: a few per look)."""
         self._check()
         heartbeat_s, ranks = timeouts.heartbeat_s, self.ranks
+        at = max(now, self._latest)
+        self._catch_up(at - min(heartbeat_s, _brief_limit(timeouts)) + SLOT_S)
         if -math.inf in self._heard.count:
             return True  # a receipt that is not a finite time: the full pass judges it
         if any(now - ranks[r].received <= heartbeat_s for r in self._nonfinite):
@@ -184,7 +207,6 @@ class Registry:
         live = self._heard.first_above(now - heartbeat_s - SLOT_S)
         if live == math.inf:
             return False
-        at = max(now, self._latest)
         if _early(live, _brief_limit(timeouts)) <= at:
             return True  # a wait too brief to be indexed may have run out
         waits = [(self._coll, timeouts.collective_s)] + [
@@ -215,9 +237,29 @@ class Registry:
         """The ranks (not done) silent for longer than ``heartbeat_s`` at ``now``, in rank order:
         the index's oldest slots are read, not every rank."""
         self._check()
+        self._catch_up(now - heartbeat_s + SLOT_S)
         ranks = self.ranks
         return sorted(r for r in self._heard.members_to(now - heartbeat_s)
                       if now - ranks[r].received > heartbeat_s)
+
+    def _catch_up(self, upto: float) -> None:
+        """The ranks indexed as heard in a slot up to ``upto`` that were heard since (observe()
+        leaves a healthy rank where it was indexed): moved to the slot of their latest receipt.
+        O(1) while no slot is that old; then O(slots) and a move per rank moved (each rank about
+        once per deadline, not once per heartbeat). The ranks left in those slots are silent since."""
+        heard = self._heard
+        if heard.first() > upto:
+            return
+        count, ranks, slots = heard.count, self.ranks, self._slots
+        for slot in sorted(s for s in count if s <= upto):
+            members = count.get(slot)
+            if members is None:
+                continue
+            later = slot + SLOT_S
+            for rank in [r for r in members if later <= ranks[r].received < math.inf]:
+                new = ranks[rank].received // SLOT_S * SLOT_S
+                heard.move(rank, slot, new)
+                slots[rank][0] = new
 
     def all_heard(self) -> bool:
         """Every rank of ``range(world_size)`` has been heard from (O(1))."""

@@ -178,6 +178,12 @@ RefusedPairs = Annotated[tuple[tuple[Annotated[str, msgspec.Meta(max_length=NAME
 """Checkpoints a restore refused, ``(name, why)`` pairs (:mod:`supervisor.protocol.skipped`)."""
 
 
+MEDIAN_STEPS = 20
+"""How many of its last steps a rank's ``step_median_s`` and ``work_median_s`` are the medians of."""
+MEDIAN_MIN_STEPS = 3
+"""The steps a rank has taken before it says those medians (fewer say too little)."""
+
+
 class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """What a rank says about itself, once per interval.
 
@@ -266,6 +272,13 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     end to the next's, less the time saves blocked it; 0 before two steps): what a step recomputed
     after a restore costs. ``last_step_s`` is the step's own time, without what the loop does
     around it."""
+    step_median_s: Seconds = 0.0
+    """The median of this rank's last :data:`MEDIAN_STEPS` steps' ``last_step_s`` (0 before
+    :data:`MEDIAN_MIN_STEPS`): what calibrates the phase timeouts."""
+    work_median_s: Seconds = 0.0
+    """The median of its last :data:`MEDIAN_STEPS` steps' exposed work (``last_data_s`` +
+    ``last_compute_s``; 0 before :data:`MEDIAN_MIN_STEPS`): its straggler score's numerator. The
+    rank keeps its own history, so the controller keeps none per rank."""
 
     def to_payload(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in _FIELDS}

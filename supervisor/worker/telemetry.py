@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from supervisor.protocol import (PHASE_CHECKPOINT, PHASE_COLLECTIVE, PHASE_COMPUTE, PHASE_FAILED, PHASE_IDLE, PHASE_INIT, PHASE_RESTORE,
-                                 SOURCE_SDK)
+from supervisor.protocol import (MEDIAN_MIN_STEPS, MEDIAN_STEPS, PHASE_CHECKPOINT, PHASE_COLLECTIVE, PHASE_COMPUTE,
+                                 PHASE_FAILED, PHASE_IDLE, PHASE_INIT, PHASE_RESTORE, SOURCE_SDK)
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class Snapshot:
     coll_groups: str
     trace_file: str
     loop_step_s: float
+    step_median_s: float
+    work_median_s: float
 
 
 LOOPS_KEPT = 16
@@ -106,6 +108,10 @@ class RankState:
         self._loop_at: float | None = None  # when the last step ended
         self._saving_s = 0.0  # time in the checkpoint phase since then
         self._loops: deque[float] = deque(maxlen=LOOPS_KEPT)
+        # the medians of the last steps' times and exposed work (Heartbeat.step_median_s, work_median_s)
+        self.step_median_s = self.work_median_s = 0.0
+        self._steps_s: deque[float] = deque(maxlen=MEDIAN_STEPS)
+        self._work_s: deque[float] = deque(maxlen=MEDIAN_STEPS)
 
     # ---------------------------------------------------------------- phases
     def set_phase(self, name: str) -> None:
@@ -183,9 +189,17 @@ class RankState:
             self._loop_done()
 
     def _loop_done(self) -> None:
-        """(Under the lock, at a step's end.) One more loop iteration: the wall time from the
+        """(Under the lock, at a step's end, its timings in ``last``.) The step's time and exposed
+        work join their medians' history; and one more loop iteration: the wall time from the
         previous step's end, less what saves blocked in between; ``loop_step_s`` is the median of
         the last :data:`LOOPS_KEPT` (a save's stall or one slow step does not move it)."""
+        data, compute, _, step = self.last
+        if step > 0:
+            self._steps_s.append(step)
+            self._work_s.append(data + compute)
+            if len(self._steps_s) >= MEDIAN_MIN_STEPS:
+                self.step_median_s = statistics.median(self._steps_s)
+                self.work_median_s = statistics.median(self._work_s)
         now = self._clock()
         if self._loop_at is not None:
             saving = self._saving_s + (now - self.phase_since if self.phase == PHASE_CHECKPOINT else 0.0)
@@ -248,4 +262,6 @@ class RankState:
                 coll_groups=self.coll_groups,
                 trace_file=self.trace_file,
                 loop_step_s=self.loop_step_s,
+                step_median_s=self.step_median_s,
+                work_median_s=self.work_median_s,
             )
