@@ -33,6 +33,7 @@ Labelled counters export every known label value at 0 from the start, so that
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import heapq
 import math
@@ -175,7 +176,8 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
 
 # ------------------------------------------------------------------------------ families
 _HB, _RECEIVED = operator.attrgetter("hb"), operator.attrgetter("received")
-_RANK, _PHASE, _STEP, _CKPT_S = (operator.attrgetter(name) for name in ("rank", "phase", "step", "ckpt_s"))
+_PHASE, _STEP, _CKPT_S = (operator.attrgetter(name) for name in ("phase", "step", "ckpt_s"))
+_RANK_OF = operator.attrgetter("hb.rank")
 
 
 def families(s: Snapshot) -> Iterator[Metric]:
@@ -198,13 +200,13 @@ def families(s: Snapshot) -> Iterator[Metric]:
                  "1 once the supervisor was asked to stop (SIGTERM/SIGINT or the scheduler's warning signal)",
                  job, 1.0 if s.stop_requested else 0.0)
 
-    # the aggregates: a few C-speed passes over the ranks (~10 ms at 16,384 ranks)
-    # (map and attrgetter: each pass in C, ~3x a comprehension's speed at 131,072 ranks)
+    # the aggregates: a few C-speed passes over the ranks (~25 ms at 131,072 ranks); a pass in
+    # Python only for the ranks shown one by one (map and attrgetter: each pass in C, ~3x a
+    # comprehension's speed)
     recs = s.ranks
     hbs = list(map(_HB, recs))
-    ids = list(map(_RANK, hbs))
     now = s.now
-    age_of = [now - t for t in map(_RECEIVED, recs)]  # clamped at 0 where exported
+    heard = list(map(_RECEIVED, recs))  # when each rank was last heard
     phase_of = list(map(_PHASE, hbs))
     step_of = list(map(_STEP, hbs))
     per_phase = dict.fromkeys(PHASES, 0)
@@ -212,14 +214,13 @@ def families(s: Snapshot) -> Iterator[Metric]:
     steps_min = min(step_of, default=0)
     steps_max = max(step_of, default=0)
     blocked = max(map(_CKPT_S, hbs), default=0.0)
-    if per_phase.get(PHASE_DONE):
-        active = [i for i, p in enumerate(phase_of) if p != PHASE_DONE]
-        ages = [age_of[i] for i in active]
-    else:
-        active, ages = range(len(ids)), list(age_of)
+    done = bool(per_phase.get(PHASE_DONE))
+    if done:  # the ages are of the ranks not done
+        heard = [t for t, p in zip(heard, phase_of) if p != PHASE_DONE]
     timeout = s.timeout_s
-    stale = [(age_of[i], ids[i]) for i in active if age_of[i] > timeout]
-    live = len(ages) - len(stale)
+    cutoff = now - timeout
+    n_stale = len(list(filter(cutoff.__gt__, heard)))  # older than the timeout: now - t > timeout
+    live = len(heard) - n_stale
     yield _gauge("supervisor_alive_ranks", "Ranks heard from within the heartbeat timeout (done ranks excluded)",
                  job, live)
     in_phase = GaugeMetricFamily("supervisor_ranks_in_phase", "Ranks whose last heartbeat is in each phase",
@@ -228,32 +229,35 @@ def families(s: Snapshot) -> Iterator[Metric]:
         in_phase.add_metric([job, p], float(n))
     yield in_phase
     yield _gauge("supervisor_stale_ranks", "Ranks (not done) whose last heartbeat is older than heartbeat.timeout_s",
-                 job, len(stale))
-    ages.sort()
+                 job, n_stale)
+    # the oldest heartbeat and the 99th percentile of the ages: the ceil(1 % of n) oldest, not a sort
+    oldest = heapq.nsmallest(len(heard) - max(0, math.ceil(0.99 * len(heard)) - 1), heard) if heard else []
     yield _gauge("supervisor_rank_heartbeat_age_max_seconds", "Oldest last heartbeat of a rank that is not done",
-                 job, max(0.0, ages[-1]) if ages else 0.0)
+                 job, max(0.0, now - oldest[0]) if oldest else 0.0)
     yield _gauge("supervisor_rank_heartbeat_age_p99_seconds",
                  "99th percentile of the ranks' last heartbeat ages (ranks not done)", job,
-                 max(0.0, ages[max(0, math.ceil(0.99 * len(ages)) - 1)]) if ages else 0.0)
+                 max(0.0, now - oldest[-1]) if oldest else 0.0)
     yield _gauge("supervisor_rank_step_min", "Lowest last reported step over the ranks", job, steps_min)
     yield _gauge("supervisor_rank_step_max", "Highest last reported step over the ranks", job, steps_max)
     yield _gauge("supervisor_step_rate",
                  "Training steps per second: the slowest rank's step over the controller's last minute "
                  "(0 while the job takes no step)", job, s.step_rate)
     scores = s.stragglers
-    over = [(score, r) for r, score in scores.items() if score > s.straggler_threshold]
-    yield _gauge("supervisor_straggler_score_max", "Highest straggler score of a rank (1 is typical)", job,
-                 max(scores.values(), default=0.0))
+    threshold = s.straggler_threshold
+    top = max(scores.values(), default=0.0)
+    over = [(score, r) for r, score in scores.items() if score > threshold] if top > threshold else []
+    yield _gauge("supervisor_straggler_score_max", "Highest straggler score of a rank (1 is typical)", job, top)
     yield _gauge("supervisor_stragglers", "Ranks whose straggler score is above health.straggler_threshold", job,
                  len(over))
 
     # per-rank series: every rank of a small job; above the limit, the worst ones only
-    index = {r: i for i, r in enumerate(ids)} if len(ids) <= s.per_rank_limit else None
-    if index is not None and s.world_size <= s.per_rank_limit:
-        shown: Iterable[int] = sorted(index)
+    if len(recs) <= s.per_rank_limit and s.world_size <= s.per_rank_limit:
+        shown = sorted(recs, key=_RANK_OF)
     else:
-        shown = sorted({r for _, r in heapq.nlargest(WORST_RANKS, stale)}
-                       | {r for _, r in heapq.nlargest(WORST_RANKS, over)})
+        stale = [] if not n_stale else [(now - rec.received, rec.hb.rank) for rec in recs
+                                         if rec.received < cutoff and rec.hb.phase != PHASE_DONE]
+        wanted = {r for _, r in heapq.nlargest(WORST_RANKS, stale)} | {r for _, r in heapq.nlargest(WORST_RANKS, over)}
+        shown = sorted((rec for rec in recs if rec.hb.rank in wanted), key=_RANK_OF) if wanted else []
     age_f = GaugeMetricFamily("supervisor_rank_heartbeat_age_seconds",
                               "Seconds since each rank's last heartbeat (every rank up to metrics_per_rank_limit, "
                               "else the stale and straggling ones)", labels=["job", "rank"])
@@ -264,19 +268,17 @@ def families(s: Snapshot) -> Iterator[Metric]:
                                 labels=["job", "rank", "phase"])
     info_f = GaugeMetricFamily("supervisor_rank_info", "1 for each rank shown per rank, labelled with its node",
                                labels=["job", "rank", "node"])
-    if index is None:
-        index = dict(zip(ids, range(len(ids))))
-    for r in shown:
-        i = index[r]
-        step, ph, node = step_of[i], phase_of[i], hbs[i].node
+    for rec in shown:
+        hb = rec.hb
+        r = hb.rank
         lr = [job, str(r)]
-        age_f.add_metric(lr, max(0.0, age_of[i]))
-        step_f.add_metric(lr, step)
+        age_f.add_metric(lr, max(0.0, now - rec.received))
+        step_f.add_metric(lr, hb.step)
         if r in scores:
             score_f.add_metric(lr, scores[r])
         for p in PHASES:
-            phase_f.add_metric(lr + [p], 1.0 if ph == p else 0.0)
-        info_f.add_metric(lr + [node], 1.0)
+            phase_f.add_metric(lr + [p], 1.0 if hb.phase == p else 0.0)
+        info_f.add_metric(lr + [hb.node], 1.0)
     yield age_f
     yield step_f
     yield score_f
@@ -493,6 +495,10 @@ class Rendered:
     """Wall time from the snapshot to the bytes (the worker thread's part)."""
     render_cpu_s: float
     """CPU time the worker thread spent on it."""
+    rendered_at: float = 0.0
+    """The controller's clock when its snapshot was taken."""
+    reused: bool = False
+    """Served again to a later scrape (:func:`~supervisor.controller.decide.metrics_every_s`)."""
 
 
 class Exporter:
@@ -505,11 +511,20 @@ class Exporter:
         self.state = MetricsState()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-render")
         self.last: Rendered | None = None
+        self._key: tuple[str, int, bool] | None = None
 
     async def render(self, gzip_ok: bool) -> Rendered:
-        snap = take_snapshot(self.c.view(), self.state)
+        """The exposition: rendered anew, or the last one again while it is younger than
+        :func:`~supervisor.controller.decide.metrics_every_s` (a large gang) and the job's phase
+        and attempt are still what it shows."""
+        c, last = self.c, self.last
+        key = (c.phase.value, c.attempt, gzip_ok)
+        if (last is not None and self._key == key
+                and c.clock() - last.rendered_at < decide.metrics_every_s(c.registry.world_size)):
+            return dataclasses.replace(last, reused=True)
+        snap = take_snapshot(c.view(), self.state)
         out = await asyncio.get_running_loop().run_in_executor(self._pool, self.render_snapshot, snap, gzip_ok)
-        self.last = out
+        self.last, self._key = out, key
         return out
 
     @staticmethod
@@ -519,7 +534,7 @@ class Exporter:
         plain = len(body)
         if gzip_ok:
             body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-        return Rendered(body, gzip_ok, plain, time.perf_counter() - t0, time.thread_time() - c0)
+        return Rendered(body, gzip_ok, plain, time.perf_counter() - t0, time.thread_time() - c0, snap.now)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -286,6 +286,49 @@ def test_metrics_endpoint_renders_in_a_worker_thread_and_gzips_when_accepted(tmp
     assert threading.main_thread().name not in threads
 
 
+def test_a_large_gang_s_rendering_serves_the_scrapes_that_follow_until_it_ages_or_the_job_moves_on(tmp_path):
+    from supervisor.controller.decide import metrics_every_s
+
+    clock = [NOW]
+    c = Controller(from_dict({"command": ["python", "x.py"], "job": "j", "log_dir": str(tmp_path / "logs"),
+                              "checkpoint_dir": str(tmp_path / "ckpt")}), no_platform(), clock=lambda: clock[0])
+    world = 65_536
+    every = metrics_every_s(world)
+    assert every == 2.0 and metrics_every_s(16_384) == 0.0  # up to 16,384 ranks every scrape renders
+    c.registry.reset(0, world)
+    c.registry.observe(Heartbeat(job="j", attempt=0, rank=0, world_size=world, seq=1, step=100, phase="compute",
+                                 phase_s=0.1, node="node0"), clock[0])
+    exporter = sv_metrics.Exporter(c)
+
+    def scrape():
+        return asyncio.run(exporter.render(True))
+
+    try:
+        first = scrape()
+        assert not first.reused
+        c.registry.observe(Heartbeat(job="j", attempt=0, rank=1, world_size=world, seq=1, step=7, phase="compute",
+                                     phase_s=0.1, node="node0"), clock[0])
+        clock[0] += every / 2
+        again = scrape()
+        assert again.reused and again.body == first.body  # the same bytes: rank 1 not in them yet
+        clock[0] += every / 2
+        fresh = scrape()
+        assert not fresh.reused and fresh.body != first.body
+        min_step = {labels["job"]: value for n, labels, value in series(gzip.decompress(fresh.body).decode())
+                    if n == "supervisor_rank_step_min"}
+        assert min_step == {"j": 7.0}
+        c.phase = JobPhase.RECOVERING  # the job moved on: the next scrape renders at once
+        moved = scrape()
+        assert not moved.reused
+        phase = {labels["phase"]: value for n, labels, value in series(gzip.decompress(moved.body).decode())
+                 if n == "supervisor_job_phase"}
+        assert phase[JobPhase.RECOVERING.value] == 1.0
+        c.registry.reset(0, 2)  # a small gang: every scrape renders
+        assert not scrape().reused and not scrape().reused
+    finally:
+        exporter.close()
+
+
 @pytest.mark.parametrize("header, ok", [
     ("gzip", True), ("gzip, deflate, br", True), ("deflate;q=1, gzip;q=0.5", True), ("*", True),
     ("gzip;q=0", False), ("identity", False), ("", False), ("br", False),

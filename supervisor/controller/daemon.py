@@ -937,7 +937,8 @@ class Controller:
             job=self.cfg.job, now=now, unix=time.time(), phase=self.phase.value, attempt=self.attempt,
             run=self.run_no, run_started_unix=self.run_started, world_size=self.registry.world_size,
             timeout_s=self.cfg.heartbeat.timeout_s, straggler_threshold=self.cfg.health.straggler_threshold,
-            per_rank_limit=self.cfg.metrics_per_rank_limit, ranks=list(ranks.values()), stragglers=dict(self.detection.stragglers),
+            per_rank_limit=self.cfg.metrics_per_rank_limit, ranks=list(ranks.values()),
+            stragglers=self.detection.stragglers,  # (never changed in place: a calibration replaces it)
             hang_kind=hang.kind if hang is not None else None,
             hang_culprits=[] if hang is None else [(r, ranks[r].hb.node if r in ranks else ",".join(hang.nodes))
                                                    for r in (hang.ranks or (-1,))[:WORST_RANKS]],

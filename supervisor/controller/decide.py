@@ -803,6 +803,8 @@ SCALE_RANKS = 16_384
 period grows with the gang (their cost grows with it, what they are for does not)."""
 PROGRESS_EVERY_RANKS = 131_072
 """A gang this large reads its slowest rank's step, its oldest save and its losses once a second."""
+METRICS_EVERY_RANKS = 32_768
+"""A gang this large has its ``/metrics`` rendered at most once a second (:func:`metrics_every_s`)."""
 CALIBRATION_RANKS = 4_096
 """The step-time median that calibrates the phase timeouts is taken over the step times of about
 this many ranks at most (a systematic sample of a larger gang: every k-th rank)."""
@@ -820,6 +822,14 @@ def progress_every_s(world_size: int) -> float:
     release's probation, every rank's newest save, every rank's loss): on every look of a gang of
     up to ~26,000 ranks (under the 0.2 s tick), then in proportion (1 s at 131,072)."""
     return world_size / PROGRESS_EVERY_RANKS
+
+
+def metrics_every_s(world_size: int) -> float:
+    """How long a ``/metrics`` rendering serves the scrapes that follow while the job's phase and
+    attempt stay the same: its per-rank aggregates read every rank (~0.15 s of CPU at 131,072
+    ranks, the records scattered in memory). 0 (every scrape renders) up to 16,384 ranks; 4 s at
+    131,072."""
+    return world_size / METRICS_EVERY_RANKS if world_size > METRICS_EVERY_RANKS // 2 else 0.0
 
 
 def calibration_stride(ranks: int) -> int:
