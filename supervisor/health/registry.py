@@ -139,6 +139,12 @@ class Registry:
                 ckpt = hb.ckpt_step
         return int(step), int(ckpt)
 
+    def nonfinite(self) -> list[int]:
+        """The ranks whose last heartbeat reported a non-finite loss, done or not, in rank order
+        (off the index: O(those ranks))."""
+        self._check()
+        return sorted(self._nonfinite | self._done_nonfinite)
+
     def all_finite(self) -> bool:
         """Every rank's last heartbeat reported a finite loss (O(1): the index keeps who did not)."""
         self._check()
