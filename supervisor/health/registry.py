@@ -6,8 +6,9 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
+
+import msgspec
 
 from supervisor.protocol import PHASE_DONE, PHASES, Heartbeat
 
@@ -28,10 +29,24 @@ _SLACK = 1e-9
 never makes one later than what detect()'s own arithmetic finds."""
 
 
-@dataclass(slots=True)
-class RankRecord:
+class RankRecord(msgspec.Struct, gc=False):
+    """A rank's latest heartbeat and when it was received (sent, for one a relay held). Never
+    tracked by the garbage collector (``gc=False``: it refers to no container), so that a full
+    collection does not walk 131,072 of them."""
+
     hb: Heartbeat
     received: float
+
+
+class _Entry(msgspec.Struct, gc=False):
+    """Where a rank (not done) is in the index: the slot it was heard in (lazily: see
+    ``observe_many``), since when it waits in a collective (None: not indexed), its phase and
+    since when it is in it (None: not indexed)."""
+
+    heard: float
+    coll: float | None
+    phase: str
+    since: float | None
 
 
 class Registry:
@@ -102,7 +117,7 @@ class Registry:
                 rec.hb = hb
                 rec.received = at
                 slots = slots_of.get(rank)
-                if (quiet and slots is not None and slots[1] is None and slots[3] is None and hb.phase_s <= BRIEF_S
+                if (quiet and slots is not None and slots.coll is None and slots.since is None and hb.phase_s <= BRIEF_S
                         and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
                         and hb.phase != PHASE_DONE and at - at == 0.0):
                     # what _index does for a healthy rank (no wait indexed before or now): only that
@@ -111,10 +126,10 @@ class Registry:
                     # due), never newer
                     if at > latest:
                         latest = at
-                    if at < slots[0]:  # dated back before the slot it is indexed in
+                    if at < slots.heard:  # dated back before the slot it is indexed in
                         heard = at // SLOT_S * SLOT_S
-                        self._heard.move(rank, slots[0], heard)
-                        slots[0] = heard
+                        self._heard.move(rank, slots.heard, heard)
+                        slots.heard = heard
                     recorded.append(rank)
                     continue
             self._latest = latest
@@ -251,21 +266,36 @@ class Registry:
     def _catch_up(self, upto: float) -> None:
         """The ranks indexed as heard in a slot up to ``upto`` that were heard since (observe()
         leaves a healthy rank where it was indexed): moved to the slot of their latest receipt.
-        O(1) while no slot is that old; then O(slots) and a move per rank moved (each rank about
-        once per deadline, not once per heartbeat). The ranks left in those slots are silent since."""
+        O(1) while no slot is that old; then O(slots) and O(1) per rank moved, the moves into
+        each slot made at once (each rank about once per deadline, not once per heartbeat). The
+        ranks left in those slots are silent since."""
         heard = self._heard
         if heard.first() > upto:
             return
-        count, ranks, slots = heard.count, self.ranks, self._slots
+        count, ranks, entries = heard.count, self.ranks, self._slots
         for slot in sorted(s for s in count if s <= upto):
-            members = count.get(slot)
-            if members is None:
-                continue
+            members = count[slot]
             later = slot + SLOT_S
-            for rank in [r for r in members if later <= ranks[r].received < math.inf]:
-                new = ranks[rank].received // SLOT_S * SLOT_S
-                heard.move(rank, slot, new)
-                slots[rank][0] = new
+            into: dict[float, list[int]] = {}
+            for rank in members:
+                received = ranks[rank].received
+                if later <= received < math.inf:
+                    new = received // SLOT_S * SLOT_S
+                    entries[rank].heard = new
+                    moved = into.get(new)
+                    if moved is None:
+                        into[new] = [rank]
+                    else:
+                        moved.append(rank)
+            if not into:
+                continue
+            for new, moved in into.items():
+                heard.join(new, moved)
+            left = members.difference(*into.values())
+            if left:
+                count[slot] = left
+            else:
+                del count[slot]
 
     def all_heard(self) -> bool:
         """Every rank of ``range(world_size)`` has been heard from (O(1))."""
@@ -281,7 +311,7 @@ class Registry:
         self._heard = _Members()  # when each rank (not done) was last heard, and who
         self._coll = _Members()  # since when each rank inside a collective waits there, and who
         self._phase: dict[str, _Members] = {}  # since when each rank is in its phase, by phase
-        self._slots: dict[int, list] = {}  # rank (not done) -> [heard, collective or None, phase, phase slot]
+        self._slots: dict[int, _Entry] = {}  # rank (not done) -> where it is in the index
         self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
         self._done_nonfinite: set[int] = set()  # ranks done whose last heartbeat did
         self._latest = -math.inf  # the latest receipt
@@ -315,10 +345,10 @@ class Registry:
                 self._done_nonfinite.add(rank)
             if slots is not None:
                 del self._slots[rank]
-                self._heard.move(rank, slots[0], None)
-                self._coll.move(rank, slots[1], None)
-                if slots[3] is not None:
-                    self._phase[slots[2]].move(rank, slots[3], None)
+                self._heard.move(rank, slots.heard, None)
+                self._coll.move(rank, slots.coll, None)
+                if slots.since is not None:
+                    self._phase[slots.phase].move(rank, slots.since, None)
             return
         if self._done_nonfinite:
             self._done_nonfinite.discard(rank)
@@ -331,29 +361,29 @@ class Registry:
         phase = hb.phase
         since = _slot(now, hb.phase_s) if hb.phase_s > BRIEF_S else None
         if slots is None:
-            self._slots[rank] = [heard, coll, phase, since]
+            self._slots[rank] = _Entry(heard, coll, phase, since)
             self._heard.move(rank, None, heard)
             if coll is not None:
                 self._coll.move(rank, None, coll)
             if since is not None:
                 self._starts(phase).move(rank, None, since)
             return
-        if slots[0] != heard:
-            self._heard.move(rank, slots[0], heard)
-            slots[0] = heard
-        if slots[1] != coll:
-            self._coll.move(rank, slots[1], coll)
-            slots[1] = coll
-        if slots[3] != since or (since is not None and slots[2] != phase):  # (no phase slot: its phase is moot)
-            if slots[2] == phase:
-                self._starts(phase).move(rank, slots[3], since)
+        if slots.heard != heard:
+            self._heard.move(rank, slots.heard, heard)
+            slots.heard = heard
+        if slots.coll != coll:
+            self._coll.move(rank, slots.coll, coll)
+            slots.coll = coll
+        if slots.since != since or (since is not None and slots.phase != phase):  # (no phase slot: its phase is moot)
+            if slots.phase == phase:
+                self._starts(phase).move(rank, slots.since, since)
             else:
-                if slots[3] is not None:
-                    self._phase[slots[2]].move(rank, slots[3], None)
+                if slots.since is not None:
+                    self._phase[slots.phase].move(rank, slots.since, None)
                 if since is not None:
                     self._starts(phase).move(rank, None, since)
-                slots[2] = phase
-            slots[3] = since
+                slots.phase = phase
+            slots.since = since
 
     def _starts(self, phase: str) -> _Members:
         starts = self._phase.get(phase)
@@ -425,6 +455,18 @@ class _Members(_Starts):
             if len(self.heap) > 2 * len(count) + 64:  # emptied slots below the top: O(slots), rarely
                 self.heap = list(count)
                 heapq.heapify(self.heap)
+
+    def join(self, slot: float, ranks: list[int]) -> None:
+        """Ranks (indexed nowhere here, or about to leave their slot: the caller's part) join ``slot``."""
+        members = self.count.get(slot)
+        if members is not None:
+            members.update(ranks)
+            return
+        self.count[slot] = set(ranks)
+        heapq.heappush(self.heap, slot)
+        if len(self.heap) > 2 * len(self.count) + 64:  # emptied slots below the top: O(slots), rarely
+            self.heap = list(self.count)
+            heapq.heapify(self.heap)
 
     def first_above(self, floor: float) -> float:
         """The earliest slot above ``floor`` a rank is in (inf: none): O(slots)."""
