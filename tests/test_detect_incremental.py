@@ -434,3 +434,23 @@ def test_silent_ranks_are_read_off_the_index_without_a_pass_over_every_rank():
     found = detect(r, AT + 40.6, T, launched_at=AT)
     assert _Watched.passes > 0 and (Kind.DATA_STALL, (5,)) in [(f.kind, f.ranks) for f in found]
     assert found == detect_full(r, AT + 40.6, T, launched_at=AT)
+
+
+def test_the_ranks_done_stopped_failed_and_non_finite_are_read_off_the_index_as_their_last_heartbeats_say():
+    r = Registry(0, 4)
+    for rank in range(4):
+        r.observe(hb(rank), AT)
+    assert (r.done(), r.stopped(), r.failed(), r.nonfinite()) == (frozenset(), [], [], [])
+    r.observe(hb(0, seq=2, phase=PHASE_FAILED, error="RuntimeError: x"), AT + 1)
+    r.observe(hb(1, seq=2, phase=PHASE_DONE, outcome="stopped"), AT + 1)
+    r.observe(hb(2, seq=2, phase=PHASE_DONE, outcome="finished", loss_ok=False), AT + 1)
+    r.observe(hb(3, seq=2, loss_ok=False), AT + 1)
+    assert (r.done(), r.stopped(), r.failed(), r.nonfinite()) == (frozenset({1, 2}), [1], [0], [2, 3])
+    # a healthy heartbeat after each (a rank restarted in place, say): each set forgets it
+    for rank in range(4):
+        r.observe(hb(rank, seq=3), AT + 2)
+    assert (r.done(), r.stopped(), r.failed(), r.nonfinite()) == (frozenset(), [], [], [])
+    # what the index says is what a pass over the ranks says, after a dict replaced by hand too
+    r.observe(hb(2, seq=4, phase=PHASE_FAILED), AT + 3)
+    r.ranks = dict(r.ranks)
+    assert r.failed() == [rank for rank, rec in r.ranks.items() if rec.hb.phase == PHASE_FAILED] == [2]

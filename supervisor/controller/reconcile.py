@@ -30,7 +30,6 @@ from supervisor.controller.decide import (
 )
 from supervisor.health import Registry, Timeouts, calibrate, detect, straggler_scores
 from supervisor.model import WAIT_CANNOT_START, NodeState, NodeStatus
-from supervisor.protocol import OUTCOME_STOPPED, PHASE_DONE, PHASE_FAILED
 
 
 @dataclass(frozen=True)
@@ -226,39 +225,29 @@ class _Steps(Mapping[int, int]):
         return len(self._ranks) + sum(1 for r in self._logged if r not in self._ranks)
 
 
-_HB, _RECEIVED = operator.attrgetter("hb"), operator.attrgetter("received")
-_NODE, _ERROR, _ERROR_PEER, _PID = (operator.attrgetter(f"hb.{name}") for name in ("node", "error", "error_peer", "pid"))
+_RECEIVED = operator.attrgetter("received")
+_NODE, _PID = operator.attrgetter("hb.node"), operator.attrgetter("hb.pid")
 
 
 def _phase_started(rec: Any) -> float:
     return rec.received - rec.hb.phase_s
 
 
-def _done(rec: Any) -> bool:
-    return rec.hb.phase == PHASE_DONE
-
-
-def _failed(rec: Any) -> bool:
-    return rec.hb.phase == PHASE_FAILED
-
-
-def _stopped(rec: Any) -> bool:
-    return rec.hb.outcome == OUTCOME_STOPPED
-
-
 def ranks_said(look: Look) -> dict[str, Any]:
     """What the ranks' last heartbeats say, as the pure decisions (classify, restarted_in_place,
     rank_ended) take it: where each rank runs, which are done, which failed (and whether a peer
     broke them, and their error), whose loss was not finite, and each rank's step (for a rank
-    that ended, the one after the last its log recorded, if later). Views, read when asked
-    (:class:`PerRank`), but the non-finite ranks (the registry's index holds them)."""
+    that ended, the one after the last its log recorded, if later). Where they run and their
+    steps are views, read when asked (:class:`PerRank`); the others come off the registry's
+    index (O(the ranks in them))."""
     reg = look.registry
     ranks = reg.ranks
+    failed = reg.failed()
     return {
         "rank_nodes": PerRank(ranks, _NODE),
-        "done_ranks": PerRank(ranks, _HB, _done),
-        "failed_ranks": PerRank(ranks, _ERROR_PEER, _failed),
-        "failed_errors": PerRank(ranks, _ERROR, _failed),
+        "done_ranks": reg.done(),
+        "failed_ranks": {r: ranks[r].hb.error_peer for r in failed},
+        "failed_errors": {r: ranks[r].hb.error for r in failed},
         "nonfinite_ranks": reg.nonfinite(),
         "rank_steps": _Steps(ranks, look.logged_steps or {}),
     }
@@ -299,7 +288,7 @@ def fault(mem: Memory, look: Look, policy: Policy) -> tuple[Memory, Fault | None
         last_heard=PerRank(reg.ranks, _RECEIVED),
         phase_started=PerRank(reg.ranks, _phase_started),
         **ranks_said(look),
-        stopped_ranks=PerRank(reg.ranks, _ERROR, _stopped),
+        stopped_ranks={r: reg.ranks[r].hb.error for r in reg.stopped()},
     )
     if found is not None and found.secondary:
         # only ranks that lost a peer have failed so far: give the culprit's node a moment to exit

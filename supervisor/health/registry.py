@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import msgspec
 
-from supervisor.protocol import PHASE_DONE, PHASES, Heartbeat
+from supervisor.protocol import OUTCOME_STOPPED, PHASE_DONE, PHASE_FAILED, PHASES, Heartbeat
 
 if TYPE_CHECKING:
     from supervisor.health.detect import Timeouts
@@ -99,7 +99,7 @@ class Registry:
             self._rebuild()
         ranks, slots_of = self.ranks, self._slots
         latest = self._latest
-        quiet = not self._nonfinite and not self._done_nonfinite
+        quiet = not self._nonfinite and not self._done_nonfinite and not self._failed
         recorded: list[int] = []
         for hb, h in zip(beats, held):
             at = now - h
@@ -119,7 +119,7 @@ class Registry:
                 slots = slots_of.get(rank)
                 if (quiet and slots is not None and slots.coll is None and slots.since is None and hb.phase_s <= BRIEF_S
                         and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
-                        and hb.phase != PHASE_DONE and at - at == 0.0):
+                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and at - at == 0.0):
                     # what _index does for a healthy rank (no wait indexed before or now): only that
                     # it was heard, and lazily: the slot it is indexed in may stay older than this
                     # receipt (its deadlines come early; _catch_up moves it on when that slot comes
@@ -135,7 +135,7 @@ class Registry:
             self._latest = latest
             self._index(hb, at)
             latest = self._latest
-            quiet = not self._nonfinite and not self._done_nonfinite
+            quiet = not self._nonfinite and not self._done_nonfinite and not self._failed
             recorded.append(rank)
         self._latest = latest
         return recorded
@@ -156,9 +156,24 @@ class Registry:
 
     def nonfinite(self) -> list[int]:
         """The ranks whose last heartbeat reported a non-finite loss, done or not, in rank order
-        (off the index: O(those ranks))."""
+        (off the index: O(those ranks), as the three below)."""
         self._check()
         return sorted(self._nonfinite | self._done_nonfinite)
+
+    def done(self) -> frozenset[int]:
+        """The ranks whose last heartbeat is in phase ``done``."""
+        self._check()
+        return frozenset(self._done)
+
+    def stopped(self) -> list[int]:
+        """The ranks done whose outcome is ``stopped`` (a non-finite loss, a stop request), in rank order."""
+        self._check()
+        return sorted(self._stopped)
+
+    def failed(self) -> list[int]:
+        """The ranks whose last heartbeat is in phase ``failed`` (they are ending on an exception), in rank order."""
+        self._check()
+        return sorted(self._failed)
 
     def all_finite(self) -> bool:
         """Every rank's last heartbeat reported a finite loss (O(1): the index keeps who did not)."""
@@ -314,6 +329,9 @@ class Registry:
         self._slots: dict[int, _Entry] = {}  # rank (not done) -> where it is in the index
         self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
         self._done_nonfinite: set[int] = set()  # ranks done whose last heartbeat did
+        self._done: set[int] = set()  # ranks whose last heartbeat is in phase done
+        self._stopped: set[int] = set()  # ranks done whose outcome is stopped (early)
+        self._failed: set[int] = set()  # ranks whose last heartbeat is in phase failed
         self._latest = -math.inf  # the latest receipt
         self._world = self.world_size
         self._in_world = 0  # ranks of range(self._world) heard
@@ -337,7 +355,16 @@ class Registry:
         if now > self._latest:
             self._latest = now
         slots = self._slots.get(rank)
+        if hb.phase == PHASE_FAILED:
+            self._failed.add(rank)
+        elif self._failed:
+            self._failed.discard(rank)
         if hb.phase == PHASE_DONE:  # no deadline
+            self._done.add(rank)
+            if hb.outcome == OUTCOME_STOPPED:
+                self._stopped.add(rank)
+            elif self._stopped:
+                self._stopped.discard(rank)
             self._nonfinite.discard(rank)
             if hb.loss_ok:
                 self._done_nonfinite.discard(rank)
@@ -350,6 +377,9 @@ class Registry:
                 if slots.since is not None:
                     self._phase[slots.phase].move(rank, slots.since, None)
             return
+        if self._done:
+            self._done.discard(rank)
+            self._stopped.discard(rank)
         if self._done_nonfinite:
             self._done_nonfinite.discard(rank)
         if not hb.loss_ok:
