@@ -218,7 +218,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
     if done:  # the ages are of the ranks not done
         heard = [t for t, p in zip(heard, phase_of) if p != PHASE_DONE]
     timeout = s.timeout_s
-    cutoff = now - timeout
+    cutoff = float(now - timeout)  # (a float: int.__gt__ of a float is NotImplemented, which is true)
     n_stale = len(list(filter(cutoff.__gt__, heard)))  # older than the timeout: now - t > timeout
     live = len(heard) - n_stale
     yield _gauge("supervisor_alive_ranks", "Ranks heard from within the heartbeat timeout (done ranks excluded)",

@@ -446,11 +446,23 @@ def test_the_ranks_done_stopped_failed_and_non_finite_are_read_off_the_index_as_
     r.observe(hb(2, seq=2, phase=PHASE_DONE, outcome="finished", loss_ok=False), AT + 1)
     r.observe(hb(3, seq=2, loss_ok=False), AT + 1)
     assert (r.done(), r.stopped(), r.failed(), r.nonfinite()) == (frozenset({1, 2}), [1], [0], [2, 3])
+    # a rank says it stops early just before its phase is done: stopped already
+    r.observe(hb(3, seq=3, outcome="stopped"), AT + 1.5)
+    assert r.stopped() == [1, 3]
     # a healthy heartbeat after each (a rank restarted in place, say): each set forgets it
     for rank in range(4):
-        r.observe(hb(rank, seq=3), AT + 2)
+        r.observe(hb(rank, seq=4), AT + 2)
     assert (r.done(), r.stopped(), r.failed(), r.nonfinite()) == (frozenset(), [], [], [])
     # what the index says is what a pass over the ranks says, after a dict replaced by hand too
-    r.observe(hb(2, seq=4, phase=PHASE_FAILED), AT + 3)
+    r.observe(hb(2, seq=5, phase=PHASE_FAILED), AT + 3)
     r.ranks = dict(r.ranks)
     assert r.failed() == [rank for rank, rec in r.ranks.items() if rec.hb.phase == PHASE_FAILED] == [2]
+
+
+def test_a_receipt_that_is_not_a_finite_time_is_judged_by_the_full_pass_however_often_the_index_catches_up():
+    r = Registry(0, 2)
+    r.observe(hb(0), -math.inf)
+    r.observe(hb(1), AT)
+    for now in (AT + 1, AT + 6, AT + 30):
+        assert detect(r, now, T, launched_at=0) == detect_full(r, now, T, launched_at=0)
+    assert 0 in {rank for f in detect(r, AT + 1, T, launched_at=0) for rank in f.ranks}

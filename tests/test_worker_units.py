@@ -392,6 +392,21 @@ def test_a_rank_s_loop_time_per_step_leaves_its_saves_out_and_one_slow_step_does
     assert state.snapshot().loop_step_s == pytest.approx(0.2)
 
 
+def test_a_step_that_ends_inside_a_save_leaves_the_save_out_of_both_iterations_once():
+    clock = FakeClock()
+    state = RankState(clock=clock)
+    state.step_ended((0.0, 0.05, 0.0, 0.05))
+    clock.t += 0.05
+    state.step_ended((0.0, 0.05, 0.0, 0.05))  # an iteration of 0.05 s
+    with state.phase_scope("checkpoint"):  # a save of 1 s, and a step ends half way through it
+        clock.t += 0.5
+        state.step_ended((0.0, 0.0, 0.0, 0.01))  # nothing but the save before it: 0 s
+        clock.t += 0.5
+    clock.t += 0.05
+    state.step_ended((0.0, 0.05, 0.0, 0.05))  # the save's second half left out: 0.05 s
+    assert state.snapshot().loop_step_s == pytest.approx(0.05)  # the median of 0.05, 0, 0.05
+
+
 def test_a_rank_says_the_medians_of_its_last_steps_times_and_work_once_it_took_three():
     state = RankState(clock=FakeClock())
     state.step_ended((0.0, 0.0, 0.0, 0.0))  # a step with no timing (an instrumented rank's first): not counted

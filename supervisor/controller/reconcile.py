@@ -213,9 +213,11 @@ class _Steps(Mapping[int, int]):
 
     def __getitem__(self, rank: int) -> int:
         rec, logged = self._ranks.get(rank), self._logged.get(rank)
-        if rec is None and logged is None:
-            raise KeyError(rank)
-        return max(rec.hb.step if rec is not None else 0, logged + 1 if logged is not None else 0)
+        if logged is None:
+            if rec is None:
+                raise KeyError(rank)
+            return rec.hb.step
+        return max(rec.hb.step if rec is not None else 0, logged + 1)
 
     def __iter__(self) -> Iterator[int]:
         yield from self._ranks

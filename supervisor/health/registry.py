@@ -99,7 +99,7 @@ class Registry:
             self._rebuild()
         ranks, slots_of = self.ranks, self._slots
         latest = self._latest
-        quiet = not self._nonfinite and not self._done_nonfinite and not self._failed
+        quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
         recorded: list[int] = []
         for hb, h in zip(beats, held):
             at = now - h
@@ -119,7 +119,7 @@ class Registry:
                 slots = slots_of.get(rank)
                 if (quiet and slots is not None and slots.coll is None and slots.since is None and hb.phase_s <= BRIEF_S
                         and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
-                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and at - at == 0.0):
+                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and not hb.outcome and at - at == 0.0):
                     # what _index does for a healthy rank (no wait indexed before or now): only that
                     # it was heard, and lazily: the slot it is indexed in may stay older than this
                     # receipt (its deadlines come early; _catch_up moves it on when that slot comes
@@ -135,7 +135,7 @@ class Registry:
             self._latest = latest
             self._index(hb, at)
             latest = self._latest
-            quiet = not self._nonfinite and not self._done_nonfinite and not self._failed
+            quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
             recorded.append(rank)
         self._latest = latest
         return recorded
@@ -166,7 +166,8 @@ class Registry:
         return frozenset(self._done)
 
     def stopped(self) -> list[int]:
-        """The ranks done whose outcome is ``stopped`` (a non-finite loss, a stop request), in rank order."""
+        """The ranks whose outcome is ``stopped`` (a non-finite loss, a stop request: said just before
+        their phase ``done``), in rank order."""
         self._check()
         return sorted(self._stopped)
 
@@ -289,6 +290,8 @@ class Registry:
             return
         count, ranks, entries = heard.count, self.ranks, self._slots
         for slot in sorted(s for s in count if s <= upto):
+            if slot == -math.inf:
+                continue  # receipts that are not finite times: the full pass judges them (due_besides_silence)
             members = count[slot]
             later = slot + SLOT_S
             into: dict[float, list[int]] = {}
@@ -330,7 +333,7 @@ class Registry:
         self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
         self._done_nonfinite: set[int] = set()  # ranks done whose last heartbeat did
         self._done: set[int] = set()  # ranks whose last heartbeat is in phase done
-        self._stopped: set[int] = set()  # ranks done whose outcome is stopped (early)
+        self._stopped: set[int] = set()  # ranks whose outcome is stopped (early), done or on their way
         self._failed: set[int] = set()  # ranks whose last heartbeat is in phase failed
         self._latest = -math.inf  # the latest receipt
         self._world = self.world_size
@@ -359,12 +362,12 @@ class Registry:
             self._failed.add(rank)
         elif self._failed:
             self._failed.discard(rank)
+        if hb.outcome == OUTCOME_STOPPED:
+            self._stopped.add(rank)
+        elif self._stopped:
+            self._stopped.discard(rank)
         if hb.phase == PHASE_DONE:  # no deadline
             self._done.add(rank)
-            if hb.outcome == OUTCOME_STOPPED:
-                self._stopped.add(rank)
-            elif self._stopped:
-                self._stopped.discard(rank)
             self._nonfinite.discard(rank)
             if hb.loss_ok:
                 self._done_nonfinite.discard(rank)
@@ -379,7 +382,6 @@ class Registry:
             return
         if self._done:
             self._done.discard(rank)
-            self._stopped.discard(rank)
         if self._done_nonfinite:
             self._done_nonfinite.discard(rank)
         if not hb.loss_ok:

@@ -7,6 +7,7 @@ writes are a few attribute stores, so the training loop pays microseconds per ph
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -118,7 +119,8 @@ class RankState:
         with self._lock:
             now = self._clock()
             if self.phase == PHASE_CHECKPOINT and name != PHASE_CHECKPOINT:
-                self._saving_s += now - self.phase_since
+                # the part of the save since the last step's end (a step that ended inside it counted the rest)
+                self._saving_s += now - max(self.phase_since, self._loop_at if self._loop_at is not None else -math.inf)
             self.phase = name
             self.phase_since = now
 
@@ -202,7 +204,7 @@ class RankState:
                 self.work_median_s = statistics.median(self._work_s)
         now = self._clock()
         if self._loop_at is not None:
-            saving = self._saving_s + (now - self.phase_since if self.phase == PHASE_CHECKPOINT else 0.0)
+            saving = self._saving_s + (now - max(self.phase_since, self._loop_at) if self.phase == PHASE_CHECKPOINT else 0.0)
             self._loops.append(max(0.0, now - self._loop_at - saving))
             self.loop_step_s = statistics.median(self._loops)
         self._loop_at = now
