@@ -312,3 +312,17 @@ def test_the_gang_s_loop_time_per_step_is_the_median_the_ranks_say(said, expecte
     for rank, t in enumerate(said):
         r.observe(hb(rank, world=max(1, len(said)), loop_step_s=t), 1.0)
     assert r.loop_step_time() == expected
+
+
+def test_an_instrumented_rank_that_skipped_an_all_reduce_is_named_when_its_peer_s_recorder_marks_a_collective_late():
+    # rank 0 went past all-reduce #27 (its recorder has not marked it completed yet: 0=28/26) and waits
+    # in #28, the newest it entered; rank 1 completed #27 and never entered #28
+    t = Timeouts(heartbeat_s=5, startup_s=60, checkpoint_s=100, data_s=3, compute_s=3, collective_s=3)
+    r = Registry(0, 2)
+    r.observe(hb(0, world=2, phase="training", phase_s=3.1, coll_seq=28, coll_inside=True, coll_s=3.18,
+                 coll_group="0", coll_groups="0=28/26", coll_op="gloo:all_reduce", source="torch"), 100.0)
+    r.observe(hb(1, world=2, phase="training", phase_s=3.16, coll_seq=27, coll_group="0", coll_groups="0=27/27",
+                 source="torch"), 100.0)
+    found = detect(r, 100.01, t, launched_at=0)
+    assert [(f.kind, f.ranks) for f in found] == [(Kind.COLLECTIVE_HANG, (1,))]
+    assert "rank 1 never entered it" in found[0].detail

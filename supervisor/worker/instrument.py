@@ -252,7 +252,10 @@ class Instrumentation:
         if groups != self._groups:
             self._groups = groups
             self.state.progress(PHASE_TRAINING)
-        pending = {g: d + 1 for g, (e, d) in groups.items() if e > d}
+        # a group with collectives enqueued and not all completed: the rank waits in the newest it
+        # entered (gloo's recorder can mark an earlier one completed late: the first not marked
+        # completed may be one the rank already went past, and its peers entered)
+        pending = {g: e for g, (e, d) in groups.items() if e > d}
         if pending:
             # the group waited in longest (the one seen pending before, while it still is)
             if self._pending is not None and pending.get(self._pending[0]) == self._pending[1]:
