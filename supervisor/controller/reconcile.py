@@ -8,8 +8,8 @@ verdict out: no I/O, no clock of its own, no platform. The controller observes, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 import operator
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from supervisor.controller.decide import (
@@ -175,32 +175,24 @@ def ended_ranks(nodes: Mapping[str, NodeStatus], registry: Registry) -> set[int]
 
 
 class PerRank(Mapping[int, Any]):
-    """One field of the ranks' records, read when asked (``get`` of a rank's record), over the
-    ranks whose record passes ``keep`` (all: None). The pure decisions look up a few ranks, and
-    iterate only where a node was lost; a dict of every rank built for each look cost ~60 ms a
-    field at 131,072 ranks (the records cold in the caches). Valid while the records stay as
-    they are: within one synchronous call."""
+    """One field of every rank's record, read when asked (``get`` of the record). The pure
+    decisions look up a few ranks, and iterate only where a node was lost; a dict of every rank
+    built for each look cost ~60 ms a field at 131,072 ranks (the records cold in the caches).
+    Valid while the records stay as they are: within one synchronous call."""
 
-    __slots__ = ("_ranks", "_get", "_keep")
+    __slots__ = ("_ranks", "_get")
 
-    def __init__(self, ranks: Mapping[int, Any], get: Callable[[Any], Any],
-                 keep: Callable[[Any], bool] | None = None) -> None:
-        self._ranks, self._get, self._keep = ranks, get, keep
+    def __init__(self, ranks: Mapping[int, Any], get: Callable[[Any], Any]) -> None:
+        self._ranks, self._get = ranks, get
 
     def __getitem__(self, rank: int) -> Any:
-        rec = self._ranks[rank]
-        if self._keep is not None and not self._keep(rec):
-            raise KeyError(rank)
-        return self._get(rec)
+        return self._get(self._ranks[rank])
 
     def __iter__(self) -> Iterator[int]:
-        if self._keep is None:
-            return iter(self._ranks)
-        keep = self._keep
-        return (r for r, rec in self._ranks.items() if keep(rec))
+        return iter(self._ranks)
 
     def __len__(self) -> int:
-        return len(self._ranks) if self._keep is None else sum(1 for _ in self)
+        return len(self._ranks)
 
 
 class _Steps(Mapping[int, int]):
