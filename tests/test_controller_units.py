@@ -96,7 +96,7 @@ def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
     intake.datagram_received(encode(hb(1).to_payload(), b"bad"), ("127.0.0.1", 5001))
     intake.datagram_received(b"\x00" * 10, ("127.0.0.1", 5001))
     intake.datagram_received(encode(hb(3, world_size=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5001))
-    assert set(c.registry.ranks) == {0} and c.wire.received == 1 and c.heard.addr_by_rank == {0: ("127.0.0.1", 5000)}
+    assert set(c.registry.ranks) == {0} and c.wire.received == 1 and c.registry.addresses() == {0: ("127.0.0.1", 5000)}
     assert c.wire.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
 
 
@@ -107,7 +107,7 @@ def test_a_replayed_heartbeat_does_not_move_a_ranks_reply_address(tmp_path):
     intake.datagram_received(captured, ("127.0.0.1", 5000))
     intake.datagram_received(encode(hb(0, seq=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5000))
     intake.datagram_received(captured, ("10.9.9.9", 6666))  # the attacker replays it from elsewhere
-    assert c.heard.addr_by_rank == {0: ("127.0.0.1", 5000)} and c.registry.ranks[0].hb.seq == 4
+    assert c.registry.addresses() == {0: ("127.0.0.1", 5000)} and c.registry.ranks[0].hb.seq == 4
 
 
 def test_a_heartbeat_of_another_launch_is_refused_by_reason_and_changes_nothing(tmp_path):
@@ -127,7 +127,7 @@ def test_a_heartbeat_of_another_launch_is_refused_by_reason_and_changes_nothing(
     assert c.wire.rejected == {"stale_attempt": 1, "other_launch": 1, "unauthenticated": 2}
     rec = c.registry.ranks[0].hb
     assert (rec.seq, rec.step, rec.phase, rec.pid) == (3, 5, "compute", 0) and c.wire.received == 1
-    assert c.heard.addr_by_rank == {0: ("127.0.0.1", 5000)}
+    assert c.registry.addresses() == {0: ("127.0.0.1", 5000)}
 
 
 def test_control_frames_go_out_under_the_control_key_stamped_with_the_current_launch(tmp_path):

@@ -218,11 +218,16 @@ def test_a_ranks_dict_replaced_by_hand_is_indexed_again():
     full = Registry(0, 4)
     for rank in range(4):
         full.observe(hb(rank), AT + rank)
+    before = full.next_deadline(T)
     sub = Registry(0, 2)
     sub.ranks = {r: rec for r, rec in full.ranks.items() if r < 2}
     assert sub.all_heard()
     assert sub.next_deadline(T) == pytest.approx(AT + 5)
     assert detect(sub, AT + 5.5, T, launched_at=0) == detect_full(sub, AT + 5.5, T, launched_at=0) != []
+    # the records the two dicts shared are the first one's still: indexing the second moved none of them
+    sub.observe(hb(0, seq=2, phase=PHASE_DATA, phase_s=3.0), AT + 9)
+    assert full.next_deadline(T) == before and full.ranks[0].hb.seq == 1
+    assert detect(full, AT + 8.5, T, launched_at=0) == detect_full(full, AT + 8.5, T, launched_at=0) != []
 
 
 # ------------------------------------------------------------------ detect() == detect_full(), always

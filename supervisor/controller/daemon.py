@@ -752,7 +752,7 @@ class Controller:
                 now=self.clock(), nodes=await self.platform.observe() if waits_on_nodes else self.node_status,
                 rank_pids={r: r_.hb.pid for r, r_ in self.registry.ranks.items() if r_.hb.pid},
                 answered=self.executor.answered(), in_place=self.executor.in_place,
-                heard=0 < self.registry.world_size <= len(self.heard.addr_by_rank))
+                heard=0 < self.registry.world_size and self.registry.all_heard())
             new, actions = recovery_step.step(rec, obs, recovery_step.Policy(
                 abort_grace_s=self.cfg.restart.abort_grace_s,
                 evidence_wait_s=min(1.0, self.cfg.heartbeat.interval_s * 1.2)))  # older workers never answer

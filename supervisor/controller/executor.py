@@ -148,7 +148,7 @@ class Executor:
         elif isinstance(action, AbortRanks):
             for rank in action.ranks:
                 c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.wire.control_seq.next(),
-                                              reason=f"{fault.kind}: {fault.detail}"[:400]), c.heard.addr_by_rank.get(rank))
+                                              reason=f"{fault.kind}: {fault.detail}"[:400]), c.registry.address(rank))
             c.event("action", attempt=c.attempt, action="abort_ranks", ranks=list(action.ranks), reason=fault.kind,
                     **_resumed(resumed))
         elif isinstance(action, KillNodes):
@@ -172,7 +172,7 @@ class Executor:
         """Before anything is killed: every rank heard from dumps its stacks."""
         c = self.c
         self.asked = {}
-        for rank, addr in c.heard.addr_by_rank.items():
+        for rank, addr in c.registry.addresses().items():
             self.asked[rank] = c.wire.control_seq.next()
             c.intake.send(control_message("dump", attempt=c.attempt, rank=rank, seq=self.asked[rank],
                                           reason=rec.fault.kind), addr)
@@ -335,7 +335,7 @@ class Executor:
         c.tell_suspects(suspects_before)
         c.restarts.active = None
         c.require_checkpoint = decision.require_checkpoint
-        for rank, addr in c.heard.addr_by_rank.items():  # whoever still runs goes, to be restarted with the rest
+        for rank, addr in c.registry.addresses().items():  # whoever still runs goes, to be restarted with the rest
             c.intake.send(control_message("abort", attempt=c.attempt, rank=rank, seq=c.wire.control_seq.next(),
                                           reason=f"restart in place: {fault.kind}"), addr)
         c.in_place_used += 1

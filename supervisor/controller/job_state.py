@@ -82,8 +82,6 @@ class Heard:
     """What this controller has heard of the running attempt, from its ranks: replaced whole at
     each launch (an attempt's ranks start from nothing)."""
 
-    addr_by_rank: dict[int, Any] = field(default_factory=dict)
-    """Each rank's reply address (where its control frames go): moved only by an accepted heartbeat."""
     ahead_attempt: int | None = None
     """Ranks of a later attempt were heard (their agents restarted them in place)."""
     report: Any = None

@@ -30,23 +30,26 @@ never makes one later than what detect()'s own arithmetic finds."""
 
 
 class RankRecord(msgspec.Struct, gc=False):
-    """A rank's latest heartbeat and when it was received (sent, for one a relay held). Never
-    tracked by the garbage collector (``gc=False``: it refers to no container), so that a full
-    collection does not walk 131,072 of them."""
+    """A rank's latest heartbeat, when it was received (sent, for one a relay held) and where
+    from, and where the rank is in its registry's index. Never tracked by the garbage collector
+    (``gc=False``: it refers to no container), so that a full collection does not walk 131,072
+    of them. One object per rank, read and written by each heartbeat: the controller's hot path
+    touches the memory of one record, not of a record and an index entry."""
 
     hb: Heartbeat
     received: float
-
-
-class _Entry(msgspec.Struct, gc=False):
-    """Where a rank (not done) is in the index: the slot it was heard in (lazily: see
-    ``observe_many``), since when it waits in a collective (None: not indexed), its phase and
-    since when it is in it (None: not indexed)."""
-
-    heard: float
-    coll: float | None
-    phase: str
-    since: float | None
+    addr: Any = None
+    """The address the rank's latest recorded heartbeat came from (its own socket, or its node
+    relay's): where its control frames go. Only an accepted heartbeat moves it."""
+    slot_heard: float | None = None
+    """The index's (the registry's own): the slot the rank is filed as heard in, lazily (see
+    :meth:`Registry.observe_many`); None: not indexed (done, or not yet)."""
+    slot_coll: float | None = None
+    """The index's: since when the rank waits in a collective (None: not indexed)."""
+    slot_phase: str = ""
+    """The index's: the rank's phase, where ``slot_since`` is set."""
+    slot_since: float | None = None
+    """The index's: since when the rank is in its phase (None: not indexed)."""
 
 
 class Registry:
@@ -85,28 +88,29 @@ class Registry:
         other.ranks = dict(self.ranks)
         return other
 
-    def observe(self, hb: Heartbeat, now: float) -> bool:
-        """Record ``hb``, received at ``now``; False when it is older than what is held
-        (reordered or replayed)."""
-        return bool(self.observe_many((hb,), now, _NOT_HELD))
+    def observe(self, hb: Heartbeat, now: float, addr: Any = None) -> bool:
+        """Record ``hb``, received at ``now`` from ``addr``; False when it is older than what is
+        held (reordered or replayed)."""
+        return bool(self.observe_many((hb,), now, _NOT_HELD, addr))
 
-    def observe_many(self, beats: Sequence[Heartbeat], now: float, held: Sequence[float]) -> list[int]:
-        """Record each of ``beats``, received ``held`` (its own) seconds before ``now`` (a node's
-        relay dates its ranks' heartbeats back to when they were sent): the ranks recorded, in
-        order, those older than what is held left out (reordered or replayed). The controller's
-        hot path: a node frame's heartbeats in one call, a healthy rank's in a few operations."""
+    def observe_many(self, beats: Sequence[Heartbeat], now: float, held: Sequence[float], addr: Any = None) -> int:
+        """Record each of ``beats``, received from ``addr`` ``held`` (its own) seconds before
+        ``now`` (a node's relay dates its ranks' heartbeats back to when they were sent): how many
+        were recorded, those older than what is held left out (reordered or replayed). The
+        controller's hot path: a node frame's heartbeats in one call, a healthy rank's in a few
+        operations on its one record."""
         if self.ranks is not self._indexed or len(self.ranks) != self._count:
             self._rebuild()
-        ranks, slots_of = self.ranks, self._slots
+        ranks = self.ranks
         latest = self._latest
         quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
-        recorded: list[int] = []
+        recorded = 0
         for hb, h in zip(beats, held):
             at = now - h
             rank = hb.rank
             rec = ranks.get(rank)
             if rec is None:
-                ranks[rank] = RankRecord(hb=hb, received=at)
+                rec = ranks[rank] = RankRecord(hb, at, addr)
                 self._count += 1
                 if 0 <= rank < self._world:
                     self._in_world += 1
@@ -116,29 +120,40 @@ class Registry:
                     continue  # reordered or replayed datagram: keep the newer state
                 rec.hb = hb
                 rec.received = at
-                slots = slots_of.get(rank)
-                if (quiet and slots is not None and slots.coll is None and slots.since is None and hb.phase_s <= BRIEF_S
-                        and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
-                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and not hb.outcome and at - at == 0.0):
+                rec.addr = addr
+                heard = rec.slot_heard
+                if (quiet and heard is not None and rec.slot_coll is None and rec.slot_since is None
+                        and hb.phase_s <= BRIEF_S and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
+                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and not hb.outcome
+                        and at - at == 0.0):
                     # what _index does for a healthy rank (no wait indexed before or now): only that
                     # it was heard, and lazily: the slot it is indexed in may stay older than this
                     # receipt (its deadlines come early; _catch_up moves it on when that slot comes
                     # due), never newer
                     if at > latest:
                         latest = at
-                    if at < slots.heard:  # dated back before the slot it is indexed in
-                        heard = at // SLOT_S * SLOT_S
-                        self._heard.move(rank, slots.heard, heard)
-                        slots.heard = heard
-                    recorded.append(rank)
+                    if at < heard:  # dated back before the slot it is indexed in
+                        rec.slot_heard = at // SLOT_S * SLOT_S
+                        self._heard.move(rank, heard, rec.slot_heard)
+                    recorded += 1
                     continue
             self._latest = latest
-            self._index(hb, at)
+            self._index(rec)
             latest = self._latest
             quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
-            recorded.append(rank)
+            recorded += 1
         self._latest = latest
         return recorded
+
+    def addresses(self) -> dict[int, Any]:
+        """Each rank's reply address (where its latest recorded heartbeat came from), for the
+        ranks heard from with one."""
+        return {rank: rec.addr for rank, rec in self.ranks.items() if rec.addr is not None}
+
+    def address(self, rank: int) -> Any:
+        """Rank ``rank``'s reply address (None: not heard from, or heard with none)."""
+        rec = self.ranks.get(rank)
+        return None if rec is None else rec.addr
 
     def floor(self) -> tuple[int, int]:
         """The slowest rank's step and the oldest of the ranks' newest saved steps ((0, -1) without
@@ -288,7 +303,7 @@ class Registry:
         heard = self._heard
         if heard.first() > upto:
             return
-        count, ranks, entries = heard.count, self.ranks, self._slots
+        count, ranks = heard.count, self.ranks
         for slot in sorted(s for s in count if s <= upto):
             if slot == -math.inf:
                 continue  # receipts that are not finite times: the full pass judges them (due_besides_silence)
@@ -296,10 +311,11 @@ class Registry:
             later = slot + SLOT_S
             into: dict[float, list[int]] = {}
             for rank in members:
-                received = ranks[rank].received
+                rec = ranks[rank]
+                received = rec.received
                 if later <= received < math.inf:
                     new = received // SLOT_S * SLOT_S
-                    entries[rank].heard = new
+                    rec.slot_heard = new
                     moved = into.get(new)
                     if moved is None:
                         into[new] = [rank]
@@ -329,7 +345,6 @@ class Registry:
         self._heard = _Members()  # when each rank (not done) was last heard, and who
         self._coll = _Members()  # since when each rank inside a collective waits there, and who
         self._phase: dict[str, _Members] = {}  # since when each rank is in its phase, by phase
-        self._slots: dict[int, _Entry] = {}  # rank (not done) -> where it is in the index
         self._nonfinite: set[int] = set()  # ranks (not done) whose last heartbeat reported a non-finite loss
         self._done_nonfinite: set[int] = set()  # ranks done whose last heartbeat did
         self._done: set[int] = set()  # ranks whose last heartbeat is in phase done
@@ -344,20 +359,26 @@ class Registry:
             self._rebuild()
 
     def _rebuild(self) -> None:
-        """The index anew from the records (after a hand edit): O(n)."""
+        """The index anew from the records (after a hand edit): O(n). Each record is replaced by
+        a copy of its own, not yet indexed: a record may be shared with another registry's dict
+        (:meth:`snapshot`, a dict assembled by hand), whose index it must not move."""
         latest = self._latest
         self._clear_index()
-        self._count = len(self.ranks)
-        self._in_world = sum(1 for r in self.ranks if 0 <= r < self._world)
-        for rec in self.ranks.values():
-            self._index(rec.hb, rec.received)
+        ranks = self.ranks
+        self._count = len(ranks)
+        self._in_world = sum(1 for r in ranks if 0 <= r < self._world)
+        for rank, rec in list(ranks.items()):
+            rec = ranks[rank] = RankRecord(rec.hb, rec.received, rec.addr)
+            self._index(rec)
         self._latest = max(latest, self._latest)
 
-    def _index(self, hb: Heartbeat, now: float) -> None:
+    def _index(self, rec: RankRecord) -> None:
+        """File ``rec`` (its rank's record, its heartbeat just recorded) in the index."""
+        hb, now = rec.hb, rec.received
         rank = hb.rank
         if now > self._latest:
             self._latest = now
-        slots = self._slots.get(rank)
+        old_heard = rec.slot_heard  # None: not indexed
         if hb.phase == PHASE_FAILED:
             self._failed.add(rank)
         elif self._failed:
@@ -373,12 +394,12 @@ class Registry:
                 self._done_nonfinite.discard(rank)
             else:
                 self._done_nonfinite.add(rank)
-            if slots is not None:
-                del self._slots[rank]
-                self._heard.move(rank, slots.heard, None)
-                self._coll.move(rank, slots.coll, None)
-                if slots.since is not None:
-                    self._phase[slots.phase].move(rank, slots.since, None)
+            if old_heard is not None:
+                self._heard.move(rank, old_heard, None)
+                self._coll.move(rank, rec.slot_coll, None)
+                if rec.slot_since is not None:
+                    self._phase[rec.slot_phase].move(rank, rec.slot_since, None)
+                rec.slot_heard = rec.slot_coll = rec.slot_since = None
             return
         if self._done:
             self._done.discard(rank)
@@ -392,30 +413,30 @@ class Registry:
         coll = _slot(now, hb.coll_s) if hb.coll_inside and hb.coll_s > BRIEF_S else None
         phase = hb.phase
         since = _slot(now, hb.phase_s) if hb.phase_s > BRIEF_S else None
-        if slots is None:
-            self._slots[rank] = _Entry(heard, coll, phase, since)
+        if old_heard is None:
+            rec.slot_heard, rec.slot_coll, rec.slot_phase, rec.slot_since = heard, coll, phase, since
             self._heard.move(rank, None, heard)
             if coll is not None:
                 self._coll.move(rank, None, coll)
             if since is not None:
                 self._starts(phase).move(rank, None, since)
             return
-        if slots.heard != heard:
-            self._heard.move(rank, slots.heard, heard)
-            slots.heard = heard
-        if slots.coll != coll:
-            self._coll.move(rank, slots.coll, coll)
-            slots.coll = coll
-        if slots.since != since or (since is not None and slots.phase != phase):  # (no phase slot: its phase is moot)
-            if slots.phase == phase:
-                self._starts(phase).move(rank, slots.since, since)
+        if old_heard != heard:
+            self._heard.move(rank, old_heard, heard)
+            rec.slot_heard = heard
+        if rec.slot_coll != coll:
+            self._coll.move(rank, rec.slot_coll, coll)
+            rec.slot_coll = coll
+        if rec.slot_since != since or (since is not None and rec.slot_phase != phase):  # (no phase slot: its phase is moot)
+            if rec.slot_phase == phase:
+                self._starts(phase).move(rank, rec.slot_since, since)
             else:
-                if slots.since is not None:
-                    self._phase[slots.phase].move(rank, slots.since, None)
+                if rec.slot_since is not None:
+                    self._phase[rec.slot_phase].move(rank, rec.slot_since, None)
                 if since is not None:
                     self._starts(phase).move(rank, None, since)
-                slots.phase = phase
-            slots.since = since
+                rec.slot_phase = phase
+            rec.slot_since = since
 
     def _starts(self, phase: str) -> _Members:
         starts = self._phase.get(phase)

@@ -172,6 +172,12 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=_BIG)]
 Step = Annotated[int, msgspec.Meta(ge=-1, le=_BIG)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 """A duration: finite (NaN and infinities fail the bounds), never negative."""
+Phase = Literal[PHASES]
+Outcome = Literal[OUTCOMES]
+Source = Literal[SOURCES]
+RestoreState = Literal[RESTORE_STATES]
+"""The enumerated fields are checked in C as they are decoded, and decode to the vocabulary's own
+string objects: no string made per heartbeat, none to free when the next one replaces it."""
 RefusedPairs = Annotated[tuple[tuple[Annotated[str, msgspec.Meta(max_length=NAME_CHARS)],
                                      Annotated[str, msgspec.Meta(max_length=WHY_CHARS)]], ...],
                          msgspec.Meta(max_length=REFUSED_MAX)]
@@ -206,7 +212,7 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     world_size: WorldSize
     seq: Count
     step: Step
-    phase: Str32
+    phase: Phase
     phase_s: Seconds
     launch: Str64 = ""
     """The id of the launch that started this rank (``SUPERVISOR_LAUNCH``): required on the wire."""
@@ -236,7 +242,7 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """The error is a communication failure caused by another rank (a peer that died or hung)."""
     ckpt_root: Str512 = ""
     """The checkpoint root this rank saves to and restores from (absolute), once it is known."""
-    restore_state: Str16 = ""
+    restore_state: RestoreState = ""
     """One of :data:`RESTORE_STATES`: what this rank's restore came to ("" while not done)."""
     restored: Str64 = ""
     """The checkpoint this rank restored (``step-N``), or "" (none, or not yet)."""
@@ -249,14 +255,14 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """Steps this process completed (since its restore). Sent at once when the first completes."""
     first_step_s: Seconds = 0.0
     """From the end of the restore to the end of the first step (this rank's own clock)."""
-    outcome: Str16 = ""
+    outcome: Outcome = ""
     """Phase ``done``: :data:`OUTCOME_FINISHED` (the training ran to its end) or
     :data:`OUTCOME_STOPPED` (it stopped early: a non-finite loss, a stop request); the reason
     is in ``error``."""
     dump_seq: Count = 0
     """The ``seq`` of the last stack-dump request this rank carried out (its stacks are on disk;
     sent at once): the controller's evidence wait ends when every rank it asked has answered."""
-    source: Str16 = ""
+    source: Source = ""
     """Who filled this heartbeat: :data:`SOURCE_SDK` (or "", an older SDK) or :data:`SOURCE_TORCH`
     (the supervisor's instrumentation, from torch's optimizer hooks and flight recorder)."""
     coll_group: Str64 = ""
@@ -327,6 +333,8 @@ def _spec(t: Any) -> tuple[type, float, float]:
         return float, t.ge, t.le
     if isinstance(t, msgspec.inspect.StrType):
         return str, 0, t.max_length
+    if isinstance(t, msgspec.inspect.LiteralType):  # (its values are checked by _checked)
+        return str, 0, max(map(len, t.values))
     if isinstance(t, msgspec.inspect.BoolType):
         return bool, 0, 0
     if isinstance(t, msgspec.inspect.VarTupleType):
@@ -582,28 +590,44 @@ class _WireNode(msgspec.Struct, gc=False):
 _NODE_DECODER = msgspec.json.Decoder(_WireNode)
 
 
-def decode_node_beats(frame: bytes, key: bytes) -> tuple[list[Heartbeat], list[float]]:
-    """Authenticate (the heartbeat key) and check one node frame: its heartbeats, and how long
-    the node's agent held each, every heartbeat checked as a rank's own frame would be (one bad
+Fence = tuple[str, int, str, int]
+"""What the controller expects of every heartbeat it records: ``(launch, attempt, job, world_size)``."""
+_NO_FENCE: Fence = ("", -1, "", 0)  # matched by no valid heartbeat
+
+
+def decode_node_beats(frame: bytes, key: bytes, fence: Fence | None = None) -> tuple[list[Heartbeat], list[float], bool]:
+    """Authenticate (the heartbeat key) and check one node frame: its heartbeats, how long the
+    node's agent held each, and whether every one of them is of ``fence`` (the caller's launch,
+    attempt, job and world size), every heartbeat checked as a rank's own frame would be (one bad
     heartbeat refuses the frame: one agent made all of it). The heartbeats are decoded straight
-    into :class:`Heartbeat` (the controller's hot path: no copy per heartbeat)."""
+    into :class:`Heartbeat` and a frame of the caller's gang is checked in one pass (the
+    controller's hot path: 16,384 frames a second at 131,072 ranks)."""
     wire = _decoded(_NODE_DECODER, _authenticated_body(frame, key))
     beats = wire.beats
     if len(wire.held) != len(beats):
         raise ProtocolError(REJECT_SCHEMA, f"{len(wire.held)} held times for {len(beats)} heartbeats")
-    phases, outcomes, sources, restores = _PHASE_SET, _OUTCOME_SET, _SOURCE_SET, _RESTORE_SET
+    # the enumerated fields and each field's bounds were checked by the decoder (in C); what is
+    # left is across fields. A heartbeat of the fence (a non-empty launch, its world size) needs
+    # only rank < world_size, and its collective groups parsed where it has some.
+    launch, attempt, job, world = fence or _NO_FENCE
+    for hb in beats:
+        if hb.launch != launch or hb.attempt != attempt or hb.job != job or hb.world_size != world or hb.rank >= world:
+            break
+        if hb.coll_groups:
+            decode_groups(hb.coll_groups)  # ProtocolError (schema) when it is not GROUP=ENQUEUED/COMPLETED items
+    else:
+        return beats, wire.held, True
     for hb in beats:  # what _checked does, inline: a function call per heartbeat costs more than these
-        if (hb.rank >= hb.world_size or not hb.launch or hb.phase not in phases or hb.outcome not in outcomes
-                or hb.source not in sources or hb.restore_state not in restores or hb.coll_groups):
+        if hb.rank >= hb.world_size or not hb.launch or hb.coll_groups:
             if not hb.launch:
                 raise ProtocolError(REJECT_SCHEMA, "missing launch")
             _checked(hb)
-    return beats, wire.held
+    return beats, wire.held, False
 
 
 def decode_node_frame(frame: bytes, key: bytes) -> list[tuple[Heartbeat, float]]:
     """:func:`decode_node_beats` as ``(heartbeat, held)`` pairs."""
-    beats, held = decode_node_beats(frame, key)
+    beats, held, _ = decode_node_beats(frame, key)
     return list(zip(beats, held))
 
 
