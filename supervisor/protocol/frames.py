@@ -132,13 +132,15 @@ def encode(payload: dict[str, Any], key: bytes) -> bytes:
     return frame
 
 
-def _authenticated_body(frame: bytes, key: bytes) -> bytes:
+def _authenticated_body(frame: bytes, key: bytes) -> memoryview:
+    """The payload of ``frame`` once its MAC checks out: a view into the frame, not a copy (the
+    controller authenticates 16,384 frames of ~2 KiB a second)."""
     if len(frame) > MAX_DATAGRAM:
         raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes")
     if len(frame) < len(MAGIC) + MAC_BYTES + 2 or not frame.startswith(MAGIC):
         raise ProtocolError(REJECT_MALFORMED, "not an SV2 frame")
-    mac, body = frame[3 : 3 + MAC_BYTES], frame[3 + MAC_BYTES :]
-    if not hmac.compare_digest(mac, _mac(key, body)):
+    body = memoryview(frame)[3 + MAC_BYTES :]
+    if not hmac.compare_digest(frame[3 : 3 + MAC_BYTES], _mac(key, body)):
         raise ProtocolError(REJECT_UNAUTHENTICATED, "bad MAC (wrong token?)")
     return body
 
@@ -147,7 +149,7 @@ def decode_frame(frame: bytes, key: bytes) -> dict[str, Any]:
     """Authenticate and parse one frame into a JSON object (no schema check)."""
     body = _authenticated_body(frame, key)
     try:
-        obj = json.loads(body.decode())  # UTF-8 only (the frame's definition); skips encoding detection
+        obj = json.loads(str(body, "utf-8"))  # UTF-8 only (the frame's definition); skips encoding detection
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise ProtocolError(REJECT_MALFORMED, "payload is not JSON") from None
     if not isinstance(obj, dict):
