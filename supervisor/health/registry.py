@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from supervisor.health.detect import Timeouts
 
 _STEP = operator.attrgetter("hb.step")
+_RECEIVED = operator.attrgetter("received")
 SLOT_S = 1 / 16
 """The index keeps when waits began to this (rounded down: deadlines come early by less than
 this, never late): ranks that began within the same slot share one entry."""
@@ -304,16 +305,19 @@ class Registry:
         if heard.first() > upto:
             return
         count, ranks = heard.count, self.ranks
+        inf = math.inf
         for slot in sorted(s for s in count if s <= upto):
-            if slot == -math.inf:
+            if slot == -inf:
                 continue  # receipts that are not finite times: the full pass judges them (due_besides_silence)
             members = count[slot]
             later = slot + SLOT_S
             into: dict[float, list[int]] = {}
-            for rank in members:
-                rec = ranks[rank]
-                received = rec.received
-                if later <= received < math.inf:
+            # the records, then their receipts, each read in one pass in C (the records are cold:
+            # a tight loop has several of them on the way at once, a Python loop one at a time)
+            order = list(members)
+            recs = list(map(ranks.__getitem__, order))
+            for rank, rec, received in zip(order, recs, list(map(_RECEIVED, recs))):
+                if later <= received < inf:
                     new = received // SLOT_S * SLOT_S
                     rec.slot_heard = new
                     moved = into.get(new)
