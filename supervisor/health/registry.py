@@ -95,8 +95,9 @@ class Registry:
         return bool(self.observe_many((hb,), now, _NOT_HELD, addr))
 
     def observe_many(self, beats: Sequence[Heartbeat], now: float, held: Sequence[float], addr: Any = None) -> int:
-        """Record each of ``beats``, received from ``addr`` ``held`` (its own) seconds before
-        ``now`` (a node's relay dates its ranks' heartbeats back to when they were sent): how many
+        """Record each of ``beats``, received from ``addr`` ``held`` (its own, finite: a frame's
+        are bounded) seconds before ``now`` (a node's relay dates its ranks' heartbeats back to
+        when they were sent): how many
         were recorded, those older than what is held left out (reordered or replayed). The
         controller's hot path: a node frame's heartbeats in one call, a healthy rank's in a few
         operations on its one record."""
@@ -105,6 +106,7 @@ class Registry:
         ranks = self.ranks
         latest = self._latest
         quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
+        quiet = quiet and now - now == 0.0  # (a clock that is not a finite time: each goes through _index)
         recorded = 0
         for hb, h in zip(beats, held):
             at = now - h
@@ -125,8 +127,7 @@ class Registry:
                 heard = rec.slot_heard
                 if (quiet and heard is not None and rec.slot_coll is None and rec.slot_since is None
                         and hb.phase_s <= BRIEF_S and (not hb.coll_inside or hb.coll_s <= BRIEF_S) and hb.loss_ok
-                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and not hb.outcome
-                        and at - at == 0.0):
+                        and hb.phase != PHASE_DONE and hb.phase != PHASE_FAILED and not hb.outcome):
                     # what _index does for a healthy rank (no wait indexed before or now): only that
                     # it was heard, and lazily: the slot it is indexed in may stay older than this
                     # receipt (its deadlines come early; _catch_up moves it on when that slot comes
@@ -141,7 +142,8 @@ class Registry:
             self._latest = latest
             self._index(rec)
             latest = self._latest
-            quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
+            quiet = (not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
+                     and now - now == 0.0)
             recorded += 1
         self._latest = latest
         return recorded

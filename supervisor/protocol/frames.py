@@ -64,6 +64,8 @@ from supervisor.protocol.vocabulary import OUTCOMES, PHASES, RESTORE_STATES, SOU
 
 MAGIC = b"SV2"
 MAC_BYTES = 16
+_MAGIC_BYTES = len(MAGIC)
+_HEADER = _MAGIC_BYTES + MAC_BYTES  # the magic and the MAC: the payload starts here
 MAX_DATAGRAM = 4096
 MAX_RANK = 1 << 20
 
@@ -135,12 +137,13 @@ def encode(payload: dict[str, Any], key: bytes) -> bytes:
 def _authenticated_body(frame: bytes, key: bytes) -> memoryview:
     """The payload of ``frame`` once its MAC checks out: a view into the frame, not a copy (the
     controller authenticates 16,384 frames of ~2 KiB a second)."""
-    if len(frame) > MAX_DATAGRAM:
-        raise ProtocolError(REJECT_OVERSIZED, f"{len(frame)} bytes")
-    if len(frame) < len(MAGIC) + MAC_BYTES + 2 or not frame.startswith(MAGIC):
+    n = len(frame)
+    if n > MAX_DATAGRAM:
+        raise ProtocolError(REJECT_OVERSIZED, f"{n} bytes")
+    if n < _HEADER + 2 or not frame.startswith(MAGIC):
         raise ProtocolError(REJECT_MALFORMED, "not an SV2 frame")
-    body = memoryview(frame)[3 + MAC_BYTES :]
-    if not hmac.compare_digest(frame[3 : 3 + MAC_BYTES], _mac(key, body)):
+    body = memoryview(frame)[_HEADER:]
+    if not hmac.compare_digest(frame[_MAGIC_BYTES:_HEADER], _mac(key, body)):
         raise ProtocolError(REJECT_UNAUTHENTICATED, "bad MAC (wrong token?)")
     return body
 
@@ -580,7 +583,7 @@ def _node_frame(helds: list[float], parts: list[bytes], key: bytes) -> bytes:
 
 def is_node_frame(frame: bytes) -> bool:
     """Whether ``frame``'s payload is a node frame (not yet authenticated: only a hint)."""
-    return frame.startswith(NODE_FRAME_PREFIX, len(MAGIC) + MAC_BYTES)
+    return frame.startswith(NODE_FRAME_PREFIX, _HEADER)
 
 
 class _WireNode(msgspec.Struct, gc=False):
