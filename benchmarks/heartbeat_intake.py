@@ -1138,7 +1138,8 @@ def write_doc(args, env: str, main_table: str, full_table: str, scrape_table: st
             "thread; the controller's CPU column counts every thread. Render = snapshot to bytes, in the run "
             "(wall, and the worker thread's CPU), and alone on the run's final registry after the window (best of "
             "3). A gang above ~16,000 ranks has a rendering served again to the scrapes that follow while it is "
-            "younger than `decide.metrics_every_s` (4 s at 131,072 ranks) and the job's phase and attempt are "
+            "younger than `decide.metrics_every_s` (at 131,072 ranks 4 s, or longer where renderings cost more "
+            "than 2 % of a core: 7 s for 0.14 s of CPU) and the job's phase and attempt are "
             "unchanged: renderings counts the ones made in the window, and the render columns are theirs. "
             "Series = samples in one scrape. The scrape cost is the CPU of this configuration minus the "
             "intake-only one, both in this run (noise on a shared host can make it negative).\n",

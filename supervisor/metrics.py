@@ -520,12 +520,12 @@ class Exporter:
 
     async def render(self, gzip_ok: bool) -> Rendered:
         """The exposition: rendered anew, or the last one again while it is younger than
-        :func:`~supervisor.controller.decide.metrics_every_s` (a large gang) and the job's phase
-        and attempt are still what it shows."""
+        :func:`~supervisor.controller.decide.metrics_every_s` (a large gang; what the last
+        rendering cost counts) and the job's phase and attempt are still what it shows."""
         c, last = self.c, self.last
         key = (c.phase.value, c.attempt, gzip_ok)
         if (last is not None and self._key == key
-                and c.clock() - last.rendered_at < decide.metrics_every_s(c.registry.world_size)):
+                and c.clock() - last.rendered_at < decide.metrics_every_s(c.registry.world_size, last.render_cpu_s)):
             return dataclasses.replace(last, reused=True)
         snap = take_snapshot(c.view(), self.state)
         out = await asyncio.get_running_loop().run_in_executor(self._pool, self.render_snapshot, snap, gzip_ok)

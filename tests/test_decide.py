@@ -757,3 +757,17 @@ def test_reads_over_every_rank_slow_down_with_the_gang(ranks, calibration_s, pro
     assert calibration_every_s(2.0, ranks) == calibration_s
     assert progress_every_s(ranks) == progress_s
     assert calibration_stride(ranks) == stride
+
+
+@pytest.mark.parametrize("ranks, render_cpu_s, every_s", [
+    (16_384, 0.0, 0.0),     # every scrape renders up to 16,384 ranks
+    (16_384, 1.0, 0.0),     # however long a rendering took
+    (65_536, 0.0, 2.0),     # beyond, in proportion to the gang
+    (131_072, 0.01, 4.0),
+    (131_072, 0.14, 7.0),   # and long enough that renderings take at most 2 % of a core
+    (131_072, 0.5, 15.0),   # never older than a common scrape interval
+])
+def test_a_large_gang_s_metrics_rendering_is_served_again_for_a_while(ranks, render_cpu_s, every_s):
+    from supervisor.controller.decide import metrics_every_s
+
+    assert metrics_every_s(ranks, render_cpu_s) == pytest.approx(every_s)

@@ -805,6 +805,10 @@ PROGRESS_EVERY_RANKS = 131_072
 """A gang this large reads its slowest rank's step, its oldest save and its losses once a second."""
 METRICS_EVERY_RANKS = 32_768
 """A gang this large has its ``/metrics`` rendered at most once a second (:func:`metrics_every_s`)."""
+METRICS_CPU_SHARE = 0.02
+"""A large gang's ``/metrics`` renderings take at most this share of a core (:func:`metrics_every_s`)."""
+METRICS_MAX_AGE_S = 15.0
+"""No rendering is served older than this (a common Prometheus scrape interval), whatever it cost."""
 CALIBRATION_RANKS = 4_096
 """The step-time median that calibrates the phase timeouts is taken over the step times of about
 this many ranks at most (a systematic sample of a larger gang: every k-th rank)."""
@@ -824,12 +828,16 @@ def progress_every_s(world_size: int) -> float:
     return world_size / PROGRESS_EVERY_RANKS
 
 
-def metrics_every_s(world_size: int) -> float:
+def metrics_every_s(world_size: int, render_cpu_s: float = 0.0) -> float:
     """How long a ``/metrics`` rendering serves the scrapes that follow while the job's phase and
-    attempt stay the same: its per-rank aggregates read every rank (~0.15 s of CPU at 131,072
-    ranks, the records scattered in memory). 0 (every scrape renders) up to 16,384 ranks; 4 s at
-    131,072."""
-    return world_size / METRICS_EVERY_RANKS if world_size > METRICS_EVERY_RANKS // 2 else 0.0
+    attempt stay the same: its per-rank aggregates read every rank (~0.1-0.15 s of CPU at 131,072
+    ranks, the records scattered in memory). 0 (every scrape renders) up to 16,384 ranks; beyond,
+    in proportion to the gang (4 s at 131,072) and at least long enough that renderings costing
+    ``render_cpu_s`` each take no more than :data:`METRICS_CPU_SHARE` of a core (7 s for 0.14 s),
+    at most :data:`METRICS_MAX_AGE_S`."""
+    if world_size <= SCALE_RANKS:
+        return 0.0
+    return min(METRICS_MAX_AGE_S, max(world_size / METRICS_EVERY_RANKS, render_cpu_s / METRICS_CPU_SHARE))
 
 
 def calibration_stride(ranks: int) -> int:
