@@ -176,6 +176,7 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
 
 # ------------------------------------------------------------------------------ families
 _RANK_OF = operator.attrgetter("hb.rank")
+_RECEIVED = operator.attrgetter("received")
 
 
 def families(s: Snapshot) -> Iterator[Metric]:
@@ -198,11 +199,21 @@ def families(s: Snapshot) -> Iterator[Metric]:
                  "1 once the supervisor was asked to stop (SIGTERM/SIGINT or the scheduler's warning signal)",
                  job, 1.0 if s.stop_requested else 0.0)
 
-    # the aggregates: one pass over the ranks, each record and heartbeat read once (at 131,072
-    # ranks they are scattered in memory: a pass per field re-read each cold, ~40 % slower); a
-    # pass in Python only for the ranks shown one by one
+    # the aggregates, and the ranks a large job shows one by one (its stale and straggling ones):
+    # one pass over the ranks, each record and heartbeat read once (at 131,072 ranks they are
+    # scattered in memory: a pass per field read each cold again, ~40 % slower)
     recs = s.ranks
     now = s.now
+    timeout = s.timeout_s
+    cutoff = float(now - timeout)  # (a float: int.__gt__ of a float is NotImplemented, which is true)
+    scores = s.stragglers
+    threshold = s.straggler_threshold
+    top = max(scores.values(), default=0.0)
+    over = [(score, r) for r, score in scores.items() if score > threshold] if top > threshold else []
+    every_rank = len(recs) <= s.per_rank_limit and s.world_size <= s.per_rank_limit
+    straggling = set() if every_rank else {r for _, r in heapq.nlargest(WORST_RANKS, over)}
+    picked: list[Any] = []  # the records of those stragglers
+    stale: list[Any] = []  # the records of the ranks (not done) older than the timeout
     per_phase = dict.fromkeys(PHASES, 0)
     heard: list[float] = []  # when each rank not done was last heard
     hear = heard.append
@@ -212,7 +223,10 @@ def families(s: Snapshot) -> Iterator[Metric]:
         p = hb.phase
         per_phase[p] = per_phase.get(p, 0) + 1
         if p != PHASE_DONE:
-            hear(rec.received)
+            t = rec.received
+            hear(t)
+            if t < cutoff:
+                stale.append(rec)
         step = hb.step
         if step < steps_min:
             steps_min = step
@@ -220,11 +234,11 @@ def families(s: Snapshot) -> Iterator[Metric]:
             steps_max = step
         if hb.ckpt_s > blocked:
             blocked = hb.ckpt_s
+        if straggling and hb.rank in straggling:
+            picked.append(rec)
     if not recs:
         steps_min = steps_max = 0
-    timeout = s.timeout_s
-    cutoff = float(now - timeout)  # (a float: int.__gt__ of a float is NotImplemented, which is true)
-    n_stale = len(list(filter(cutoff.__gt__, heard)))  # older than the timeout: now - t > timeout
+    n_stale = len(stale)  # older than the timeout: now - t > timeout
     live = len(heard) - n_stale
     yield _gauge("supervisor_alive_ranks", "Ranks heard from within the heartbeat timeout (done ranks excluded)",
                  job, live)
@@ -247,22 +261,16 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield _gauge("supervisor_step_rate",
                  "Training steps per second: the slowest rank's step over the controller's last minute "
                  "(0 while the job takes no step)", job, s.step_rate)
-    scores = s.stragglers
-    threshold = s.straggler_threshold
-    top = max(scores.values(), default=0.0)
-    over = [(score, r) for r, score in scores.items() if score > threshold] if top > threshold else []
     yield _gauge("supervisor_straggler_score_max", "Highest straggler score of a rank (1 is typical)", job, top)
     yield _gauge("supervisor_stragglers", "Ranks whose straggler score is above health.straggler_threshold", job,
                  len(over))
 
     # per-rank series: every rank of a small job; above the limit, the worst ones only
-    if len(recs) <= s.per_rank_limit and s.world_size <= s.per_rank_limit:
+    if every_rank:
         shown = sorted(recs, key=_RANK_OF)
     else:
-        stale = [] if not n_stale else [(now - rec.received, rec.hb.rank) for rec in recs
-                                         if rec.received < cutoff and rec.hb.phase != PHASE_DONE]
-        wanted = {r for _, r in heapq.nlargest(WORST_RANKS, stale)} | {r for _, r in heapq.nlargest(WORST_RANKS, over)}
-        shown = sorted((rec for rec in recs if rec.hb.rank in wanted), key=_RANK_OF) if wanted else []
+        worst = heapq.nsmallest(WORST_RANKS, stale, key=_RECEIVED)  # the longest silent
+        shown = sorted({id(rec): rec for rec in worst + picked}.values(), key=_RANK_OF)
     age_f = GaugeMetricFamily("supervisor_rank_heartbeat_age_seconds",
                               "Seconds since each rank's last heartbeat (every rank up to metrics_per_rank_limit, "
                               "else the stale and straggling ones)", labels=["job", "rank"])
