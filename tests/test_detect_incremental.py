@@ -230,6 +230,29 @@ def test_a_ranks_dict_replaced_by_hand_is_indexed_again():
     assert detect(full, AT + 8.5, T, launched_at=0) == detect_full(full, AT + 8.5, T, launched_at=0) != []
 
 
+def _floor_by_pass(r: Registry) -> tuple[int, int]:
+    beats = [rec.hb for rec in r.ranks.values()]
+    return (min(b.step for b in beats), min(b.ckpt_step for b in beats)) if beats else (0, -1)
+
+
+@pytest.mark.parametrize("beats", [
+    [],
+    [hb(0, step=7, ckpt_step=5)],                                             # ranks 1-3 not heard yet
+    [hb(r, step=10 + r, ckpt_step=-1 if r == 2 else 9) for r in range(4)],   # one rank saved nothing yet
+    [hb(0, step=7), hb(6, step=3, world=8)],                                  # a rank outside the world size
+    [hb(0, step=7), hb(1, step=2**70)],                                       # a step no array holds (by hand)
+    [hb(1, step=9, ckpt_step=4), hb(1, seq=2, step=12, ckpt_step=11), hb(3, step=11, ckpt_step=6)],
+])
+def test_the_floor_is_the_slowest_rank_s_step_and_oldest_save_however_the_ranks_were_heard(beats):
+    r = Registry(0, 4)
+    for b in beats:
+        r.observe(b, AT)
+    assert r.floor() == _floor_by_pass(r)
+    if beats:  # a dict replaced by hand: read again from its records
+        r.ranks = {k: v for k, v in r.ranks.items() if k != beats[0].rank}
+        assert r.floor() == _floor_by_pass(r)
+
+
 # ------------------------------------------------------------------ detect() == detect_full(), always
 def check(r: Registry, now: float, timeouts: Timeouts, launched_at: float) -> tuple[bool, list]:
     """detect() agrees with the full pass at ``now``: (whether it answered without one, the findings)."""
