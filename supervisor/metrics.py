@@ -176,7 +176,10 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
 
 # ------------------------------------------------------------------------------ families
 _RANK_OF = operator.attrgetter("hb.rank")
-_RECEIVED = operator.attrgetter("received")
+
+
+def _silence(rec: Any) -> tuple[float, int]:
+    return rec.received, -rec.hb.rank
 
 
 def families(s: Snapshot) -> Iterator[Metric]:
@@ -269,7 +272,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
     if every_rank:
         shown = sorted(recs, key=_RANK_OF)
     else:
-        worst = heapq.nsmallest(WORST_RANKS, stale, key=_RECEIVED)  # the longest silent
+        worst = heapq.nsmallest(WORST_RANKS, stale, key=_silence)  # the longest silent, the higher rank first
         shown = sorted({id(rec): rec for rec in worst + picked}.values(), key=_RANK_OF)
     age_f = GaugeMetricFamily("supervisor_rank_heartbeat_age_seconds",
                               "Seconds since each rank's last heartbeat (every rank up to metrics_per_rank_limit, "

@@ -175,6 +175,8 @@ FENCE = (LAUNCH, 0, "j", 2)  # GOOD's launch, attempt, job and world size
     ({"beats": [_with(phase="sleeping")]}, FENCE, None, "schema"),    # enumerations checked as decoded
     ({"beats": [_with(source="elsewhere")]}, FENCE, None, "schema"),
     ({"beats": [_with(restore_state="maybe")]}, FENCE, None, "schema"),
+    ({"beats": [GOOD_BEAT[:8]]}, ("", 0, "j", 2), None, "schema"),   # no launch: a fence of none matches nothing
+    ({}, (LAUNCH, 0, "j", 0), False, None),                            # no world size yet: one at a time
 ])
 def test_the_intake_s_fence_is_read_in_the_same_pass_as_the_frame_s_checks(change, fence, fenced, reason):
     frame = frame_of(GOOD | change)

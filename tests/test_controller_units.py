@@ -19,7 +19,7 @@ from supervisor.controller.decide import RestartTimer
 from supervisor.controller.view import JobView, render_status
 from supervisor.health import Registry
 from supervisor.platforms.base import LaunchSpec, NodeState, NodeStatus, Platform, PlatformError
-from supervisor.protocol import Heartbeat, control_message, decode_control, derive_keys, encode
+from supervisor.protocol import Heartbeat, control_message, decode_control, derive_keys, encode, encode_node_frames
 
 
 class FakePlatform(Platform):
@@ -98,6 +98,23 @@ def test_intake_accepts_authenticated_current_attempt_only(tmp_path):
     intake.datagram_received(encode(hb(3, world_size=4).to_payload(), KEYS.heartbeat), ("127.0.0.1", 5001))
     assert set(c.registry.ranks) == {0} and c.wire.received == 1 and c.registry.addresses() == {0: ("127.0.0.1", 5000)}
     assert c.wire.rejected == {"stale_attempt": 2, "unauthenticated": 1, "malformed": 1, "schema": 1}
+
+
+def test_a_node_frame_moves_its_ranks_reply_addresses_to_the_relay_and_a_replay_moves_none(tmp_path):
+    c, clock = controller(tmp_path)
+    intake = Intake(c)
+    relay = ("10.0.0.7", 41000)
+    (frame,) = encode_node_frames([(hb(0, seq=3), 0.2), (hb(1, seq=3), 0.1)], KEYS.heartbeat)
+    intake.datagram_received(frame, relay)
+    assert c.registry.addresses() == {0: relay, 1: relay} and c.wire.node_frames == 1
+    assert [c.registry.ranks[r].received for r in (0, 1)] == pytest.approx([clock.t - 0.2, clock.t - 0.1])
+    intake.datagram_received(frame, ("10.9.9.9", 6666))  # the same frame, replayed from elsewhere
+    assert c.registry.addresses() == {0: relay, 1: relay} and [c.registry.ranks[r].hb.seq for r in (0, 1)] == [3, 3]
+    # a frame of a later launch's rank is fenced one heartbeat at a time: rank 1's address stays
+    (mixed,) = encode_node_frames([(hb(0, seq=4), 0.0), (hb(1, seq=4, launch="e" * 32), 0.0)], KEYS.heartbeat)
+    intake.datagram_received(mixed, ("10.0.0.8", 41000))
+    assert c.registry.addresses() == {0: ("10.0.0.8", 41000), 1: relay}
+    assert c.wire.rejected == {"other_launch": 1}
 
 
 def test_a_replayed_heartbeat_does_not_move_a_ranks_reply_address(tmp_path):

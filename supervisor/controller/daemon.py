@@ -142,7 +142,7 @@ class Controller:
         # what this controller has seen
         self.registry = Registry()  # the ranks' last heartbeats
         self.node_status: dict[str, NodeStatus] = {}  # the platform's last look at the nodes
-        self.heard = Heard()  # what the running attempt's ranks said (their addresses, restore report, steps)
+        self.heard = Heard()  # what the running attempt's ranks said (their restore report, steps)
         self.restarts = Restarts()  # each restart's timer, the last fault (the views show them)
         h = cfg.health
         self.detection = reconcile.Detection(Timeouts(heartbeat_s=cfg.heartbeat.timeout_s, startup_s=h.startup_timeout_s,

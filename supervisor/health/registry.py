@@ -36,8 +36,8 @@ never makes one later than what detect()'s own arithmetic finds."""
 class RankRecord(msgspec.Struct, gc=False):
     """A rank's latest heartbeat, when it was received (sent, for one a relay held) and where
     from, and where the rank is in its registry's index. Never tracked by the garbage collector
-    (``gc=False``: it refers to no container), so that a full collection does not walk 131,072
-    of them. One object per rank, read and written by each heartbeat: the controller's hot path
+    (``gc=False``: nothing it refers to can refer back to it: a heartbeat, floats, an address
+    tuple of a host and a port), so that a full collection does not walk 131,072 of them. One object per rank, read and written by each heartbeat: the controller's hot path
     touches the memory of one record, not of a record and an index entry."""
 
     hb: Heartbeat
@@ -69,8 +69,9 @@ class Registry:
     (``_catch_up``): about once per heartbeat timeout per rank, not once per heartbeat.
     :meth:`due` reads it in O(1) amortised with the timeouts the caller holds, so a recalibration
     costs nothing here. The index follows :meth:`observe` and :meth:`reset`: a ``ranks`` dict
-    replaced or resized by hand is indexed again at the next read; a record edited in place is
-    not seen.
+    replaced or resized by hand is indexed again at the next read; a record edited in place, or
+    put back under its rank in the same dict, is not seen (the records are the registry's own:
+    replace the dict, never one of its values).
     """
 
     def __init__(self, attempt: int = 0, world_size: int = 0) -> None:

@@ -614,7 +614,9 @@ def decode_node_beats(frame: bytes, key: bytes, fence: Fence | None = None) -> t
     # the enumerated fields and each field's bounds were checked by the decoder (in C); what is
     # left is across fields. A heartbeat of the fence (a non-empty launch, its world size) needs
     # only rank < world_size, and its collective groups parsed where it has some.
-    launch, attempt, job, world = fence or _NO_FENCE
+    # (no fence with no launch: an empty one would match a heartbeat missing its own; with no
+    # world size, the intake fences none: every heartbeat goes through the checks one by one)
+    launch, attempt, job, world = fence if fence is not None and fence[0] and fence[3] else _NO_FENCE
     for hb in beats:
         if hb.launch != launch or hb.attempt != attempt or hb.job != job or hb.world_size != world or hb.rank >= world:
             break
