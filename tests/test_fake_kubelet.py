@@ -332,6 +332,9 @@ def test_node_not_ready_stops_every_process_and_node_ready_resumes_them(kubelet,
     v1.create_namespaced_pod(NS, pod("p0", SPAWNS_A_SESSION))
     node = kubelet.wait_phase("p0", "Running").spec.node_name
     pids = wait_until(lambda: len(p := kubelet.container_pids("p0")) == 2 and p, what="the child")
+    # both asleep first: a child seen between its fork and its exec holds its parent in vfork
+    # (uninterruptible: a SIGSTOP there stops the child, and the parent not before it execs)
+    wait_until(lambda: all(proc_state(p) == "S" for p in pids), what="the processes asleep")
     kubelet.node_not_ready(node)
     wait_until(lambda: all(proc_state(p) == "T" for p in pids), timeout=10, what="the processes stopped")
     ready = condition(v1.read_node(node), "Ready")
