@@ -37,8 +37,9 @@ class RankRecord(msgspec.Struct, gc=False):
     """A rank's latest heartbeat, when it was received (sent, for one a relay held) and where
     from, and where the rank is in its registry's index. Never tracked by the garbage collector
     (``gc=False``: nothing it refers to can refer back to it: a heartbeat, floats, an address
-    tuple of a host and a port), so that a full collection does not walk 131,072 of them. One object per rank, read and written by each heartbeat: the controller's hot path
-    touches the memory of one record, not of a record and an index entry."""
+    tuple of a host and a port), so that a full collection does not walk 131,072 of them. One
+    object per rank, read and written by each heartbeat: the controller's hot path touches the
+    memory of one record, not of a record and an index entry."""
 
     hb: Heartbeat
     received: float
@@ -101,18 +102,17 @@ class Registry:
     def observe_many(self, beats: Sequence[Heartbeat], now: float, held: Sequence[float], addr: Any = None) -> int:
         """Record each of ``beats``, received from ``addr`` ``held`` (its own, finite: a frame's
         are bounded) seconds before ``now`` (a node's relay dates its ranks' heartbeats back to
-        when they were sent): how many
-        were recorded, those older than what is held left out (reordered or replayed). The
-        controller's hot path: a node frame's heartbeats in one call, a healthy rank's in a few
-        operations on its one record."""
+        when they were sent): how many were recorded, those older than what is held left out
+        (reordered or replayed). The controller's hot path: a node frame's heartbeats in one
+        call, a healthy rank's in a few operations on its one record."""
         if self.ranks is not self._indexed or len(self.ranks) != self._count:
             self._rebuild()
         ranks = self.ranks
         latest = self._latest
         steps, saves = self._steps, self._saves
         width = len(steps)
-        quiet = not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
-        quiet = quiet and now - now == 0.0  # (a clock that is not a finite time: each goes through _index)
+        finite = now - now == 0.0  # (a clock that is not a finite time: each heartbeat goes through _index)
+        quiet = finite and not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
         recorded = 0
         for hb, h in zip(beats, held):
             at = now - h
@@ -131,7 +131,7 @@ class Registry:
                 rec.hb = hb
                 rec.received = at
                 rec.addr = addr
-                if 0 <= rank < width:
+                if 0 <= rank < width:  # what _column does, inline (a call per heartbeat costs more)
                     try:
                         steps[rank] = hb.step
                         saves[rank] = hb.ckpt_step
@@ -157,8 +157,7 @@ class Registry:
             self._latest = latest
             self._index(rec)
             latest = self._latest
-            quiet = (not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
-                     and now - now == 0.0)
+            quiet = finite and not self._nonfinite and not self._done_nonfinite and not self._failed and not self._stopped
             recorded += 1
         self._latest = latest
         return recorded
