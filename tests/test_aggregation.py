@@ -177,6 +177,9 @@ FENCE = (LAUNCH, 0, "j", 2)  # GOOD's launch, attempt, job and world size
     ({"beats": [_with(restore_state="maybe")]}, FENCE, None, "schema"),
     ({"beats": [GOOD_BEAT[:8]]}, ("", 0, "j", 2), None, "schema"),   # no launch: a fence of none matches nothing
     ({}, (LAUNCH, 0, "j", 0), False, None),                            # no world size yet: one at a time
+    ({"beats": [_with(work_median_s=0.2) + ["a field of tomorrow"]]}, FENCE, True, None),  # a newer agent's
+    ({"beats": [GOOD_BEAT[:9]]}, FENCE, True, None),                  # an older agent's: the defaults
+    ({"beats": [GOOD_BEAT[:2] + [True] + GOOD_BEAT[3:]]}, FENCE, None, "schema"),  # a rank that is no int
 ])
 def test_the_intake_s_fence_is_read_in_the_same_pass_as_the_frame_s_checks(change, fence, fenced, reason):
     frame = frame_of(GOOD | change)
@@ -188,6 +191,27 @@ def test_the_intake_s_fence_is_read_in_the_same_pass_as_the_frame_s_checks(chang
     beats, held, ok = decode_node_beats(frame, KEYS.heartbeat, fence)
     assert ok is fenced
     assert [hb for hb, _ in decode_node_frame(frame, KEYS.heartbeat)] == beats and len(held) == len(beats)
+
+
+def test_a_fenced_heartbeat_holds_the_fence_s_own_objects_and_equals_the_same_heartbeat_unfenced():
+    # no string made per heartbeat for the job and launch, no int for the world size: the decode
+    # checks them against the fence and keeps the fence's objects
+    fence = (LAUNCH, 2, "llama-70b-pretrain", 1000)
+    sent = [beat(r, world=1000) for r in range(996, 1000)]
+    (one,) = encode_node_frames([(hb, 0.0) for hb in sent[:2]], KEYS.heartbeat)
+    (two,) = encode_node_frames([(hb, 0.0) for hb in sent[2:]], KEYS.heartbeat)
+    first, _, fenced = decode_node_beats(one, KEYS.heartbeat, fence)
+    second, _, fenced_too = decode_node_beats(two, KEYS.heartbeat, fence)
+    beats = first + second
+    assert fenced and fenced_too and beats == sent and sent == beats and not beats != sent
+    assert len({id(hb.launch) for hb in beats}) == len({id(hb.job) for hb in beats}) == 1
+    assert len({id(hb.world_size) for hb in beats}) == 1
+    unfenced = [hb for f in (one, two) for hb, _ in decode_node_frame(f, KEYS.heartbeat)]
+    assert len({id(hb.launch) for hb in unfenced}) == 4  # (what the fence saves: a string per heartbeat)
+    beats, sent = beats[2:], sent[2:]
+    assert isinstance(beats[0], Heartbeat) and repr(beats[0]) == repr(sent[0])
+    assert {*beats} == {*sent} and beats[0] != sent[1] and beats[0] != "a heartbeat"
+    assert msgspec.structs.replace(beats[0], seq=5) == msgspec.structs.replace(sent[0], seq=5)
 
 
 def test_enumerated_fields_decode_to_the_vocabulary_s_own_strings():
