@@ -44,6 +44,7 @@ from supervisor.protocol import (
     decode_frame,
     decode_heartbeat,
     derive_keys,
+    encode,
     hkdf_sha256,
     new_launch_id,
     restore_request,
@@ -62,6 +63,20 @@ def test_hkdf_is_rfc_5869():
         "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865")
     assert hkdf_sha256(ikm, salt=b"", info=b"", length=42).hex() == (
         "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8")
+
+
+@pytest.mark.parametrize("key", [b"", bytes([0x0B] * 20), KEYS.heartbeat, bytes(range(64)), bytes([0xAA] * 131)])
+def test_the_frame_mac_is_hmac_sha256_for_a_key_of_any_length(key):
+    # the MAC is computed from HMAC-SHA256's two keyed states (RFC 2104; a key longer than a block
+    # is hashed first, RFC 4231 case 6's 131 bytes): it must be the standard library's HMAC
+    payload = {"type": "dump", "launch": LAUNCH, "attempt": 1, "rank": 0, "seq": 7, "reason": "x" * 300}
+    made = encode(payload, key)
+    body = made[len(MAGIC) + MAC_BYTES:]
+    assert made[len(MAGIC):len(MAGIC) + MAC_BYTES] == hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]
+    assert decode_frame(frame(payload, key), key) == payload
+    with pytest.raises(ProtocolError) as err:
+        decode_frame(frame(payload, key + b"x"), key)
+    assert err.value.reason == "unauthenticated"
 
 
 def test_three_independent_keys_none_of_them_the_token():

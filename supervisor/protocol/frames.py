@@ -113,15 +113,32 @@ def derive_keys(token: bytes) -> Keys:
     return Keys(**{name: hkdf_sha256(token, salt=HKDF_SALT, info=label) for name, label in KEY_LABELS.items()})
 
 
+_SHA256_BLOCK = 64
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+
+
 @functools.lru_cache(maxsize=16)
-def _keyed(key: bytes) -> "hmac.HMAC":
-    return hmac.new(key, digestmod=hashlib.sha256)
+def _keyed(key: bytes) -> "tuple[hashlib._Hash, hashlib._Hash]":
+    """HMAC-SHA256's inner and outer hashes for ``key``, each past its first block (RFC 2104: the
+    key, padded to a block, XOR ipad and XOR opad): what every MAC under ``key`` starts from."""
+    if len(key) > _SHA256_BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_SHA256_BLOCK, b"\0")
+    return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
 
 
 def _mac(key: bytes, payload: bytes) -> bytes:
-    h = _keyed(key).copy()  # the key schedule is done once per key, not once per frame
-    h.update(payload)
-    return h.digest()[:MAC_BYTES]
+    """HMAC-SHA256(key, payload), truncated to :data:`MAC_BYTES` (RFC 2104 section 5). The key
+    schedule is done once per key (:func:`_keyed`), and each frame's MAC is six calls in C: the
+    standard library's ``hmac`` object adds ~0.5 µs of Python per frame to the same hashes (the
+    controller checks 16,384 frames a second)."""
+    inner, outer = _keyed(key)
+    inner = inner.copy()
+    inner.update(payload)
+    outer = outer.copy()
+    outer.update(inner.digest())
+    return outer.digest()[:MAC_BYTES]
 
 
 def encode(payload: dict[str, Any], key: bytes) -> bytes:
