@@ -13,6 +13,7 @@ Slurm cluster (tests/test_slurm.py, which also runs a killed and a skipping rank
 from __future__ import annotations
 
 import json
+import pickle
 import socket
 import time
 
@@ -180,6 +181,11 @@ FENCE = (LAUNCH, 0, "j", 2)  # GOOD's launch, attempt, job and world size
     ({"beats": [_with(work_median_s=0.2) + ["a field of tomorrow"]]}, FENCE, True, None),  # a newer agent's
     ({"beats": [GOOD_BEAT[:9]]}, FENCE, True, None),                  # an older agent's: the defaults
     ({"beats": [GOOD_BEAT[:2] + [True] + GOOD_BEAT[3:]]}, FENCE, None, "schema"),  # a rank that is no int
+    ({"beats": [_with(attempt=False)]}, FENCE, None, "schema"),       # False == 0 in Python, not on the wire
+    ({}, (LAUNCH, 0, "j", 1 << 21), False, None),                      # a fence no heartbeat can be of
+    ({"beats": [_with(world_size=(1 << 20) + 5, rank=(1 << 20) + 1)]}, (LAUNCH, 0, "j", (1 << 20) + 5), None,
+     "schema"),                                                         # (nor one beyond the wire's ranks)
+    ({}, (LAUNCH, True, "j", 2), False, None),                         # a fence of another type: unfenced
 ])
 def test_the_intake_s_fence_is_read_in_the_same_pass_as_the_frame_s_checks(change, fence, fenced, reason):
     frame = frame_of(GOOD | change)
@@ -212,6 +218,8 @@ def test_a_fenced_heartbeat_holds_the_fence_s_own_objects_and_equals_the_same_he
     assert isinstance(beats[0], Heartbeat) and repr(beats[0]) == repr(sent[0])
     assert {*beats} == {*sent} and beats[0] != sent[1] and beats[0] != "a heartbeat"
     assert msgspec.structs.replace(beats[0], seq=5) == msgspec.structs.replace(sent[0], seq=5)
+    back = pickle.loads(pickle.dumps(beats[0]))
+    assert type(back) is Heartbeat and back == sent[0]
 
 
 def test_enumerated_fields_decode_to_the_vocabulary_s_own_strings():

@@ -216,8 +216,9 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """What a rank says about itself, once per interval.
 
     One definition for both sides: the field types carry the wire's bounds (checked in C when a
-    node frame's heartbeats are decoded straight into this class; :data:`_FIELDS` is read off
-    them for the JSON object form). ``gc=False``: the controller holds one per rank (131,072 at
+    node frame's heartbeats are decoded straight into this class, or into a subclass that also
+    fences them, :func:`_fenced_decoder`; :data:`_FIELDS` is read off them for the JSON object
+    form). ``gc=False``: the controller holds one per rank (131,072 at
     the largest scale) and replaces each every interval; Python's garbage collector never has to
     walk them. In a node frame a heartbeat travels as an array in field order: a field is only
     ever added at the end, with a default (an older peer's shorter array reads as those
@@ -636,23 +637,43 @@ def _hash_as_heartbeat(self: Heartbeat) -> int:
     return hash(Heartbeat(*msgspec.structs.astuple(self)))
 
 
+def _as_heartbeat(self: Heartbeat) -> tuple:
+    """A fenced heartbeat pickles as the :class:`Heartbeat` it equals (its class is made at run time)."""
+    return Heartbeat, msgspec.structs.astuple(self)
+
+
+def _on_the_wire(name: str, value: Any) -> bool:
+    """Whether ``value`` is one :class:`Heartbeat`'s field ``name`` can hold on the wire (its type,
+    its bounds: :data:`_FIELDS`)."""
+    kind, lo, hi = _FIELDS[name]
+    if type(value) is not kind:
+        return False
+    return lo <= len(value) <= hi if kind is str else lo <= value <= hi
+
+
 @functools.lru_cache(maxsize=8)
-def _fenced_decoder(fence: Fence) -> msgspec.json.Decoder:
+def _fenced_decoder(fence: Fence) -> msgspec.json.Decoder | None:
     """A decoder of the node frames whose every heartbeat is of ``fence`` (a launch, attempt, job
     and world size; a rank below the world size), refusing any other: the fence is checked in C
     as each heartbeat is decoded, and its four fields decode to the fence's own objects (no string
     per heartbeat for the job and the launch, no int for the world size: nothing to make, nothing
     to free when the next heartbeat replaces it). Its heartbeats are of a subclass of
     :class:`Heartbeat` with the fields' types narrowed (the same fields, in the same order; equal
-    to a :class:`Heartbeat` of the same values). One per launch and attempt: a few are kept."""
+    to, hashed and pickled as a :class:`Heartbeat` of the same values). None where no heartbeat
+    on the wire could be of ``fence`` (a value of another type or outside the field's bounds):
+    the frames then go the general way. One per launch and attempt; the last 8 are kept (each
+    class ~6 KiB; typing's own caches may keep a few hundred of them alive at most)."""
     launch, attempt, job, world = fence
+    if not all(map(_on_the_wire, ("launch", "attempt", "job", "world_size"), fence)):
+        return None
     beat = msgspec.defstruct(
         "Heartbeat",
         [("job", Literal[job]), ("attempt", Literal[attempt]),
          ("rank", Annotated[int, msgspec.Meta(ge=0, lt=world)]), ("world_size", Literal[world]),
          ("launch", Literal[launch])],
         bases=(Heartbeat,), frozen=True, gc=False, array_like=True, module=__name__,
-        namespace={"__eq__": _same_fields, "__ne__": _other_fields, "__hash__": _hash_as_heartbeat},
+        namespace={"__eq__": _same_fields, "__ne__": _other_fields, "__hash__": _hash_as_heartbeat,
+                   "__reduce__": _as_heartbeat},
     )
     node = msgspec.defstruct(
         "_FencedNode",
@@ -674,9 +695,10 @@ def decode_node_beats(frame: bytes, key: bytes, fence: Fence | None = None) -> t
     body = _authenticated_body(frame, key)
     # (no fence with no launch: an empty one would match a heartbeat missing its own; with no
     # world size, the intake fences none: every heartbeat goes through the checks one by one)
-    if fence is not None and fence[0] and fence[3]:
+    decoder = _fenced_decoder(fence) if fence is not None and fence[0] and fence[3] else None
+    if decoder is not None:
         try:
-            wire = _fenced_decoder(fence).decode(body)
+            wire = decoder.decode(body)
         except msgspec.DecodeError:  # (a ValidationError too) not all of the fence, or not good at all
             wire = None
         if wire is not None:
