@@ -218,11 +218,11 @@ class Heartbeat(msgspec.Struct, frozen=True, gc=False, array_like=True):
     One definition for both sides: the field types carry the wire's bounds (checked in C when a
     node frame's heartbeats are decoded straight into this class, or into a subclass that also
     fences them, :func:`_fenced_decoder`; :data:`_FIELDS` is read off them for the JSON object
-    form). ``gc=False``: the controller holds one per rank (131,072 at
-    the largest scale) and replaces each every interval; Python's garbage collector never has to
-    walk them. In a node frame a heartbeat travels as an array in field order: a field is only
-    ever added at the end, with a default (an older peer's shorter array reads as those
-    defaults; a newer peer's longer one is read without the fields this side does not know).
+    form). ``gc=False``: the controller holds one per rank (131,072 at the largest scale) and
+    replaces each every interval; Python's garbage collector never has to walk them. In a node
+    frame a heartbeat travels as an array in field order: a field is only ever added at the end,
+    with a default (an older peer's shorter array reads as those defaults; a newer peer's longer
+    one is read without the fields this side does not know).
 
     ``coll_seq`` counts collectives this rank has *entered*; ``coll_inside`` says whether the
     latest one is still running. Peers blocked in collective N while one rank sits at N-1
