@@ -696,25 +696,25 @@ def decode_node_beats(frame: bytes, key: bytes, fence: Fence | None = None) -> t
     # (no fence with no launch: an empty one would match a heartbeat missing its own; with no
     # world size, the intake fences none: every heartbeat goes through the checks one by one)
     decoder = _fenced_decoder(fence) if fence is not None and fence[0] and fence[3] else None
+    wire = None
     if decoder is not None:
         try:
             wire = decoder.decode(body)
         except msgspec.DecodeError:  # (a ValidationError too) not all of the fence, or not good at all
-            wire = None
-        if wire is not None:
-            beats = wire.beats
-            if len(wire.held) != len(beats):
-                raise ProtocolError(REJECT_SCHEMA, f"{len(wire.held)} held times for {len(beats)} heartbeats")
-            # every field's type and bounds, the enumerations and the fence (rank < world size
-            # included) were checked by the decoder; what is left are the collective groups
-            for hb in beats:
-                if hb.coll_groups:
-                    decode_groups(hb.coll_groups)  # ProtocolError (schema) when it is not GROUP=ENQUEUED/COMPLETED items
-            return beats, wire.held, True
-    wire = _decoded(_NODE_DECODER, body)
+            pass
+    fenced = wire is not None
+    if not fenced:
+        wire = _decoded(_NODE_DECODER, body)
     beats = wire.beats
     if len(wire.held) != len(beats):
         raise ProtocolError(REJECT_SCHEMA, f"{len(wire.held)} held times for {len(beats)} heartbeats")
+    if fenced:
+        # every field's type and bounds, the enumerations and the fence (rank < world size
+        # included) were checked by the decoder; what is left are the collective groups
+        for hb in beats:
+            if hb.coll_groups:
+                decode_groups(hb.coll_groups)  # ProtocolError (schema) when it is not GROUP=ENQUEUED/COMPLETED items
+        return beats, wire.held, True
     for hb in beats:  # what _checked does, inline: a function call per heartbeat costs more than these
         if hb.rank >= hb.world_size or not hb.launch or hb.coll_groups:
             if not hb.launch:
