@@ -136,6 +136,7 @@ class Snapshot:
     received: int = 0
     node_frames: int = 0
     excluded_nodes: int = 0
+    suspect_checkpoints: int = 0
     step_rate: float = 0.0
     stop_requested: bool = False
     run_started_unix: float = 0.0
@@ -167,6 +168,7 @@ def take_snapshot(v: JobView, state: MetricsState) -> Snapshot:
         budget_remaining_s=v.budget_remaining_s, budget_exceeded=v.budget_exceeded,
         checkpoint=dict(ck) if ck else None, checkpoint_interval_s=state.checkpoint_interval(),
         rejected=v.rejected, received=v.received, node_frames=v.node_frames, excluded_nodes=len(v.excluded_nodes),
+        suspect_checkpoints=len(v.suspect_checkpoints),
         step_rate=max(0.0, float(v.step_rate)), stop_requested=v.stop_requested,
         run_started_unix=float(v.run_started_unix or state.started_unix),
         waiting_for_capacity_s=v.waiting_for_capacity_s, release=dict(v.release),
@@ -371,6 +373,9 @@ def families(s: Snapshot) -> Iterator[Metric]:
     frames.add_metric([job], s.node_frames)
     yield frames
     yield _gauge("supervisor_excluded_nodes", "Nodes excluded from future attempts", job, s.excluded_nodes)
+    yield _gauge("supervisor_suspect_checkpoints",
+                 "Checkpoints this run will never restore (the ranks' verification refused them, or two attempts "
+                 "that restored one died before a step); kept on disk as evidence", job, s.suspect_checkpoints)
     rel = s.release
     info = GaugeMetricFamily("supervisor_release_info",
                              "1, labelled with the version the ranks run, its state (probation, known_good, rejected) "

@@ -248,6 +248,20 @@ def test_the_running_release_and_rollbacks_by_reason_are_exported(tmp_path):
     assert c.status()["release"]["rejected"] == [bad.id]
 
 
+def test_the_run_s_suspect_checkpoints_are_counted_from_none_as_the_ranks_refuse_them(tmp_path):
+    from supervisor.controller.decide import RestoreReport, note_refusals
+
+    c = make_controller(tmp_path)
+    v = make_registry(c).get_sample_value
+    assert v("supervisor_suspect_checkpoints", {"job": "j"}) == 0.0  # at 0 from the start: the ticket's delta sees the first
+    refused = RestoreReport(state="restored", restored="step-0000000010",
+                            refused=(("step-0000000015", "fails its sha256 checksum (corrupt)"),))
+    c.history, newly = note_refusals(c.history, refused)
+    assert [n for n, _ in newly] == ["step-0000000015"]
+    assert v("supervisor_suspect_checkpoints", {"job": "j"}) == 1.0
+    c.history, newly = note_refusals(c.history, refused)  # refused again by the next attempt: still one
+    assert newly == [] and v("supervisor_suspect_checkpoints", {"job": "j"}) == 1.0
+
 # ------------------------------------------------------------------------------ the endpoint
 def test_metrics_endpoint_renders_in_a_worker_thread_and_gzips_when_accepted(tmp_path, monkeypatch):
     from aiohttp.test_utils import TestClient, TestServer
