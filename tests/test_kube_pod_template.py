@@ -490,3 +490,57 @@ def test_the_dry_run_tells_a_refusal_from_a_cluster_that_cannot_dry_run(api, tmp
                                             "grant it pods create"):
         check()
     assert [o for o in api.objects("pods", "training")] == []
+
+
+def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_is_a_warning(api, tmp_path):
+    """``check_workers`` reads the quota admission's refusal of the dry run: a quota whose limit
+    leaves room for fewer worker pods than the job's least node count, whatever else ends, is a
+    refusal (the job would wait forever for pods it can never have); one that others hold now is
+    a warning (its pods wait for the quota, as any pod would). The pod is never made."""
+    import asyncio
+
+    from supervisor.platforms.base import PlatformError
+
+    raw = job({"resources": {"limits": {"nvidia.com/gpu": 8}}}, node_reads=False, slots=2)  # nodes: min 2
+    raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+    v1 = client.CoreV1Api(client.ApiClient(api.configuration()))
+    v1.create_namespace({"metadata": {"name": "training"}})
+    s = LaunchSpec(**{**spec().__dict__, "nodes": ["slot-0", "slot-1"]})
+
+    def check() -> list[str]:
+        p = started(api, tmp_path, raw)
+        try:
+            return asyncio.run(p.check_workers(s))
+        finally:
+            p.close()
+
+    def quota(gpus: str) -> None:
+        body = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": gpus}}}
+        if [q for q in v1.list_namespaced_resource_quota("training").items if q.metadata.name == "gpus"]:
+            v1.replace_namespaced_resource_quota("gpus", "training", body)
+        else:
+            v1.create_namespaced_resource_quota("training", body)
+
+    def holder(gpus: int) -> None:  # another team's pod, holding part of the quota
+        v1.create_namespaced_pod("training", {"metadata": {"name": "other"}, "spec": {"containers": [{
+            "name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}})
+
+    quota("4")  # less than one worker pod's 8 GPUs
+    with pytest.raises(PlatformError, match=r"the namespace's quota gpus can never hold the gang: a worker pod "
+                                            r"requests requests.nvidia.com/gpu=8 and the quota allows "
+                                            r"requests.nvidia.com/gpu=4 in all, room for 0 worker pods where the "
+                                            r"job needs at least 2 \(a dry run: nothing was made\); raise the quota "
+                                            r"or lower the workers' requests"):
+        check()
+    quota("16")  # room for the gang once another team's pod, holding 12 now, ends: a warning
+    holder(12)
+    (warning,) = check()
+    assert warning.startswith("the namespace's quota does not hold a worker pod now (HTTP 403 Forbidden: ") \
+        and "exceeded quota: gpus" in warning and warning.endswith("its pods will wait for it"), warning
+    quota("12")  # room for one worker pod, never two: refused, even while the other pod holds it
+    with pytest.raises(PlatformError, match=r"room for 1 worker pod where the job needs at least 2"):
+        check()
+    quota("16")
+    v1.delete_namespaced_pod("other", "training")
+    assert check() == []
+    assert [o["metadata"]["name"] for o in api.objects("pods", "training")] == []

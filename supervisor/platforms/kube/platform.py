@@ -398,7 +398,9 @@ class KubernetesPlatform(Platform):
         """A server-side dry run (``dryRun=All``) of the first slot's worker pod, as :meth:`launch`
         would make it: the API server runs its schema, its admission (PodSecurity, webhooks) and
         its quota and stores nothing. Refused: a :class:`PlatformError` with the API server's
-        message; a quota others hold now: a warning (the pods wait, as any pod would)."""
+        message; a quota that others hold now: a warning (the pods wait, as any pod would), unless
+        its limit leaves room for fewer worker pods than the job's least node count whatever else
+        ends (:func:`quota_never_holds`): refused (the gang would wait forever)."""
         self._check_fenced()
         await self._ensure_owner()
         slot = spec.nodes[0]
@@ -413,6 +415,11 @@ class KubernetesPlatform(Platform):
                 # dry run: the cluster cannot tell without making the pod
                 return [f"the worker pod could not be checked with a dry run ({said}); launching as configured"]
             if "exceeded quota" in said:
+                never = quota_never_holds(said, spec.nnodes_min)
+                if never:
+                    raise PlatformError(f"{never} (a dry run: nothing was made); raise the quota or lower the "
+                                        "workers' requests (chart values workers.resources, config "
+                                        "platform.kubernetes.worker.resources)") from None
                 return [f"the namespace's quota does not hold a worker pod now ({said}); its pods will wait for it"]
             if exc.status == 403 and "cannot create resource" in said:
                 raise PlatformError(f"the controller may not create worker pods in namespace {self.ns}: {said}; "
@@ -1184,6 +1191,51 @@ def disruption_budget(name: str, namespace: str, selector: dict[str, str], min_a
             # and under the default (IfHealthyBudget) one such pod would block every drain of the node
             "spec": {"minAvailable": min_available, "selector": {"matchLabels": dict(selector)},
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
+
+
+_EXCEEDED = re.compile(r"exceeded quota: ([^,\s]+), requested: (\S+), used: (\S+), limited: (\S+)")
+"""The quota admission's refusal (kube-apiserver's resourcequota plugin): ``exceeded quota: NAME,
+requested: R=Q,..., used: R=Q,..., limited: R=Q,...``, each list the resources over the limit."""
+
+
+def quota_never_holds(said: str, pods_min: int) -> str | None:
+    """Why the quota named in the API server's refusal ``said`` can never hold ``pods_min`` worker
+    pods, whatever else ends (its limit is below their requests), or None: it may once others free
+    what they hold, or the refusal is not one it can read. The ``requested`` of a pod's refusal
+    are that one pod's."""
+    m = _EXCEEDED.search(said[:4096])
+    if m is None:
+        return None
+    name, requested, limited = m.group(1), _resource_list(m.group(2)), _resource_list(m.group(4))
+    if requested is None or limited is None:
+        return None
+    for resource, (asked_text, asked) in requested.items():
+        limit_text, limit = limited.get(resource, ("", None))
+        if limit is None or asked <= 0:
+            continue
+        room = int(limit // asked)
+        if room < pods_min:
+            return (f"the namespace's quota {name} can never hold the gang: a worker pod requests "
+                    f"{resource}={asked_text} and the quota allows {resource}={limit_text} in all, room for "
+                    f"{room} worker pod{'s' if room != 1 else ''} where the job needs at least {pods_min}")
+    return None
+
+
+def _resource_list(text: str) -> dict[str, tuple[str, Any]] | None:
+    """``requests.cpu=1,pods=1`` as resource -> (its text, its quantity: a Decimal); None if any
+    item does not read."""
+    from kubernetes.utils import parse_quantity
+
+    out = {}
+    for item in text.split(",")[:64]:
+        resource, sep, quantity = item.partition("=")
+        if not sep or not resource:
+            return None
+        try:
+            out[resource] = (quantity, parse_quantity(quantity))
+        except (ValueError, TypeError, ArithmeticError):
+            return None
+    return out
 
 
 def _quantities(resources: dict) -> dict:
