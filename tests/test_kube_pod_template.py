@@ -544,3 +544,14 @@ def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_i
     v1.delete_namespaced_pod("other", "training")
     assert check() == []
     assert [o["metadata"]["name"] for o in api.objects("pods", "training")] == []
+    # a quota with room for one pod and nothing else in it passes the dry run (one pod fits); the
+    # launch's second pod is refused, and the error says why the gang can never run, not a bare 403
+    quota("12")
+    p = started(api, tmp_path, raw)
+    try:
+        with pytest.raises(PlatformError, match=r"the namespace's quota gpus can never hold the gang: .* room for 1 "
+                                                r"worker pod where the job needs at least 2: pod \S+ refused \(HTTP "
+                                                r"403 Forbidden: .*exceeded quota: gpus"):
+            asyncio.run(p.launch(s))
+    finally:
+        p.close()

@@ -481,7 +481,15 @@ class KubernetesPlatform(Platform):
         self.pod_watch.forget([p.name])  # a retried launch's names are new again
         for try_ in range(NAME_TRIES):
             pod = self._pod_body(spec, slot, endpoint, is_host)
-            created = await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
+            try:
+                created = await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
+            except ApiError as exc:
+                never = quota_never_holds(exc.said, spec.nnodes_min) if exc.status == 403 else None
+                if never is None:
+                    raise
+                # the dry run passed (one pod fits) but the gang does not: say so, not the bare 403
+                raise PlatformError(f"{never}: pod {p.name} refused ({exc.said}); raise the quota or lower the "
+                                    "workers' requests") from None
             if created is not None or await self._ours(p.name):
                 return
             taken = p.name
