@@ -163,14 +163,42 @@ def test_a_new_run_never_takes_an_earlier_runs_finished_pods_for_its_own(api, tm
         assert {s: st.state for s, st in states.items()} == {"slot-0": NodeState.RUNNING, "slot-1": NodeState.RUNNING}
         ours = {o["metadata"]["name"]: o for o in api.objects("pods", NS)}
         assert ours["job-1-a0-slot-0-1"]["metadata"]["labels"]["elastic-supervisor/launch"] != earlier
-        # the earlier run's pods are fenced: deleted, the new gang's untouched
-        until(lambda: sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
-                             if not o["metadata"].get("deletionTimestamp")) == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"])
+        # the earlier run's pods are fenced: deleted, the new gang's untouched (each look goes on
+        # with the deletions: a test's loop ends with each run(), the controller's never does)
+        until(lambda: run(p.observe()) and sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
+                                                  if not o["metadata"].get("deletionTimestamp"))
+              == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"])
         assert "--rdzv-endpoint=job-1-a0-slot-0-1.job-1-rdzv.ml.svc:29400" in \
             ours["job-1-a0-slot-1-1"]["spec"]["containers"][0]["command"]  # the store's pod by its new name
     finally:
         p.close()
 
+
+def test_an_earlier_run_s_pod_whose_deletion_fails_is_fenced_again_at_the_next_look(api, tmp_path):
+    """The fence deletes an earlier run's pods once; a deletion the API server refuses (here a
+    403 from a policy, any error past the client's retries alike) leaves the pod, which may hold
+    a node the gang needs: the next observation deletes it again."""
+    before = platform(api, tmp_path)
+    try:
+        run(before.launch(spec(0)))
+    finally:
+        before.close()
+    p = platform(api, tmp_path)
+    try:
+        until(lambda: len(p.pod_watch.snapshot()) == 2)
+        refused = api.inject_fault(403, verb="delete", resource="pods")
+        run(p.launch(spec(0)))  # names taken: the new gang's are job-1-a0-slot-N-1; the old ones' deletions refused
+        until(lambda: api.request_counts()[("delete", "pods")] >= 2)
+        run(p.observe())
+        live = sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
+                      if not o["metadata"].get("deletionTimestamp"))
+        assert live == ["job-1-a0-slot-0", "job-1-a0-slot-0-1", "job-1-a0-slot-1", "job-1-a0-slot-1-1"]
+        api.remove_fault(refused)
+        until(lambda: run(p.observe()) and sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
+                                                  if not o["metadata"].get("deletionTimestamp"))
+              == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"])
+    finally:
+        p.close()
 
 def test_a_retried_launch_does_not_take_its_terminating_pods_for_new_ones(api, tmp_path):
     p = platform(api, tmp_path)

@@ -999,11 +999,20 @@ class KubernetesPlatform(Platform):
         task.add_done_callback(self._tasks.discard)
 
     async def _delete(self, name: str, grace: int) -> None:
+        """Delete pod ``name``. A pod being fenced whose deletion failed (the API server did not
+        answer within the retries) or never ran (its task cancelled) is fenced again at the next
+        observation: it may hold a node the gang needs."""
         try:
             await self.api.call(self.api.core.delete_namespaced_pod, name, self.ns, grace_period_seconds=grace,
                                 ok=(404,))
         except PlatformError as exc:
-            log.warning("event=pod_delete_failed pod=%s error=%s", name, exc)
+            retry = name in self._fencing
+            self._fencing.discard(name)
+            log.warning("event=pod_delete_failed pod=%s error=%s%s", name, exc,
+                        " (fenced again at the next observation)" if retry else "")
+        except asyncio.CancelledError:
+            self._fencing.discard(name)
+            raise
 
     # ------------------------------------------------------------------ act
     async def kill_node(self, name: str) -> None:
