@@ -40,6 +40,9 @@ def test_save_then_load_round_trips_with_a_typed_history(tmp_path):
     (json.dumps(GOOD | {"history": {"restarts": 1, "hats": []}}), "history.hats"),
     (json.dumps(GOOD | {"history": {"suspects": "step-1"}}), "history.suspects"),
     (json.dumps({k: v for k, v in GOOD.items() if k != "job"}), "job: missing"),
+    (json.dumps(GOOD | {"capacity_since": float("inf")}), "capacity_since: inf is not a finite number"),
+    (json.dumps(GOOD | {"capacity_since": "yesterday"}), "capacity_since: 'yesterday' is not a number"),
+    (json.dumps(GOOD | {"capacity_since": 1.7e9, "capacity_message": "x" * 5000}), "capacity_message: longer than"),
 ])
 def test_a_state_that_cannot_be_used_is_refused_with_the_way_out(tmp_path, text, says):
     path = tmp_path / "supervisor-state.json"

@@ -16,6 +16,8 @@ knows some images, real cgroup memory limits, kubelet admission), the controller
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -190,6 +192,33 @@ def test_a_gang_waits_for_gpus_without_spending_an_attempt_and_runs_once_they_ar
     assert len(launches(run)) == 1 and not run.events("fault_detected") and not run.events("action")
     assert_same_path(run, control)
 
+
+def test_a_controller_replaced_while_its_gang_waits_for_gpus_goes_on_with_the_same_wait(gpu_cluster, gpu_run,
+                                                                                       control):
+    """The wait for capacity is the job's, not one controller's: a replacement (the Deployment's,
+    after a kill -9) adopts the waiting gang and goes on with the wait its predecessor began (the
+    state keeps when it began), so restart.capacity_wait_s bounds the whole wait however often
+    the controller is replaced, and the wait is announced once."""
+    held = blocker(gpu_cluster, "fake-node-1")
+    run = gpu_run(kube={"worker": {"image": "fake.invalid/worker:1", "resources": GPU}},
+                  overrides={"health": {"startup_timeout_s": 12}})
+    run.wait_event("waiting_for_capacity")
+    until(lambda: live_status(run)["waiting_for_capacity"]["since_s"] > 6)
+    os.killpg(run.proc.pid, signal.SIGKILL)  # the controller only: its pods wait on
+    run.proc.wait()
+    run.start()
+    run.wait_event("adopted", attempt=0, timeout=90)
+    # (the state file names the new controller's port once it serves; the dead one's refuses)
+    st = until(lambda: (s := live_status(run))["phase"] == "waiting_for_capacity" and s)
+    assert st["waiting_for_capacity"]["since_s"] > 6, st["waiting_for_capacity"]
+    assert "Insufficient nvidia.com/gpu" in st["waiting_for_capacity"]["detail"]
+    gpu_cluster.kubelet.v1.delete_namespaced_pod(held, NS, grace_period_seconds=0)
+    found = run.wait_event("capacity_found")
+    assert found["waited_s"] > 6, found
+    assert finished(run)["phase"] == "completed"
+    assert len(run.events("waiting_for_capacity")) == 1  # announced by the first controller only
+    assert len(launches(run)) == 1 and not run.events("fault_detected") and not run.events("action")
+    assert_same_path(run, control)
 
 def test_a_gang_that_can_never_be_placed_stops_naming_the_scheduler(gpu_cluster, gpu_run):
     run = gpu_run(kube={"worker": {"image": "fake.invalid/worker:1", "resources": {"limits": {"nvidia.com/gpu": 2}}}},

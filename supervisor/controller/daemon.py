@@ -485,13 +485,18 @@ class Controller:
                 self.save_state()
                 return False
             self.launched_at = now
-            if isinstance(verdict, reconcile.Waiting) and verdict.first:
+            if isinstance(verdict, reconcile.Waiting) and (verdict.first or self.phase == JobPhase.STARTING):
                 self.phase = JobPhase.WAITING_FOR_CAPACITY
                 self.save_state()
-                log.warning("event=waiting_for_capacity attempt=%d nodes=%s limit_s=%g detail=%s", self.attempt,
-                            list(verdict.nodes), r.capacity_wait_s or r.budget_s, verdict.message)
-                self.event("waiting_for_capacity", attempt=self.attempt, nodes=list(verdict.nodes),
-                           detail=verdict.message, limit_s=r.capacity_wait_s or r.budget_s)
+                if verdict.first:
+                    log.warning("event=waiting_for_capacity attempt=%d nodes=%s limit_s=%g detail=%s", self.attempt,
+                                list(verdict.nodes), r.capacity_wait_s or r.budget_s, verdict.message)
+                    self.event("waiting_for_capacity", attempt=self.attempt, nodes=list(verdict.nodes),
+                               detail=verdict.message, limit_s=r.capacity_wait_s or r.budget_s)
+                else:  # an adopted gang still waiting: the wait the previous controller began goes on
+                    log.warning("event=still_waiting_for_capacity attempt=%d nodes=%s waited_s=%.1f limit_s=%g "
+                                "detail=%s", self.attempt, list(verdict.nodes), now - self.capacity_since,
+                                r.capacity_wait_s or r.budget_s, verdict.message)
             elif isinstance(verdict, Stop):
                 self.event("action", attempt=self.attempt, action="tear_down", reason="no_capacity")
                 await self.platform.teardown(r.teardown_grace_s)
@@ -1023,10 +1028,13 @@ class Controller:
         # the job's state, and beside it what only this controller knows (where it listens, what
         # its platform runs) and the restart under way's timer
         timer = self.restarts.open
+        since = self.capacity_since  # a replacement goes on with the wait, not from nothing
         state_file.save(self.state_path, self.state.to_saved(self.to_unix) | {
             "intake_port": self.intake_port, "http_port": self.http_port, "http_host": self.cfg.http.host,
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
         } | ({"restart_timer": timer.to_saved(self.to_unix)} if timer is not None else {})
+          | ({"capacity_since": self.to_unix(since),
+              "capacity_message": self.capacity_message[:state_file.MAX_CAPACITY_MESSAGE]} if since is not None else {})
           | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}), durable=durable)
 
     def to_unix(self, t: float) -> float:

@@ -51,6 +51,8 @@ LOCK_FILE = "supervisor.lock"
 OWNER_FILE = "supervisor.owner.json"
 LEASE_S = 30.0
 MAX_STATE_BYTES = 8 << 20
+MAX_CAPACITY_MESSAGE = 4096
+"""The most of the scheduler's words on a wait for capacity kept in the state (the rest is cut)."""
 MAX_STATE_DEPTH = 32
 """Nesting of the whole file (the controller writes 4 levels at most)."""
 MAX_STATE_INT = (1 << 63) - 1
@@ -92,6 +94,8 @@ _SCHEMA: dict[str, tuple[str, bool]] = {
     "launch_id": (_STR, False),
     "recovery": (_DICT, False),
     "restart_timer": (_DICT, False),
+    "capacity_since": (_NUM, False),
+    "capacity_message": (_STR, False),
     "version": (_INT, False),
 }
 
@@ -204,6 +208,10 @@ def _check_fields(obj: dict) -> None:
         Recovery.from_saved(obj["recovery"], float)
     if obj.get("restart_timer") is not None:
         RestartTimer.from_saved(obj["restart_timer"], float)
+    # the scheduler's words on the launch's wait for capacity (capacity_since, when it began, is a
+    # finite number: _check_plain)
+    if len(obj.get("capacity_message", "")) > MAX_CAPACITY_MESSAGE:
+        raise ValueError(f"capacity_message: longer than {MAX_CAPACITY_MESSAGE} characters")
     ck = obj.get("last_checkpoint")
     if ck is not None:
         if not _checkpoint_name(ck.get("name")):
