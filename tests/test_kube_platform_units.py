@@ -200,6 +200,50 @@ def test_an_earlier_run_s_pod_whose_deletion_fails_is_fenced_again_at_the_next_l
     finally:
         p.close()
 
+@pytest.mark.parametrize("kind", ["budget", "pod_group"])
+def test_an_earlier_run_s_budget_or_pod_group_of_another_size_is_replaced_and_a_retried_launch_s_kept(api, tmp_path,
+                                                                                                     kind):
+    """An attempt's PodDisruptionBudget and PodGroup are named by the attempt, and a new run starts
+    at attempt 0 again: one left by a controller that died before its teardown, made for a gang of
+    another size, would hold the new gang to the old count (a PodGroup's minMember of 4 for a gang
+    of 2 never schedules it). It is replaced; the same object met again (a launch retried) is kept."""
+    from supervisor.platforms.kube.gang import GangConfig
+
+    kw = {"disruption_budget": True} if kind == "budget" else {"gang": GangConfig(mode="volcano")}
+    api_client = client.ApiClient(api.configuration())
+    policy, objects = client.PolicyV1Api(api_client), client.CustomObjectsApi(api_client)
+    where = ("scheduling.volcano.sh", "v1beta1", NS, "podgroups")
+
+    def made() -> dict:
+        if kind == "budget":
+            (pdb,) = policy.list_namespaced_pod_disruption_budget(NS).items
+            return {"uid": pdb.metadata.uid, "count": pdb.spec.min_available,
+                    "selects": pdb.spec.selector.match_labels}
+        (group,) = objects.list_namespaced_custom_object(*where)["items"]
+        return {"uid": group["metadata"]["uid"], "count": group["spec"]["minMember"]}
+
+    before = platform(api, tmp_path, slots=4, **kw)
+    try:
+        run(before.launch(spec(0, nodes=("slot-0", "slot-1", "slot-2", "slot-3"))))  # the earlier run: 4 pods
+    finally:
+        before.close()
+    old = made()
+    assert old["count"] == 4
+    p = platform(api, tmp_path, slots=4, **kw)  # the new run (its controller never tore the old one down)
+    try:
+        run(p.launch(spec(0)))
+        new = made()
+        assert new["count"] == 2 and new["uid"] != old["uid"]
+        if kind == "budget":  # it selects the new gang's pods
+            assert new["selects"]["elastic-supervisor/attempt"] == "0"
+            selected = [o["metadata"]["name"] for o in api.objects("pods", NS)
+                        if new["selects"].items() <= (o["metadata"]["labels"] or {}).items()]
+            assert sorted(selected) == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"], selected
+        run(p.launch(spec(0)))  # the same launch tried again: the object made for it stays
+        assert made() == new
+    finally:
+        p.close()
+
 def test_a_retried_launch_does_not_take_its_terminating_pods_for_new_ones(api, tmp_path):
     p = platform(api, tmp_path)
     try:

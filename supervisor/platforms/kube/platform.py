@@ -615,10 +615,35 @@ class KubernetesPlatform(Platform):
                               labels=dict(self.labels) | {ATTEMPT_LABEL: str(spec.attempt)}, owner=self._owner,
                               priority_class=w.priority_class_name if w is not None else "")
         group, version, plural = g.api
-        await self.api.call(self._custom_objects().create_namespaced_custom_object, group, version, self.ns, plural,
-                            body, ok=(409,))
+        objects, where = self._custom_objects(), (group, version, self.ns, plural)
+        await self._ensure_made("PodGroup", body, (objects.create_namespaced_custom_object, where, ()),
+                                (objects.get_namespaced_custom_object, where, ()),
+                                (objects.delete_namespaced_custom_object, where, ()))
         log.info("event=pod_group_created name=%s api=%s/%s minMember=%d", body["metadata"]["name"], group, version,
                  len(spec.nodes))
+
+    async def _ensure_made(self, kind: str, body: dict, create: tuple, read: tuple, delete: tuple) -> None:
+        """Create ``body``. 409, made already: kept where its spec holds everything ``body``'s does
+        (a launch retried), else deleted and made again (an earlier run's, left by a controller that
+        died before its teardown: a run starts at attempt 0 again, and its gang may be another size
+        or its pods other labels). ``create``, ``read``, ``delete``: the client's method, and its
+        arguments before and after the body or the name."""
+        def call(op: tuple, x: Any, **kw: Any) -> Any:
+            fn, before, after = op
+            return self.api.call(fn, *before, x, *after, **kw)
+
+        name = body["metadata"]["name"]
+        if await call(create, body, ok=(409,)) is not None:
+            return
+        found = await call(read, name, ok=(404,))
+        if found is not None:
+            have = self.api.api_client.sanitize_for_serialization(found).get("spec") or {}
+            if all(have.get(k) == v for k, v in body["spec"].items()):
+                return
+            log.warning("event=stale_object_replaced kind=%s name=%s had=%s wanted=%s", kind, name,
+                        json.dumps(have, sort_keys=True)[:400], json.dumps(body["spec"], sort_keys=True)[:400])
+            await call(delete, name, ok=(404,))
+        await call(create, body)
 
     def _budget_name(self, attempt: int) -> str:
         return dns_label(f"{self.base}-a{attempt}", 63)
@@ -635,7 +660,10 @@ class KubernetesPlatform(Platform):
             await self._delete_budget(spec.attempt - 1)
         selector = dict(self.labels) | {ATTEMPT_LABEL: str(spec.attempt)}
         body = disruption_budget(self._budget_name(spec.attempt), self.ns, selector, len(spec.nodes), self._owner)
-        await self.api.call(self._policy().create_namespaced_pod_disruption_budget, self.ns, body, ok=(409,))
+        policy, ns = self._policy(), (self.ns,)
+        await self._ensure_made("PodDisruptionBudget", body, (policy.create_namespaced_pod_disruption_budget, ns, ()),
+                                (policy.read_namespaced_pod_disruption_budget, (), ns),
+                                (policy.delete_namespaced_pod_disruption_budget, (), ns))
         log.info("event=disruption_budget_created name=%s minAvailable=%d", body["metadata"]["name"], len(spec.nodes))
 
     async def _delete_budget(self, attempt: int) -> None:
