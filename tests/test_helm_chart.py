@@ -293,7 +293,7 @@ ROLE_RULES = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["create", "delete"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "delete"]},
 ]
 """Exactly the calls in supervisor/platforms/kube/ (tests/test_kube_platform.py checks the requests a
 real run sends against the rendered rules): no secrets (the chart's token Secret reaches the
@@ -329,9 +329,9 @@ def test_rbac_least_verbs(chart, value_set):
 
 
 GANG_RULES = {"volcano": {"apiGroups": ["scheduling.volcano.sh"], "resources": ["podgroups"],
-                          "verbs": ["create", "delete"]},
+                          "verbs": ["get", "create", "delete"]},
               "coscheduling": {"apiGroups": ["scheduling.x-k8s.io"], "resources": ["podgroups"],
-                               "verbs": ["create", "delete"]}}
+                               "verbs": ["get", "create", "delete"]}}
 
 
 @pytest.mark.parametrize("mode, queue", [("none", ""), ("kueue", "team-a"), ("volcano", "research"),

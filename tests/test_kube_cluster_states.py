@@ -231,6 +231,24 @@ def test_a_gang_that_can_never_be_placed_stops_naming_the_scheduler(gpu_cluster,
         p["metadata"].get("deletionTimestamp") for p in gpu_cluster.pods(**{"elastic-supervisor/job": JOB_NAME}))
 
 
+def test_a_quota_with_room_for_one_worker_pod_stops_a_gang_of_two_at_launch_naming_it(gpu_cluster, gpu_run):
+    """The namespace's ResourceQuota holds one worker pod's GPU and nothing else holds it: the
+    dry run of one pod passes, the launch's second pod is refused (403, exceeded quota). No retry
+    makes the quota larger: the job stops at once (stopped_startup_failure, exit 8) naming the
+    quota and the room, and the pod it made is deleted."""
+    gpu_cluster.kubelet.v1.create_namespaced_resource_quota(NS, {"metadata": {"name": "gpus"}, "spec": {
+        "hard": {"requests.nvidia.com/gpu": "1"}}})
+    run = gpu_run(kube={"worker": {"image": "fake.invalid/worker:1", "resources": GPU}})
+    done = finished(run, code=8)
+    assert done["phase"] == "stopped_startup_failure", done
+    assert ("the namespace's quota gpus can never hold the gang: a worker pod requests requests.nvidia.com/gpu=1 "
+            "and the quota allows requests.nvidia.com/gpu=1 in all, room for 1 worker pod where the job needs at "
+            "least 2") in done["reason"], done
+    refused = run.events("workers_refused")
+    assert len(refused) == 1 and "exceeded quota: gpus" in refused[0]["error"], refused
+    assert not run.events("launch_failed")  # not retried
+    assert all(p["metadata"].get("deletionTimestamp") for p in gpu_cluster.pods(**{"elastic-supervisor/job": JOB_NAME}))
+
 def test_an_elastic_gang_starts_smaller_after_the_grace_and_grows_back(tmp_path):
     c = Cluster(tmp_path, 2, allocatable={"nvidia.com/gpu": "1"})
     run = None

@@ -174,31 +174,54 @@ def test_a_new_run_never_takes_an_earlier_runs_finished_pods_for_its_own(api, tm
         p.close()
 
 
-def test_an_earlier_run_s_pod_whose_deletion_fails_is_fenced_again_at_the_next_look(api, tmp_path):
+def test_an_earlier_run_s_pod_whose_deletion_fails_is_fenced_again_after_a_back_off(api, tmp_path, caplog):
     """The fence deletes an earlier run's pods once; a deletion the API server refuses (here a
     403 from a policy, any error past the client's retries alike) leaves the pod, which may hold
-    a node the gang needs: the next observation deletes it again."""
+    a node the gang needs: an observation FENCE_RETRY_S later deletes it again (not every look,
+    five times a second)."""
     before = platform(api, tmp_path)
     try:
         run(before.launch(spec(0)))
     finally:
         before.close()
     p = platform(api, tmp_path)
+
+    def failures(n: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if f"a stale pod: tried again in {2 ** n:g} s, failure {n}"
+                in r.getMessage()]
+
+    def live() -> list[str]:
+        return sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
+                      if not o["metadata"].get("deletionTimestamp"))
+
+    async def until_async(predicate, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> None:  # one event loop, as the controller's: its deletions run to their end
+        refused = api.inject_fault(403, verb="delete", resource="pods")
+        await p.launch(spec(0))  # names taken: the new gang's are job-1-a0-slot-N-1; the old ones' deletions refused
+        await until_async(lambda: len(failures(1)) == 2)
+        deletes = api.request_counts()[("delete", "pods")]
+        for _ in range(3):  # looks within the back-off ask nothing more
+            await p.observe()
+        assert api.request_counts()[("delete", "pods")] == deletes
+        assert live() == ["job-1-a0-slot-0", "job-1-a0-slot-0-1", "job-1-a0-slot-1", "job-1-a0-slot-1-1"]
+        api.remove_fault(refused)
+        while live() != ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"]:  # a look 2 s on deletes them
+            assert time.monotonic() < deadline, (live(), caplog.text[-2000:])
+            await p.observe()
+            await asyncio.sleep(0.2)
+
     try:
         until(lambda: len(p.pod_watch.snapshot()) == 2)
-        refused = api.inject_fault(403, verb="delete", resource="pods")
-        run(p.launch(spec(0)))  # names taken: the new gang's are job-1-a0-slot-N-1; the old ones' deletions refused
-        until(lambda: api.request_counts()[("delete", "pods")] >= 2)
-        run(p.observe())
-        live = sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
-                      if not o["metadata"].get("deletionTimestamp"))
-        assert live == ["job-1-a0-slot-0", "job-1-a0-slot-0-1", "job-1-a0-slot-1", "job-1-a0-slot-1-1"]
-        api.remove_fault(refused)
-        until(lambda: run(p.observe()) and sorted(o["metadata"]["name"] for o in api.objects("pods", NS)
-                                                  if not o["metadata"].get("deletionTimestamp"))
-              == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"])
+        deadline = time.monotonic() + 20
+        run(scenario())
     finally:
         p.close()
+
 
 @pytest.mark.parametrize("kind", ["budget", "pod_group"])
 def test_an_earlier_run_s_budget_or_pod_group_of_another_size_is_replaced_and_a_retried_launch_s_kept(api, tmp_path,
@@ -241,6 +264,34 @@ def test_an_earlier_run_s_budget_or_pod_group_of_another_size_is_replaced_and_a_
             assert sorted(selected) == ["job-1-a0-slot-0-1", "job-1-a0-slot-1-1"], selected
         run(p.launch(spec(0)))  # the same launch tried again: the object made for it stays
         assert made() == new
+    finally:
+        p.close()
+
+def test_a_stale_budget_held_by_a_finalizer_is_waited_for_then_replaced(api, tmp_path):
+    """An earlier run's budget that a finalizer holds (deleting, or deleted by this launch) is not
+    taken for the new gang's: the launch waits for it to go (``delete_confirm_s``), fails naming
+    the finalizer while it stays (the launch is retried), and makes the new one once it is gone."""
+    policy = client.PolicyV1Api(client.ApiClient(api.configuration()))
+    before = platform(api, tmp_path, slots=4, disruption_budget=True)
+    try:
+        run(before.launch(spec(0, nodes=("slot-0", "slot-1", "slot-2", "slot-3"))))
+    finally:
+        before.close()
+    (old,) = policy.list_namespaced_pod_disruption_budget(NS).items
+    policy.patch_namespaced_pod_disruption_budget(old.metadata.name, NS,
+                                                  {"metadata": {"finalizers": ["example.com/hold"]}})
+    p = platform(api, tmp_path, slots=4, disruption_budget=True, delete_confirm_s=1.0)
+    try:
+        with pytest.raises(PlatformError, match=rf"PodDisruptionBudget {old.metadata.name} \(an earlier launch's, "
+                                                r"for another gang\) is still being deleted after 1 s \(finalizers: "
+                                                r"example.com/hold\)"):
+            run(p.launch(spec(0)))
+        held = policy.read_namespaced_pod_disruption_budget(old.metadata.name, NS)
+        assert held.metadata.deletion_timestamp and held.spec.min_available == 4  # deleting, not yet gone
+        policy.patch_namespaced_pod_disruption_budget(old.metadata.name, NS, {"metadata": {"finalizers": None}})
+        run(p.launch(spec(0)))  # the launch tried again
+        (new,) = policy.list_namespaced_pod_disruption_budget(NS).items
+        assert new.spec.min_available == 2 and new.metadata.uid != old.metadata.uid
     finally:
         p.close()
 

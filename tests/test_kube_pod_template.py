@@ -540,6 +540,13 @@ def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_i
     quota("12")  # room for one worker pod, never two: refused, even while the other pod holds it
     with pytest.raises(PlatformError, match=r"room for 1 worker pod where the job needs at least 2"):
         check()
+    fixed_size = raw
+    raw = job({"resources": {"limits": {"nvidia.com/gpu": 8}}}, node_reads=False, slots=2) | {"nodes": {"min": 1,
+                                                                                                    "max": 2}}
+    raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+    (warning,) = check()  # an elastic job (nodes.min 1) launched at 2: one pod's room is enough to run
+    assert "its pods will wait for it" in warning, warning
+    raw = fixed_size
     quota("16")
     v1.delete_namespaced_pod("other", "training")
     assert check() == []

@@ -48,7 +48,7 @@ from supervisor.controller.recovery import (
     WriteEvidence,
 )
 from supervisor.files import prune_oldest, write_atomic
-from supervisor.platforms.base import LaunchSpec, PlatformError
+from supervisor.platforms.base import LaunchRefused, LaunchSpec, PlatformError
 from supervisor.protocol import Env, aggregate_setting, control_message
 
 if TYPE_CHECKING:
@@ -349,7 +349,14 @@ class Executor:
 
     async def launch(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None = None) -> None:
         c = self.c
-        await self.arm(nodes, restore_from, timer, c.platform.launch)
+        try:
+            await self.arm(nodes, restore_from, timer, c.platform.launch)
+        except LaunchRefused as exc:
+            # no retry changes it: the job stops as when the dry run of its workers is refused
+            log.error("event=workers_refused attempt=%d error=%s", c.attempt, exc)
+            c.event("workers_refused", attempt=c.attempt, error=str(exc))
+            await c.platform.teardown(c.cfg.restart.teardown_grace_s)
+            c.finish(JobPhase.STOPPED_STARTUP_FAILURE, str(exc))
 
     async def arm(self, nodes: list[str], restore_from: str | None, timer: RestartTimer | None,
                    launch: Callable[[LaunchSpec], Awaitable[None]] | None) -> None:

@@ -28,6 +28,11 @@ class PlatformError(RuntimeError):
     """The platform could not do what was asked (a scheduler command failed or timed out)."""
 
 
+class LaunchRefused(PlatformError):
+    """The cluster refuses the launch for good, as it is configured (a quota that can never hold the
+    gang): no retry can change it, so the job stops, as when the workers' dry run is refused."""
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     attempt: int

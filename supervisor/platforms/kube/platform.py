@@ -60,6 +60,7 @@ from supervisor.platforms.node.agent_output import last_error, parse
 from supervisor.platforms.base import (
     WAIT_CANNOT_START,
     WAIT_CAPACITY,
+    LaunchRefused,
     LaunchSpec,
     NodeState,
     NodeStatus,
@@ -233,6 +234,9 @@ class Settings:
     controller_address: str = ""
     read_nodes: bool = False
     slots: int = 1
+    nodes_min: int = 0
+    """The job's least node count (``nodes.min``): the worker pods a quota must hold at the least
+    (0: the launch's own size)."""
     pods_per_node: int = 1
     node_selector: dict = field(default_factory=dict)
     termination_grace_s: int = 30
@@ -291,6 +295,8 @@ class KubernetesPlatform(Platform):
         self._owner: list[dict] | None = None
         self._ensured: set[str] = set()
         self._fencing: set[str] = set()
+        self._fence_retry: dict[str, tuple[float, int]] = {}
+        """A fenced pod whose deletion failed: when it is tried again (monotonic), and how many failed."""
         self._tasks: set[asyncio.Task] = set()
         self._token_written: bytes | None = None
         self._launch_id = ""
@@ -415,7 +421,7 @@ class KubernetesPlatform(Platform):
                 # dry run: the cluster cannot tell without making the pod
                 return [f"the worker pod could not be checked with a dry run ({said}); launching as configured"]
             if "exceeded quota" in said:
-                never = quota_never_holds(said, spec.nnodes_min)
+                never = quota_never_holds(said, self.s.nodes_min or spec.nnodes_min)
                 if never:
                     raise PlatformError(f"{never} (a dry run: nothing was made); raise the quota or lower the "
                                         "workers' requests (chart values workers.resources, config "
@@ -484,11 +490,12 @@ class KubernetesPlatform(Platform):
             try:
                 created = await self.api.call(self.api.core.create_namespaced_pod, self.ns, pod, ok=(409,))
             except ApiError as exc:
-                never = quota_never_holds(exc.said, spec.nnodes_min) if exc.status == 403 else None
+                never = quota_never_holds(exc.said, self.s.nodes_min or spec.nnodes_min) if exc.status == 403 else None
                 if never is None:
                     raise
-                # the dry run passed (one pod fits) but the gang does not: say so, not the bare 403
-                raise PlatformError(f"{never}: pod {p.name} refused ({exc.said}); raise the quota or lower the "
+                # the dry run passed (one pod fits) but the gang does not: say so, not the bare 403,
+                # and stop (no retry makes the quota larger)
+                raise LaunchRefused(f"{never}: pod {p.name} refused ({exc.said}); raise the quota or lower the "
                                     "workers' requests") from None
             if created is not None or await self._ours(p.name):
                 return
@@ -637,13 +644,26 @@ class KubernetesPlatform(Platform):
             return
         found = await call(read, name, ok=(404,))
         if found is not None:
-            have = self.api.api_client.sanitize_for_serialization(found).get("spec") or {}
-            if all(have.get(k) == v for k, v in body["spec"].items()):
+            found = self.api.api_client.sanitize_for_serialization(found)
+            meta, have = found.get("metadata") or {}, found.get("spec") or {}
+            if not meta.get("deletionTimestamp") and all(have.get(k) == v for k, v in body["spec"].items()):
                 return
-            log.warning("event=stale_object_replaced kind=%s name=%s had=%s wanted=%s", kind, name,
-                        json.dumps(have, sort_keys=True)[:400], json.dumps(body["spec"], sort_keys=True)[:400])
-            await call(delete, name, ok=(404,))
-        await call(create, body)
+            log.warning("event=stale_object_replaced kind=%s name=%s deleting=%s had=%s wanted=%s", kind, name,
+                        bool(meta.get("deletionTimestamp")), json.dumps(have, sort_keys=True)[:400],
+                        json.dumps(body["spec"], sort_keys=True)[:400])
+            if not meta.get("deletionTimestamp"):
+                await call(delete, name, ok=(404,))
+            # gone before it is made again (a finalizer may hold it a while)
+            deadline = time.monotonic() + self.s.delete_confirm_s
+            while found is not None:
+                if time.monotonic() > deadline:
+                    raise PlatformError(f"{kind} {name} (an earlier launch's, for another gang) is still being "
+                                        f"deleted after {self.s.delete_confirm_s:g} s (finalizers: "
+                                        f"{', '.join(meta.get('finalizers') or []) or 'none'})")
+                await asyncio.sleep(0.2)
+                found = await call(read, name, ok=(404,))
+        if await call(create, body, ok=(409,)) is None:
+            raise PlatformError(f"{kind} {name} was made again by someone else while this launch replaced it")
 
     def _budget_name(self, attempt: int) -> str:
         return dns_label(f"{self.base}-a{attempt}", 63)
@@ -956,8 +976,11 @@ class KubernetesPlatform(Platform):
         if self.fenced or self.attempt < 0:
             return
         current = {p.name for p in self.pods.values()} | set(self.probes.values())
+        now = time.monotonic()
         for name, pod in (pods if pods is not None else self._pods()).items():
-            if name in current or name in self._fencing or pod.metadata.deletion_timestamp:
+            if name in current or pod.metadata.deletion_timestamp:
+                continue
+            if name in self._fencing and not (name in self._fence_retry and self._fence_retry[name][0] <= now):
                 continue
             self._fencing.add(name)
             log.warning("event=stale_pod_deleted pod=%s attempt=%s current=%d", name,
@@ -1027,19 +1050,26 @@ class KubernetesPlatform(Platform):
         task.add_done_callback(self._tasks.discard)
 
     async def _delete(self, name: str, grace: int) -> None:
-        """Delete pod ``name``. A pod being fenced whose deletion failed (the API server did not
-        answer within the retries) or never ran (its task cancelled) is fenced again at the next
-        observation: it may hold a node the gang needs."""
+        """Delete pod ``name``. A pod being fenced (it may hold a node the gang needs) whose deletion
+        failed (refused, or no answer within the client's retries) is fenced again by an observation
+        FENCE_RETRY_S later, doubling with each failure up to FENCE_RETRY_MAX_S; one whose deletion
+        was cancelled before it was answered, by the next observation."""
         try:
             await self.api.call(self.api.core.delete_namespaced_pod, name, self.ns, grace_period_seconds=grace,
                                 ok=(404,))
+            self._fence_retry.pop(name, None)
         except PlatformError as exc:
-            retry = name in self._fencing
-            self._fencing.discard(name)
-            log.warning("event=pod_delete_failed pod=%s error=%s%s", name, exc,
-                        " (fenced again at the next observation)" if retry else "")
+            if name not in self._fencing:
+                log.warning("event=pod_delete_failed pod=%s error=%s", name, exc)
+                return
+            failed = self._fence_retry.get(name, (0.0, 0))[1] + 1
+            delay = min(FENCE_RETRY_MAX_S, FENCE_RETRY_S * 2 ** (failed - 1))
+            self._fence_retry[name] = (time.monotonic() + delay, failed)
+            log.warning("event=pod_delete_failed pod=%s error=%s (a stale pod: tried again in %g s, failure %d)",
+                        name, exc, delay, failed)
         except asyncio.CancelledError:
-            self._fencing.discard(name)
+            if name in self._fencing:
+                self._fence_retry[name] = (time.monotonic(), self._fence_retry.get(name, (0.0, 0))[1])
             raise
 
     # ------------------------------------------------------------------ act
@@ -1238,6 +1268,11 @@ def disruption_budget(name: str, namespace: str, selector: dict[str, str], min_a
                      "unhealthyPodEvictionPolicy": "AlwaysAllow"}}
 
 
+FENCE_RETRY_S = 2.0
+"""After a stale pod's deletion failed, the wait before it is tried again (doubled per failure)."""
+FENCE_RETRY_MAX_S = 60.0
+
+
 _EXCEEDED = re.compile(r"exceeded quota: ([^,\s]+), requested: (\S+), used: (\S+), limited: (\S+)")
 """The quota admission's refusal (kube-apiserver's resourcequota plugin): ``exceeded quota: NAME,
 requested: R=Q,..., used: R=Q,..., limited: R=Q,...``, each list the resources over the limit."""
@@ -1258,11 +1293,12 @@ def quota_never_holds(said: str, pods_min: int) -> str | None:
         limit_text, limit = limited.get(resource, ("", None))
         if limit is None or asked <= 0:
             continue
-        room = int(limit // asked)
-        if room < pods_min:
-            return (f"the namespace's quota {name} can never hold the gang: a worker pod requests "
-                    f"{resource}={asked_text} and the quota allows {resource}={limit_text} in all, room for "
-                    f"{room} worker pod{'s' if room != 1 else ''} where the job needs at least {pods_min}")
+        if asked * pods_min <= limit:  # (products, not a quotient: Decimal's // fails past 28 digits)
+            continue
+        room = next(n for n in range(pods_min) if asked * (n + 1) > limit)
+        return (f"the namespace's quota {name} can never hold the gang: a worker pod requests "
+                f"{resource}={asked_text} and the quota allows {resource}={limit_text} in all, room for "
+                f"{room} worker pod{'s' if room != 1 else ''} where the job needs at least {pods_min}")
     return None
 
 
@@ -1383,7 +1419,8 @@ def settings_from_config(cfg, namespace: str) -> Settings:
     return Settings(
         namespace=namespace, job=cfg.job, image=k.worker.image, python=k.python, worker=k.worker, volumes=k.volumes,
         rdzv_port=k.rdzv_port, rdzv_address=k.rendezvous, controller_address=address, read_nodes=k.node_reads,
-        slots=k.slots or cfg.nodes.max, pods_per_node=k.pods_per_node, node_selector=dict(k.worker.node_selector),
+        slots=k.slots or cfg.nodes.max, nodes_min=cfg.nodes.min, pods_per_node=k.pods_per_node,
+        node_selector=dict(k.worker.node_selector),
         termination_grace_s=k.termination_grace_s, delete_confirm_s=k.delete_confirm_s,
         leader_election=k.leader_election, lease=k.lease, lease_duration_s=k.lease_duration_s,
         renew_deadline_s=k.renew_deadline_s, owner_configmap=k.owner_config_map, token_secret=k.token_secret.name,
