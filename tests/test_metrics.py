@@ -253,7 +253,7 @@ def test_the_run_s_suspect_checkpoints_are_counted_from_none_as_the_ranks_refuse
 
     c = make_controller(tmp_path)
     v = make_registry(c).get_sample_value
-    # at 0 from the start: the warning's delta() sees the first
+    # at 0 from the start: the warning sees the first rise
     assert v("supervisor_suspect_checkpoints", {"job": "j"}) == 0.0
     refused = RestoreReport(state="restored", restored="step-0000000010",
                             refused=(("step-0000000015", "fails its sha256 checksum (corrupt)"),))
