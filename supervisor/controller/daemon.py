@@ -1034,7 +1034,8 @@ class Controller:
             "platform": self.platform.describe(), "pid": os.getpid(), "updated": time.time(),
         } | ({"restart_timer": timer.to_saved(self.to_unix)} if timer is not None else {})
           | ({"capacity_since": self.to_unix(since),
-              "capacity_message": self.capacity_message[:state_file.MAX_CAPACITY_MESSAGE]} if since is not None else {})
+              "capacity_message": state_file.plain_text(self.capacity_message, state_file.MAX_CAPACITY_MESSAGE)}
+             if since is not None else {})
           | ({"exit_code": EXIT_CODES[self.phase]} if self.phase in TERMINAL else {}), durable=durable)
 
     def to_unix(self, t: float) -> float:

@@ -315,7 +315,8 @@ class Startup:
         c = self.c
         c.state = c.state.continued(saved, c.from_unix)
         if saved.get("capacity_since") is not None:  # its gang was waiting for capacity: the wait goes on
-            c.capacity_since = c.from_unix(saved["capacity_since"])
+            # (never from the future: another host's clock ahead of this one's would lengthen the limit)
+            c.capacity_since = c.from_unix(min(saved["capacity_since"], time.time()))
             c.capacity_message = saved.get("capacity_message", "")
         c.wire.launch_ids.append(c.launch_id)  # the running ranks' launch: only its frames are theirs
         c.skip_steps = c.history.skip_steps
