@@ -45,6 +45,7 @@ import hashlib
 import dataclasses
 import datetime
 import logging
+import math
 import json
 import os
 import re
@@ -980,8 +981,11 @@ class KubernetesPlatform(Platform):
         for name, pod in (pods if pods is not None else self._pods()).items():
             if name in current or pod.metadata.deletion_timestamp:
                 continue
-            if name in self._fencing and not (name in self._fence_retry and self._fence_retry[name][0] <= now):
+            retry = self._fence_retry.get(name)
+            if name in self._fencing and not (retry is not None and retry[0] <= now):
                 continue
+            if retry is not None:  # tried again now: not by the looks while this deletion is under way
+                self._fence_retry[name] = (math.inf, retry[1])
             self._fencing.add(name)
             log.warning("event=stale_pod_deleted pod=%s attempt=%s current=%d", name,
                         (pod.metadata.labels or {}).get(ATTEMPT_LABEL, "?"), self.attempt)
