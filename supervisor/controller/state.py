@@ -53,12 +53,6 @@ LEASE_S = 30.0
 MAX_STATE_BYTES = 8 << 20
 MAX_CAPACITY_MESSAGE = 4096
 """The most of the scheduler's words on a wait for capacity kept in the state (the rest is cut)."""
-
-
-def plain_text(text: str, limit: int) -> str:
-    """``text`` as the state keeps another's words: at most ``limit`` characters, no NUL, no lone
-    surrogate (what :func:`validate` would refuse on the next load)."""
-    return text[:limit].replace("\0", "").encode("utf-8", "replace").decode("utf-8")
 MAX_STATE_DEPTH = 32
 """Nesting of the whole file (the controller writes 4 levels at most)."""
 MAX_STATE_INT = (1 << 63) - 1
@@ -225,6 +219,12 @@ def _check_fields(obj: dict) -> None:
         for key, kind in (("step", _INT), ("created_unix", _NUM), ("writer_world_size", _INT)):
             if (key in ck or key == "step") and not _ok(kind, ck.get(key)):
                 raise ValueError(f"last_checkpoint.{key}: {ck.get(key)!r:.80} is not a {kind}")
+
+
+def plain_text(text: str, limit: int) -> str:
+    """``text`` as the state keeps another's words: at most ``limit`` characters, no NUL, no lone
+    surrogate (what :func:`validate` would refuse on the next load)."""
+    return text[:limit].replace("\0", "").encode("utf-8", "replace").decode("utf-8")
 
 
 def validate(obj: Any) -> dict[str, Any]:
