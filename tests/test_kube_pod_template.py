@@ -495,8 +495,8 @@ def test_the_dry_run_tells_a_refusal_from_a_cluster_that_cannot_dry_run(api, tmp
 def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_is_a_warning(api, tmp_path):
     """``check_workers`` reads the quota admission's refusal of the dry run: a quota whose limit
     leaves room for fewer worker pods than the job's least node count, whatever else ends, is a
-    refusal (the job would wait forever for pods it can never have); one that others hold now is
-    a warning (its pods wait for the quota, as any pod would). The pod is never made."""
+    refusal (no launch could ever run); one that others hold now is a warning. The pod is never
+    made."""
     import asyncio
 
     from supervisor.platforms.base import PlatformError
@@ -536,7 +536,9 @@ def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_i
     holder(12)
     (warning,) = check()
     assert warning.startswith("the namespace's quota does not hold a worker pod now (HTTP 403 Forbidden: ") \
-        and "exceeded quota: gpus" in warning and warning.endswith("its pods will wait for it"), warning
+        and "exceeded quota: gpus" in warning and warning.endswith("the launch fails while it does not (a first "
+                                                                   "launch ends the controller, exit 1; a relaunch is "
+                                                                   "retried, then fails)"), warning
     quota("12")  # room for one worker pod, never two: refused, even while the other pod holds it
     with pytest.raises(PlatformError, match=r"room for 1 worker pod where the job needs at least 2"):
         check()
@@ -545,7 +547,7 @@ def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_i
                                                                                                     "max": 2}}
     raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
     (warning,) = check()  # an elastic job (nodes.min 1) launched at 2: one pod's room is enough to run
-    assert "its pods will wait for it" in warning, warning
+    assert "the launch fails while it does not" in warning, warning
     raw = fixed_size
     quota("16")
     v1.delete_namespaced_pod("other", "training")

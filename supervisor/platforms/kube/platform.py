@@ -405,9 +405,9 @@ class KubernetesPlatform(Platform):
         """A server-side dry run (``dryRun=All``) of the first slot's worker pod, as :meth:`launch`
         would make it: the API server runs its schema, its admission (PodSecurity, webhooks) and
         its quota and stores nothing. Refused: a :class:`PlatformError` with the API server's
-        message; a quota that others hold now: a warning (the pods wait, as any pod would), unless
-        its limit leaves room for fewer worker pods than the job's least node count whatever else
-        ends (:func:`quota_never_holds`): refused (the gang would wait forever)."""
+        message; a quota that others hold now: a warning (the launch's pods are refused while they
+        hold it), unless its limit leaves room for fewer worker pods than the job's least node
+        count whatever else ends (:func:`quota_never_holds`): refused (no launch could ever run)."""
         self._check_fenced()
         await self._ensure_owner()
         slot = spec.nodes[0]
@@ -427,7 +427,10 @@ class KubernetesPlatform(Platform):
                     raise PlatformError(f"{never} (a dry run: nothing was made); raise the quota or lower the "
                                         "workers' requests (chart values workers.resources, config "
                                         "platform.kubernetes.worker.resources)") from None
-                return [f"the namespace's quota does not hold a worker pod now ({said}); its pods will wait for it"]
+                # (a ResourceQuota refuses a pod's creation: none waits Pending for it, unlike a
+                # queue's quota under Kueue)
+                return [f"the namespace's quota does not hold a worker pod now ({said}); the launch fails while "
+                        "it does not (a first launch ends the controller, exit 1; a relaunch is retried, then fails)"]
             if exc.status == 403 and "cannot create resource" in said:
                 raise PlatformError(f"the controller may not create worker pods in namespace {self.ns}: {said}; "
                                     "grant it pods create (the chart's Role: rbac.create)") from None
