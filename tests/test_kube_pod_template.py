@@ -447,12 +447,21 @@ def test_the_pods_are_admitted_where_restricted_is_enforced_and_a_template_askin
     assert len(pods) == 2 and all(o["spec"]["hostNetwork"] for o in pods)
 
 
-def test_the_dry_run_tells_a_refusal_from_a_cluster_that_cannot_dry_run(api, tmp_path):
-    """``check_workers``: PodSecurity's refusal stops the job with the API server's words; a
-    webhook with side effects (the API server will not dry-run it), a quota others hold now and
-    RBAC get their own answers; the pod is never made."""
+def dry_run(api, tmp_path, raw: dict, s: LaunchSpec) -> list[str]:
+    """``check_workers(s)`` of a platform started for the job ``raw``: the dry run's warnings (its
+    refusal raises)."""
     import asyncio
 
+    p = started(api, tmp_path, raw)
+    try:
+        return asyncio.run(p.check_workers(s))
+    finally:
+        p.close()
+
+def test_the_dry_run_tells_a_refusal_from_a_cluster_that_cannot_dry_run(api, tmp_path):
+    """``check_workers``: PodSecurity's refusal stops the job with the API server's words; a
+    webhook with side effects (the API server will not dry-run it) and RBAC get their own answers
+    (quotas: the next test); the pod is never made."""
     from supervisor.platforms.base import PlatformError
 
     raw = job({"pod_template": {"spec": {"hostNetwork": True}}}, node_reads=False, slots=2)
@@ -463,11 +472,7 @@ def test_the_dry_run_tells_a_refusal_from_a_cluster_that_cannot_dry_run(api, tmp
     s = LaunchSpec(**{**spec().__dict__, "nodes": ["slot-0", "slot-1"]})
 
     def check() -> list[str]:
-        p = started(api, tmp_path, raw)
-        try:
-            return asyncio.run(p.check_workers(s))
-        finally:
-            p.close()
+        return dry_run(api, tmp_path, raw, s)
 
     with pytest.raises(PlatformError, match=r'refuses the worker pod \(a dry run: nothing was made\): HTTP 403 '
                                             r'Forbidden: .*violates PodSecurity "restricted:latest": host namespaces'):
@@ -508,11 +513,7 @@ def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_i
     s = LaunchSpec(**{**spec().__dict__, "nodes": ["slot-0", "slot-1"]})
 
     def check() -> list[str]:
-        p = started(api, tmp_path, raw)
-        try:
-            return asyncio.run(p.check_workers(s))
-        finally:
-            p.close()
+        return dry_run(api, tmp_path, raw, s)
 
     def quota(gpus: str) -> None:
         body = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": gpus}}}
@@ -542,13 +543,12 @@ def test_a_quota_that_can_never_hold_the_gang_stops_it_and_one_others_hold_now_i
     quota("12")  # room for one worker pod, never two: refused, even while the other pod holds it
     with pytest.raises(PlatformError, match=r"room for 1 worker pod where the job needs at least 2"):
         check()
-    fixed_size = raw
-    raw = job({"resources": {"limits": {"nvidia.com/gpu": 8}}}, node_reads=False, slots=2) | {"nodes": {"min": 1,
-                                                                                                    "max": 2}}
-    raw["platform"]["kubernetes"]["token_secret"] = {"name": ""}
-    (warning,) = check()  # an elastic job (nodes.min 1) launched at 2: one pod's room is enough to run
+    elastic = job({"resources": {"limits": {"nvidia.com/gpu": 8}}}, node_reads=False, slots=2) | {"nodes": {
+        "min": 1, "max": 2}}
+    elastic["platform"]["kubernetes"]["token_secret"] = {"name": ""}
+    # an elastic job (nodes.min 1) launched at 2: one pod's room is enough to run
+    (warning,) = dry_run(api, tmp_path, elastic, s)
     assert "the launch fails while it does not" in warning, warning
-    raw = fixed_size
     quota("16")
     v1.delete_namespaced_pod("other", "training")
     assert check() == []
